@@ -1,0 +1,61 @@
+"""The synchronous lease queue: ``from lease import claim, finish, ...``.
+
+Everything lives in :mod:`lease.worker`, which stands alone on the standard
+library; this package only re-exports it.
+"""
+
+from lease.worker import (
+    MAX_NOW_MS,
+    MAX_TOKEN,
+    RETRY_BASE_MS,
+    RETRY_CAP_MS,
+    BadAck,
+    Conflict,
+    LeaseError,
+    Permanent,
+    Retryable,
+    check_event,
+    check_jitter,
+    check_now,
+    check_second_clock,
+    claim,
+    classify_error,
+    classify_result,
+    enqueue,
+    extend,
+    finish,
+    finish_decision,
+    open_queue,
+    redrive,
+    retry_delay,
+    run_file,
+    run_once,
+)
+
+__all__ = [
+    "MAX_NOW_MS",
+    "MAX_TOKEN",
+    "RETRY_BASE_MS",
+    "RETRY_CAP_MS",
+    "BadAck",
+    "Conflict",
+    "LeaseError",
+    "Permanent",
+    "Retryable",
+    "check_event",
+    "check_jitter",
+    "check_now",
+    "check_second_clock",
+    "claim",
+    "classify_error",
+    "classify_result",
+    "enqueue",
+    "extend",
+    "finish",
+    "finish_decision",
+    "open_queue",
+    "redrive",
+    "retry_delay",
+    "run_file",
+    "run_once",
+]

@@ -1,0 +1,686 @@
+"""A durable job queue on one SQLite file: leases, fencing tokens, a finite
+retry budget and a dead-letter quarantine with an audited redrive.
+
+This module is the synchronous contract. It uses the standard library only
+and imports nothing from its own package, so it can be loaded as a lone file
+by its path.
+
+Work moves between states only through short ``BEGIN IMMEDIATE``
+transactions; the slow part (the send) happens between two of them with no
+lock held::
+
+    enqueue -> pending --claim--> leased --finish ok--> done
+                 ^  ^               |  '--finish retry--> pending
+                 |  '-lease expires-'  '--permanent / budget / deadline--> dead
+                 '------------ redrive (audit row, fresh budget) <-------- dead
+
+The claim token fences the queue's own completion records. It does not stop
+a stale send from reaching a receiver: the receiver's inbox, deduplicating by
+ID and quantity, is what makes a duplicate send harmless.
+
+Layout: exceptions, validators, the transaction helper, pure decisions, then
+the public functions in lifecycle order.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sqlite3
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Tuple, Union
+
+__all__ = [
+    "LeaseError",
+    "Conflict",
+    "Retryable",
+    "Permanent",
+    "BadAck",
+    "MAX_NOW_MS",
+    "MAX_TOKEN",
+    "RETRY_BASE_MS",
+    "RETRY_CAP_MS",
+    "retry_delay",
+    "check_jitter",
+    "check_now",
+    "check_second_clock",
+    "check_event",
+    "classify_result",
+    "classify_error",
+    "finish_decision",
+    "open_queue",
+    "enqueue",
+    "claim",
+    "extend",
+    "finish",
+    "redrive",
+    "run_once",
+    "run_file",
+]
+
+# ---------------------------------------------------------------------------
+# Exceptions: one family, each docstring is its meaning.
+# ---------------------------------------------------------------------------
+
+
+class LeaseError(Exception):
+    """Base of every error this queue raises on purpose (besides ValueError)."""
+
+
+class Conflict(LeaseError):
+    """The same job ID was enqueued before with another quantity."""
+
+
+class Retryable(LeaseError):
+    """The send failed in a way that may succeed later; retry with backoff."""
+
+
+class Permanent(LeaseError):
+    """The send was refused for good; retrying cannot help."""
+
+
+class BadAck(LeaseError):
+    """The send answered, but not with evidence of completion."""
+
+
+# ---------------------------------------------------------------------------
+# Limits of the contract.
+# ---------------------------------------------------------------------------
+
+MAX_NOW_MS = 10**15 - 60_000
+MAX_TOKEN = 10**15
+MAX_MS = 60_000
+MAX_ATTEMPTS = 16
+MAX_QTY = 1000
+RETRY_BASE_MS = 100
+RETRY_CAP_MS = 1000
+OUTCOMES = ("ok", "retry", "permanent")
+TICKET_KEYS = frozenset({"id", "qty", "owner", "token", "attempt", "lease_until"})
+EVENT_KEYS = frozenset({"id", "qty"})
+
+# fullmatch, never match(...$): "$" lets a trailing newline through.
+_IDENTIFIER = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+Fault = Optional[Callable[[str], object]]
+Verdict = Tuple[str, int]
+
+# ---------------------------------------------------------------------------
+# Validators: each raises ValueError naming the argument, and mutates nothing.
+# ---------------------------------------------------------------------------
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> int:
+    # type() is, not isinstance: bool is an int subclass and is rejected.
+    if type(value) is not int:
+        raise ValueError(f"{name} must be an int, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in {low}..{high}, got {value}")
+    return value
+
+
+def _check_identifier(name: str, value: object) -> str:
+    if type(value) is not str:
+        raise ValueError(f"{name} must be a str, got {type(value).__name__}")
+    if not _IDENTIFIER.fullmatch(value):
+        raise ValueError(
+            f"{name} must be 1-64 ASCII letters, digits, '_' or '-', got {value!r:.80}"
+        )
+    return value
+
+
+def _check_exact_dict(name: str, value: object, keys: frozenset) -> dict:
+    if type(value) is not dict:
+        raise ValueError(f"{name} must be a dict, got {type(value).__name__}")
+    if value.keys() != keys:
+        raise ValueError(
+            f"{name} must have exactly the keys {sorted(keys)}, got {sorted(map(str, value))}"
+        )
+    return value
+
+
+def _check_fault(fault: object) -> None:
+    if fault is not None and not callable(fault):
+        raise ValueError("fault must be None or callable")
+
+
+def _check_callable(name: str, value: object) -> None:
+    if not callable(value):
+        raise ValueError(f"{name} must be callable")
+
+
+def _check_connection(con: object) -> sqlite3.Connection:
+    if not isinstance(con, sqlite3.Connection):
+        raise ValueError(f"con must be a sqlite3.Connection, got {type(con).__name__}")
+    if con.in_transaction:
+        raise ValueError("con must not have an open transaction")
+    return con
+
+
+def check_now(value: object, name: str = "now_ms") -> int:
+    """Validate a clock value: an exact int in 0..MAX_NOW_MS."""
+    return _check_int(name, value, 0, MAX_NOW_MS)
+
+
+def check_jitter(jitter: object) -> float:
+    """Validate a jitter ratio: an exact int or float, finite, in 0..1."""
+    if type(jitter) not in (int, float):
+        raise ValueError(f"jitter must be an int or float, got {type(jitter).__name__}")
+    assert isinstance(jitter, (int, float))
+    # The range check alone rejects NaN and both infinities (every comparison
+    # with NaN is False), and never converts a huge int to float.
+    if not 0 <= jitter <= 1:
+        raise ValueError(f"jitter must be finite and in 0..1, got {jitter!r}")
+    return jitter
+
+
+def check_second_clock(first_ms: int, second: object) -> int:
+    """Validate the clock value read after a send: valid and not behind the first."""
+    second_ms = check_now(second, "second clock value")
+    if second_ms < first_ms:
+        raise ValueError(f"clock went backwards: {second_ms} < {first_ms}")
+    return second_ms
+
+
+def check_event(event: object) -> dict:
+    """Validate an event: an exact dict with only an identifier id and qty 1..1000."""
+    _check_exact_dict("event", event, EVENT_KEYS)
+    assert isinstance(event, dict)
+    _check_identifier("event id", event["id"])
+    _check_int("event qty", event["qty"], 1, MAX_QTY)
+    return event
+
+
+def _check_ticket(ticket: object) -> dict:
+    _check_exact_dict("ticket", ticket, TICKET_KEYS)
+    assert isinstance(ticket, dict)
+    _check_identifier("ticket id", ticket["id"])
+    _check_identifier("ticket owner", ticket["owner"])
+    _check_int("ticket qty", ticket["qty"], 1, MAX_QTY)
+    _check_int("ticket token", ticket["token"], 1, MAX_TOKEN)
+    _check_int("ticket attempt", ticket["attempt"], 1, MAX_ATTEMPTS)
+    _check_int("ticket lease_until", ticket["lease_until"], 1, MAX_TOKEN)
+    return ticket
+
+
+def _check_outcome(outcome: object) -> str:
+    if type(outcome) is not str or outcome not in OUTCOMES:
+        raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r:.80}")
+    return outcome
+
+
+# ---------------------------------------------------------------------------
+# The one transaction helper.
+# ---------------------------------------------------------------------------
+
+
+@contextmanager
+def _immediate(con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE ... COMMIT; roll back and re-raise on any exception.
+
+    BEGIN stays outside the try: if it fails, there is nothing of ours to roll
+    back. BaseException, not Exception: a KeyboardInterrupt or a cancelled
+    task must not leave a transaction open on a borrowed connection.
+    """
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        yield con
+        con.execute("COMMIT")
+    except BaseException:
+        if con.in_transaction:
+            con.execute("ROLLBACK")
+        raise
+
+
+def _call(fault: Fault, point: str) -> None:
+    if fault is not None:
+        fault(point)
+
+
+# ---------------------------------------------------------------------------
+# Pure decisions: no I/O, no clock. Both run_once and the async runtime call
+# these; no rule below exists anywhere else in the project.
+# ---------------------------------------------------------------------------
+
+
+def retry_delay(attempt: int, base_ms: int, cap_ms: int, jitter: float) -> int:
+    """floor(min(cap_ms, base_ms * 2**(attempt-1)) * jitter): cap first, then jitter."""
+    _check_int("attempt", attempt, 1, MAX_ATTEMPTS)
+    _check_int("base_ms", base_ms, 1, MAX_MS)
+    _check_int("cap_ms", cap_ms, base_ms, MAX_MS)
+    check_jitter(jitter)
+    return math.floor(min(cap_ms, base_ms * 2 ** (attempt - 1)) * jitter)
+
+
+def classify_result(result: object) -> Verdict:
+    """A send's return value: only an exact True is an ACK; anything else is BadAck."""
+    if result is True:
+        return ("ok", 0)
+    raise BadAck(f"send returned {result!r:.80}, not True")
+
+
+def classify_error(error: BaseException, attempt: int, jitter: float) -> Optional[Verdict]:
+    """A send's exception as (outcome, delay_ms), or None when it is not ours to classify.
+
+    Permanent is checked first: a refusal for good is never retried.
+    """
+    if isinstance(error, Permanent):
+        return ("permanent", 0)
+    if isinstance(error, Retryable):
+        return ("retry", retry_delay(attempt, RETRY_BASE_MS, RETRY_CAP_MS, jitter))
+    return None
+
+
+def finish_decision(
+    outcome: str, attempts: int, max_attempts: int, deadline: int, now_ms: int, delay_ms: int
+) -> Tuple[str, Optional[str], int]:
+    """(status, reason, available_at) of a valid finish."""
+    if outcome == "ok":
+        return ("done", None, now_ms)
+    if outcome == "permanent":
+        return ("dead", "permanent", now_ms)
+    if attempts >= max_attempts:
+        return ("dead", "exhausted", now_ms)
+    if now_ms + delay_ms >= deadline:
+        return ("dead", "deadline", now_ms)
+    return ("pending", "retry", now_ms + delay_ms)
+
+
+def _marker_matches(row: sqlite3.Row, ticket: dict, now_ms: int) -> bool:
+    """The whole marker, and the time: an owner alone can be a stale run."""
+    return (
+        row["status"] == "leased"
+        and row["qty"] == ticket["qty"]
+        and row["owner"] == ticket["owner"]
+        and row["token"] == ticket["token"]
+        and row["attempts"] == ticket["attempt"]
+        and row["lease_until"] == ticket["lease_until"]
+        and now_ms < row["lease_until"]
+        and now_ms < row["deadline"]
+    )
+
+
+# ---------------------------------------------------------------------------
+# Storage.
+# ---------------------------------------------------------------------------
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE, qty INTEGER NOT NULL,
+  status TEXT NOT NULL CHECK(status IN ('pending','leased','done','dead')),
+  attempts INTEGER NOT NULL, max_attempts INTEGER NOT NULL, token INTEGER NOT NULL,
+  available_at INTEGER NOT NULL, deadline INTEGER NOT NULL,
+  owner TEXT, lease_until INTEGER, reason TEXT)""",
+    """CREATE TABLE IF NOT EXISTS redrives (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL, token INTEGER NOT NULL, at_ms INTEGER NOT NULL, note TEXT NOT NULL)""",
+    # Live rows only: claim's sweep and pick stay flat however many done/dead
+    # rows pile up. An index, not a table change: the two tables stay as specified.
+    """CREATE INDEX IF NOT EXISTS jobs_live ON jobs(seq)
+  WHERE status IN ('pending', 'leased')""",
+)
+
+_COLUMNS = {
+    "jobs": [
+        "seq", "id", "qty", "status", "attempts", "max_attempts", "token",
+        "available_at", "deadline", "owner", "lease_until", "reason",
+    ],
+    "redrives": ["seq", "id", "token", "at_ms", "note"],
+}
+
+
+def _check_schema(con: sqlite3.Connection) -> None:
+    """Refuse a SQLite file that holds something other than a queue."""
+    present = {
+        name: [col[1] for col in con.execute(f"PRAGMA table_info({name})")] for name in _COLUMNS
+    }
+    if not any(present.values()):
+        others = con.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
+        ).fetchall()
+        if others:
+            raise ValueError(f"not a queue file: it holds other tables ({others[0][0]!r}, ...)")
+        return
+    for name, columns in _COLUMNS.items():
+        if present[name] != columns:
+            raise ValueError(f"not a queue file: table {name!r} has columns {present[name]}")
+
+
+def _check_path(path: object) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    text = os.fsdecode(path)
+    if text in ("", ":memory:") or text.startswith("file:"):
+        raise ValueError(f"path must name a local file, got {text!r}")
+    return text
+
+
+def open_queue(path: Union[str, os.PathLike[str]], *, create: bool = True) -> sqlite3.Connection:
+    """Open (creating if missing) a queue file and return its connection.
+
+    Settings, each for a reason: autocommit (isolation_level=None) so every
+    transaction is one we opened; timeout=1 s so a competing writer waits a
+    little, then we fail fast; the rollback journal (DELETE) and
+    synchronous=FULL so a COMMIT is on disk before it returns. The tables are
+    created only if missing, in one transaction; existing rows are kept.
+    With create=False the file must already exist: it is opened read-write,
+    never created.
+    """
+    text = _check_path(path)
+    if create:
+        con = sqlite3.connect(text, isolation_level=None, timeout=1.0)
+    else:
+        uri = Path(text).resolve().as_uri() + "?mode=rw"
+        try:
+            con = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=1.0)
+        except sqlite3.OperationalError as exc:
+            raise FileNotFoundError(f"queue file not found: {text}") from exc
+    try:
+        con.row_factory = sqlite3.Row
+        mode = con.execute("PRAGMA journal_mode=DELETE").fetchone()[0]
+        if mode != "delete":
+            raise sqlite3.OperationalError(f"could not set journal_mode=DELETE (got {mode})")
+        con.execute("PRAGMA synchronous=FULL")
+        with _immediate(con):
+            _check_schema(con)
+            for statement in _SCHEMA:
+                con.execute(statement)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def enqueue(
+    con: sqlite3.Connection,
+    event: dict,
+    now_ms: int,
+    ttl_ms: int,
+    max_attempts: int = 3,
+    fault: Fault = None,
+) -> bool:
+    """Add a pending job; True if new, False for the same id and qty (row kept whole).
+
+    Another qty for a known id raises Conflict. A duplicate intake never
+    resets the budget: the existing row is left exactly as it is.
+    """
+    _check_connection(con)
+    check_event(event)
+    check_now(now_ms)
+    _check_int("ttl_ms", ttl_ms, 1, MAX_MS)
+    _check_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
+    _check_fault(fault)
+    job_id, qty = event["id"], event["qty"]
+    with _immediate(con):
+        row = con.execute("SELECT qty FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is not None:
+            if row[0] != qty:
+                raise Conflict(f"job {job_id!r} exists with qty {row[0]}, not {qty}")
+            return False
+        con.execute(
+            "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
+            " available_at, deadline, owner, lease_until, reason)"
+            " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL)",
+            (job_id, qty, max_attempts, now_ms, now_ms + ttl_ms),
+        )
+        _call(fault, "after-enqueue")
+    _call(fault, "after-commit")
+    return True
+
+
+_QUARANTINE = """
+UPDATE jobs SET status = 'dead',
+  reason = CASE WHEN deadline <= :now THEN 'deadline' ELSE 'exhausted' END,
+  owner = NULL, lease_until = NULL
+WHERE status IN ('pending', 'leased')
+  AND (status = 'pending' OR lease_until <= :now)
+  AND (deadline <= :now OR attempts >= max_attempts)
+"""
+
+_PICK = """
+SELECT seq, id, qty, attempts, token, deadline FROM jobs
+WHERE status IN ('pending', 'leased')
+  AND ((status = 'pending' AND available_at <= :now)
+    OR (status = 'leased' AND lease_until <= :now))
+ORDER BY seq LIMIT :limit
+"""
+
+
+def _quarantine(con: sqlite3.Connection, now_ms: int) -> None:
+    con.execute(_QUARANTINE, {"now": now_ms})
+
+
+def _lease_row(
+    con: sqlite3.Connection, row: sqlite3.Row, owner: str, now_ms: int, lease_ms: int
+) -> dict:
+    attempt, token = row["attempts"] + 1, row["token"] + 1
+    lease_until = min(now_ms + lease_ms, row["deadline"])
+    con.execute(
+        "UPDATE jobs SET status = 'leased', attempts = ?, token = ?, owner = ?,"
+        " lease_until = ?, reason = NULL WHERE seq = ?",
+        (attempt, token, owner, lease_until, row["seq"]),
+    )
+    return {
+        "id": row["id"],
+        "qty": row["qty"],
+        "owner": owner,
+        "token": token,
+        "attempt": attempt,
+        "lease_until": lease_until,
+    }
+
+
+def claim(
+    con: sqlite3.Connection,
+    owner: str,
+    now_ms: int,
+    lease_ms: int = 1000,
+    fault: Fault = None,
+) -> Optional[dict]:
+    """Lease the oldest available job to owner, or None.
+
+    First, in the same transaction, move pending and expired-leased rows past
+    their deadline or budget to dead; that move is committed even when no job
+    is handed out. A live lease (lease_until > now_ms) is never touched.
+    """
+    _check_connection(con)
+    _check_identifier("owner", owner)
+    check_now(now_ms)
+    _check_int("lease_ms", lease_ms, 1, MAX_MS)
+    _check_fault(fault)
+    with _immediate(con):
+        _quarantine(con, now_ms)
+        row = con.execute(_PICK, {"now": now_ms, "limit": 1}).fetchone()
+        if row is None:
+            return None
+        ticket = _lease_row(con, row, owner, now_ms, lease_ms)
+        _call(fault, "after-claim")
+    _call(fault, "after-commit")
+    return ticket
+
+
+def _load_marked(con: sqlite3.Connection, ticket: dict, now_ms: int) -> Optional[sqlite3.Row]:
+    row = con.execute("SELECT * FROM jobs WHERE id = ?", (ticket["id"],)).fetchone()
+    if row is None or not _marker_matches(row, ticket, now_ms):
+        return None
+    return row
+
+
+def extend(
+    con: sqlite3.Connection,
+    ticket: dict,
+    now_ms: int,
+    lease_ms: int,
+    fault: Fault = None,
+) -> Union[dict, bool]:
+    """Push a live lease forward: the new ticket, or False for a stale marker.
+
+    The same whole-marker check as finish; the token stays; the new
+    lease_until is min(now_ms + lease_ms, deadline) and never moves backwards.
+    """
+    _check_connection(con)
+    _check_ticket(ticket)
+    check_now(now_ms)
+    _check_int("lease_ms", lease_ms, 1, MAX_MS)
+    _check_fault(fault)
+    with _immediate(con):
+        row = _load_marked(con, ticket, now_ms)
+        if row is None:
+            return False
+        lease_until = max(row["lease_until"], min(now_ms + lease_ms, row["deadline"]))
+        con.execute("UPDATE jobs SET lease_until = ? WHERE seq = ?", (lease_until, row["seq"]))
+        _call(fault, "after-extend")
+    _call(fault, "after-commit")
+    return {**ticket, "lease_until": lease_until}
+
+
+def finish(
+    con: sqlite3.Connection,
+    ticket: dict,
+    outcome: str,
+    now_ms: int,
+    delay_ms: int = 0,
+    fault: Fault = None,
+) -> Union[str, bool]:
+    """Record a send's outcome for a live lease: the new status, or False if stale.
+
+    False, changing nothing, when the job is missing or not leased, when any
+    field of the marker differs, or when now_ms has reached lease_until or
+    the deadline: a late result never overwrites the current work.
+    """
+    _check_connection(con)
+    _check_ticket(ticket)
+    _check_outcome(outcome)
+    check_now(now_ms)
+    _check_int("delay_ms", delay_ms, 0, MAX_MS)
+    _check_fault(fault)
+    with _immediate(con):
+        row = _load_marked(con, ticket, now_ms)
+        if row is None:
+            return False
+        status, reason, available_at = finish_decision(
+            outcome, row["attempts"], row["max_attempts"], row["deadline"], now_ms, delay_ms
+        )
+        con.execute(
+            "UPDATE jobs SET status = ?, reason = ?, available_at = ?,"
+            " owner = NULL, lease_until = NULL WHERE seq = ?",
+            (status, reason, available_at, row["seq"]),
+        )
+        _call(fault, "after-finish")
+    _call(fault, "after-commit")
+    return status
+
+
+def redrive(
+    con: sqlite3.Connection,
+    job_id: str,
+    now_ms: int,
+    ttl_ms: int,
+    note: str,
+    fault: Fault = None,
+) -> bool:
+    """Release a dead job with a fresh budget, and its audit row, together.
+
+    The token is kept, so a ticket from before the quarantine stays stale.
+    A missing or not-dead job is a ValueError.
+    """
+    _check_connection(con)
+    _check_identifier("job_id", job_id)
+    check_now(now_ms)
+    _check_int("ttl_ms", ttl_ms, 1, MAX_MS)
+    _check_identifier("note", note)
+    _check_fault(fault)
+    with _immediate(con):
+        row = con.execute("SELECT seq, status, token FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise ValueError(f"job {job_id!r} does not exist")
+        if row["status"] != "dead":
+            raise ValueError(f"job {job_id!r} is {row['status']}, not dead")
+        con.execute(
+            "INSERT INTO redrives (id, token, at_ms, note) VALUES (?, ?, ?, ?)",
+            (job_id, row["token"], now_ms, note),
+        )
+        _call(fault, "after-audit")
+        con.execute(
+            "UPDATE jobs SET status = 'pending', attempts = 0, available_at = ?,"
+            " deadline = ?, owner = NULL, lease_until = NULL, reason = NULL WHERE seq = ?",
+            (now_ms, now_ms + ttl_ms, row["seq"]),
+        )
+        _call(fault, "after-redrive")
+    _call(fault, "after-commit")
+    return True
+
+
+# ---------------------------------------------------------------------------
+# One claim-send-finish cycle.
+# ---------------------------------------------------------------------------
+
+
+def _check_run_args(
+    owner: object, clock: object, send: object, jitter: object, lease_ms: object
+) -> None:
+    check_jitter(jitter)  # first, before the clock is read
+    _check_identifier("owner", owner)
+    _check_int("lease_ms", lease_ms, 1, MAX_MS)
+    _check_callable("clock", clock)
+    _check_callable("send", send)
+
+
+def run_once(
+    con: sqlite3.Connection,
+    owner: str,
+    clock: Callable[[], int],
+    send: Callable[[dict], object],
+    jitter: float,
+    lease_ms: int = 1000,
+) -> Optional[dict]:
+    """Claim one job, send it with no transaction open, finish it.
+
+    Returns None when there is no work, else {"id", "token", "status"} where
+    status is the finish result or "stale". Retryable and Permanent become a
+    retry (with retry_delay(attempt, 100, 1000, jitter)) or a permanent
+    finish; BadAck and every other error propagate with the job left leased,
+    for its lease expiry and budget to recover.
+    """
+    _check_run_args(owner, clock, send, jitter, lease_ms)
+    _check_connection(con)
+    first_ms = check_now(clock(), "clock value")
+    ticket = claim(con, owner, first_ms, lease_ms)
+    if ticket is None:
+        return None
+    # send gets its own copy: whatever it does to it, the marker stays ours.
+    try:
+        verdict = classify_result(send({"id": ticket["id"], "qty": ticket["qty"]}))
+    except BaseException as error:
+        classified = classify_error(error, ticket["attempt"], jitter)
+        if classified is None:
+            raise
+        verdict = classified
+    second_ms = check_second_clock(first_ms, clock())
+    outcome, delay_ms = verdict
+    status = finish(con, ticket, outcome, second_ms, delay_ms)
+    return {"id": ticket["id"], "token": ticket["token"], "status": status or "stale"}
+
+
+def run_file(
+    path: Union[str, os.PathLike[str]],
+    owner: str,
+    clock: Callable[[], int],
+    send: Callable[[dict], object],
+    jitter: float,
+    lease_ms: int = 1000,
+) -> Optional[dict]:
+    """run_once on an existing queue file, with a connection owned and always closed.
+
+    A missing file (or anything that is not a regular file) is
+    FileNotFoundError; no empty queue is ever created in its place.
+    """
+    text = _check_path(path)
+    if not os.path.isfile(text):
+        raise FileNotFoundError(f"queue file not found: {text}")
+    _check_run_args(owner, clock, send, jitter, lease_ms)
+    con = open_queue(text, create=False)
+    try:
+        return run_once(con, owner, clock, send, jitter, lease_ms)
+    finally:
+        con.close()

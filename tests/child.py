@@ -1,0 +1,47 @@
+"""A child process for the real-process tests: it opens the queue file itself.
+
+    python tests/child.py race PATH OWNER ROUNDS   # claim once a round, in step with a pipe
+    python tests/child.py crash SPEC_JSON          # one call, os._exit(73) at one fault point
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from lease import worker
+
+
+def race(path: str, owner: str, rounds: int) -> None:
+    """Each round: wait for 'go' on stdin, claim once, print the ticket (or null)."""
+    con = worker.open_queue(path)
+    try:
+        for _ in range(rounds):
+            if sys.stdin.readline().strip() != "go":
+                return
+            ticket = worker.claim(con, owner, int(os.environ["RACE_NOW"]), 60000)
+            print(json.dumps(ticket), flush=True)
+    finally:
+        con.close()
+
+
+def crash(spec: dict) -> None:
+    """Call worker.<op>(con, *args, fault=...) and die for real at spec['point']."""
+
+    def fault(point: str) -> None:
+        if point == spec["point"]:
+            os._exit(73)  # no finally, no close, no rollback: a real crash
+
+    con = worker.open_queue(spec["path"])
+    getattr(worker, spec["op"])(con, *spec["args"], fault=fault)
+    os._exit(0)  # the point was never reached: the parent sees 0, not 73
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "race":
+        race(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif sys.argv[1] == "crash":
+        crash(json.loads(sys.argv[2]))
+    else:
+        raise SystemExit(f"unknown mode {sys.argv[1]!r}")

@@ -1,0 +1,124 @@
+"""Tier 3: real child processes on one queue file, killed for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lease import worker
+
+from .conftest import T0, add, rows
+
+CHILD = str(Path(__file__).with_name("child.py"))
+ROUNDS = 20
+
+
+def integrity_ok(path: Path) -> bool:
+    con = sqlite3.connect(path)
+    try:
+        return con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        con.close()
+
+
+def test_two_processes_race_claim_exactly_one_wins(queue_path: Path):
+    con = worker.open_queue(queue_path)
+    env = {**os.environ, "RACE_NOW": str(T0)}
+    children = [
+        subprocess.Popen([sys.executable, CHILD, "race", str(queue_path), f"racer-{n}",
+                          str(ROUNDS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         env=env)
+        for n in (1, 2)
+    ]
+    try:
+        winners: list[str] = []
+        for round_no in range(ROUNDS):
+            add(con, f"job-{round_no}", 1)
+            for child in children:  # both released together, as close as two pipes allow
+                child.stdin.write("go\n")
+                child.stdin.flush()
+            answers = [json.loads(child.stdout.readline()) for child in children]
+            tickets = [a for a in answers if a is not None]
+            assert len(tickets) == 1, answers
+            assert tickets[0]["id"] == f"job-{round_no}" and tickets[0]["token"] == 1
+            winners.append(tickets[0]["owner"])
+        assert all(r["status"] == "leased" and r["token"] == 1 for r in rows(con))
+    finally:
+        for child in children:
+            child.stdin.close()
+            try:
+                child.wait(timeout=30)
+            finally:
+                child.kill()
+                child.stdout.close()
+        con.close()
+    assert [child.returncode for child in children] == [0, 0]
+    assert integrity_ok(queue_path)
+
+
+def _setup(path: Path, op: str) -> list:
+    """Prepare the file for one call of `op`; return that call's arguments (JSON-able)."""
+    con = worker.open_queue(path)
+    try:
+        add(con, "j", 2, ttl=5000)
+        add(con, "k", 3, ttl=5000)
+        if op == "enqueue":
+            return [{"id": "n", "qty": 1}, T0, 1000, 3]
+        if op == "claim":
+            return ["o", T0, 1000]
+        ticket = worker.claim(con, "o", T0, 1000)
+        if op == "finish":
+            return [ticket, "retry", T0 + 1, 10]
+        if op == "extend":
+            return [ticket, T0 + 1, 2000]
+        worker.finish(con, ticket, "permanent", T0 + 1)
+        return ["j", T0 + 2, 1000, "fix"]
+    finally:
+        con.close()
+
+
+def _state(path: Path) -> tuple:
+    con = sqlite3.connect(path)
+    con.row_factory = sqlite3.Row
+    try:
+        return (rows(con), rows(con, "redrives"))
+    finally:
+        con.close()
+
+
+CRASH_POINTS = [
+    ("enqueue", "after-enqueue"), ("enqueue", "after-commit"),
+    ("claim", "after-claim"), ("claim", "after-commit"),
+    ("finish", "after-finish"), ("finish", "after-commit"),
+    ("extend", "after-extend"), ("extend", "after-commit"),
+    ("redrive", "after-audit"), ("redrive", "after-redrive"), ("redrive", "after-commit"),
+]
+
+
+@pytest.mark.parametrize(("op", "point"), CRASH_POINTS)
+def test_crash_inside_fault_hook_is_atomic(tmp_path: Path, op: str, point: str):
+    ref = tmp_path / "ref.db"
+    args = _setup(ref, op)
+    con = worker.open_queue(ref)
+    getattr(worker, op)(con, *args)
+    con.close()
+    after = _state(ref)
+
+    path = tmp_path / "q.db"
+    _setup(path, op)
+    before = _state(path)
+    spec = {"path": str(path), "op": op, "args": args, "point": point}
+    child = subprocess.run([sys.executable, CHILD, "crash", json.dumps(spec)], timeout=30)
+    assert child.returncode == 73
+    assert integrity_ok(path)
+    state = _state(path)  # read by a fresh connection: a hot journal is rolled back here
+    assert state == (after if point == "after-commit" else before)
+    if op == "redrive":  # no audit row without its state change, and no change without audit
+        jobs, audits = state
+        assert (jobs[0]["status"] == "pending") == (len(audits) == 1)

@@ -1,0 +1,137 @@
+"""Tier 1: the pure decisions, no database, no clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lease.worker import (
+    BadAck,
+    Permanent,
+    Retryable,
+    check_jitter,
+    check_second_clock,
+    classify_error,
+    classify_result,
+    finish_decision,
+    retry_delay,
+)
+
+
+@pytest.mark.parametrize(
+    ("attempt", "base", "cap", "jitter", "expected"),
+    [
+        (1, 100, 1000, 1, 100),
+        (1, 100, 1000, 1.0, 100),
+        (1, 100, 1000, 0, 0),
+        (1, 100, 1000, 0.0, 0),
+        (1, 100, 1000, 0.5, 50),
+        (2, 100, 1000, 0.5, 100),
+        (3, 100, 1000, 1, 400),
+        (4, 100, 1000, 1, 800),
+        (5, 100, 1000, 1, 1000),  # 1600 capped to 1000 before the multiply
+        (16, 100, 1000, 0.5, 500),  # cap first: 0.5 * 1000, not min(1000, 0.5 * 3276800)
+        (16, 60000, 60000, 1, 60000),
+        (1, 100, 1000, 5e-324, 0),  # tiny jitter floors to 0
+        (1, 100, 1000, 0.999, 99),  # floor, not round
+        (2, 3, 5, 0.7, 3),  # min(5, 6) = 5; 5 * 0.7 = 3.5 -> 3
+        (1, 1, 1, 1, 1),
+    ],
+)
+def test_retry_delay_values(attempt, base, cap, jitter, expected):
+    assert retry_delay(attempt, base, cap, jitter) == expected
+    assert type(retry_delay(attempt, base, cap, jitter)) is int
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (0, 100, 1000, 1), (17, 100, 1000, 1), (True, 100, 1000, 1), (1.0, 100, 1000, 1),
+        (1, 0, 1000, 1), (1, 60001, 60001, 1), (1, True, 1000, 1), (1, 100.0, 1000, 1),
+        (1, 100, 99, 1), (1, 100, 60001, 1), (1, 100, False, 1), (1, 100, 1000.0, 1),
+        (1, 100, 1000, -0.1), (1, 100, 1000, 1.0000001), (1, 100, 1000, 2),
+        (1, 100, 1000, math.nan), (1, 100, 1000, math.inf), (1, 100, 1000, -math.inf),
+        (1, 100, 1000, True), (1, 100, 1000, False), (1, 100, 1000, "0.5"),
+        (1, 100, 1000, None), (1, 100, 1000, 10**400),
+    ],
+)
+def test_retry_delay_rejects(args):
+    with pytest.raises(ValueError):
+        retry_delay(*args)
+
+
+@given(
+    attempt=st.integers(1, 16),
+    base=st.integers(1, 60000),
+    data=st.data(),
+    jitter=st.floats(0, 1, allow_nan=False),
+)
+def test_retry_delay_is_floor_of_capped_times_jitter(attempt, base, data, jitter):
+    cap = data.draw(st.integers(base, 60000))
+    got = retry_delay(attempt, base, cap, jitter)
+    assert got == math.floor(min(cap, base * 2 ** (attempt - 1)) * jitter)
+    assert 0 <= got <= cap
+
+
+def test_check_jitter_accepts_edges():
+    for value in (0, 1, 0.0, 1.0, 0.5, 5e-324):
+        assert check_jitter(value) == value
+
+
+def test_classify_result_only_exact_true():
+    assert classify_result(True) == ("ok", 0)
+
+    class Truthy:
+        def __bool__(self) -> bool:
+            return True
+
+    for value in (1, "True", None, False, Truthy(), [True], 1.0):
+        with pytest.raises(BadAck):
+            classify_result(value)
+
+
+def test_classify_error():
+    assert classify_error(Permanent("no"), 1, 0.5) == ("permanent", 0)
+    assert classify_error(Retryable("later"), 1, 0.5) == ("retry", 50)
+    assert classify_error(Retryable("later"), 4, 1) == ("retry", 800)
+    assert classify_error(Retryable("later"), 9, 1) == ("retry", 1000)
+
+    class SubRetry(Retryable):
+        pass
+
+    assert classify_error(SubRetry(), 2, 1.0) == ("retry", 200)
+    for error in (RuntimeError(), BadAck(), ValueError(), KeyboardInterrupt(), TimeoutError()):
+        assert classify_error(error, 1, 0.5) is None
+
+
+def test_classify_error_rejects_bad_jitter():
+    with pytest.raises(ValueError):
+        classify_error(Retryable(), 1, math.nan)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "attempts", "max_attempts", "deadline", "now", "delay", "expected"),
+    [
+        ("ok", 3, 3, 2000, 1000, 0, ("done", None, 1000)),
+        ("permanent", 1, 3, 2000, 1000, 500, ("dead", "permanent", 1000)),
+        ("retry", 3, 3, 9999, 1000, 0, ("dead", "exhausted", 1000)),
+        ("retry", 4, 3, 9999, 1000, 0, ("dead", "exhausted", 1000)),
+        ("retry", 1, 3, 1500, 1000, 500, ("dead", "deadline", 1000)),  # now + delay == deadline
+        ("retry", 1, 3, 1501, 1000, 500, ("pending", "retry", 1500)),
+        ("retry", 3, 3, 1500, 1000, 500, ("dead", "exhausted", 1000)),  # budget wins
+        ("retry", 1, 3, 1001, 1000, 0, ("pending", "retry", 1000)),
+    ],
+)
+def test_finish_decision(outcome, attempts, max_attempts, deadline, now, delay, expected):
+    assert finish_decision(outcome, attempts, max_attempts, deadline, now, delay) == expected
+
+
+def test_second_clock():
+    assert check_second_clock(10, 10) == 10
+    assert check_second_clock(10, 11) == 11
+    for bad in (9, -1, True, 10.0, None, "11", 10**15):
+        with pytest.raises(ValueError):
+            check_second_clock(10, bad)
