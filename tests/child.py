@@ -2,6 +2,7 @@
 
     python tests/child.py race PATH OWNER ROUNDS   # claim once a round, in step with a pipe
     python tests/child.py crash SPEC_JSON          # one call, os._exit(73) at one fault point
+    python tests/child.py dispatch SPEC_JSON       # run_file against a receiver URL
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 import os
 import sys
 
-from lease import worker
+from lease import http, worker
 
 
 def race(path: str, owner: str, rounds: int) -> None:
@@ -38,10 +39,26 @@ def crash(spec: dict) -> None:
     os._exit(0)  # the point was never reached: the parent sees 0, not 73
 
 
+def dispatch(spec: dict) -> None:
+    """run_file with the strict sender; with die_after_ack, exit right after the ACK."""
+
+    def send(event: dict) -> bool:
+        acked = http.send_http(spec["url"], event, timeout=5)
+        if spec.get("die_after_ack"):
+            os._exit(73)  # the receiver committed and answered; we never record it
+        return acked
+
+    clock = iter(spec["clock"]).__next__
+    print(json.dumps(worker.run_file(spec["path"], spec["owner"], clock, send, 0.5,
+                                     spec["lease_ms"])), flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "race":
         race(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif sys.argv[1] == "crash":
         crash(json.loads(sys.argv[2]))
+    elif sys.argv[1] == "dispatch":
+        dispatch(json.loads(sys.argv[2]))
     else:
         raise SystemExit(f"unknown mode {sys.argv[1]!r}")

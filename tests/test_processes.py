@@ -14,6 +14,7 @@ import pytest
 from lease import worker
 
 from .conftest import T0, add, rows
+from .servers import ReceiverProcess
 
 CHILD = str(Path(__file__).with_name("child.py"))
 ROUNDS = 20
@@ -122,3 +123,47 @@ def test_crash_inside_fault_hook_is_atomic(tmp_path: Path, op: str, point: str):
     if op == "redrive":  # no audit row without its state change, and no change without audit
         jobs, audits = state
         assert (jobs[0]["status"] == "pending") == (len(audits) == 1)
+
+
+def _dispatch(spec: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, CHILD, "dispatch", json.dumps(spec)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_crash_after_ack_is_recovered_and_applied_once(tmp_path: Path):
+    """The story: dispatcher 1 dies right after the receiver committed; dispatcher 2
+    recovers the job once the lease has run out; the request arrives twice and is
+    applied once; the job ends done with token 2."""
+    queue = tmp_path / "queue.db"
+    con = worker.open_queue(queue)
+    add(con, "snack-7", 7, ttl=60_000)
+    con.close()
+    with ReceiverProcess(tmp_path / "inbox.db") as receiver:
+        first = _dispatch({"path": str(queue), "owner": "dispatcher-1", "url": receiver.url,
+                           "clock": [T0, T0 + 10], "lease_ms": 1000, "die_after_ack": True})
+        assert first.returncode == 73, first.stderr
+        mid = receiver.stats()
+        assert (mid["requests"], mid["applied"], mid["stock"]) == (1, 1, 7)
+        con = worker.open_queue(queue)
+        leased = rows(con)[0]
+        con.close()
+        assert (leased["status"], leased["owner"], leased["token"]) == ("leased", "dispatcher-1", 1)
+
+        # The lease is still live for a second dispatcher at T0 + 999: nothing to do.
+        early = _dispatch({"path": str(queue), "owner": "dispatcher-2", "url": receiver.url,
+                           "clock": [T0 + 999], "lease_ms": 1000})
+        assert early.returncode == 0 and json.loads(early.stdout) is None
+
+        second = _dispatch({"path": str(queue), "owner": "dispatcher-2", "url": receiver.url,
+                            "clock": [T0 + 1000, T0 + 1010], "lease_ms": 1000})
+        assert second.returncode == 0, second.stderr
+        assert json.loads(second.stdout) == {"id": "snack-7", "token": 2, "status": "done"}
+        stats = receiver.stats()
+    assert (stats["requests"], stats["applied"], stats["duplicates"]) == (2, 1, 1)
+    assert (stats["inbox_rows"], stats["stock"]) == (1, 7)
+    con = worker.open_queue(queue)
+    done = rows(con)[0]
+    con.close()
+    assert (done["status"], done["token"], done["attempts"], done["owner"]) == (
+        "done", 2, 2, None)
+    assert integrity_ok(queue)

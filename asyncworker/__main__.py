@@ -1,0 +1,3 @@
+from asyncworker.cli import main
+
+raise SystemExit(main())
