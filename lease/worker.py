@@ -46,6 +46,8 @@ __all__ = [
     "check_jitter",
     "check_now",
     "check_second_clock",
+    "check_run_args",
+    "check_identifier",
     "check_event",
     "classify_result",
     "classify_error",
@@ -120,7 +122,7 @@ def _check_int(name: str, value: object, low: int, high: int) -> int:
     return value
 
 
-def _check_identifier(name: str, value: object) -> str:
+def check_identifier(name: str, value: object) -> str:
     if type(value) is not str:
         raise ValueError(f"{name} must be a str, got {type(value).__name__}")
     if not _IDENTIFIER.fullmatch(value):
@@ -187,7 +189,7 @@ def check_event(event: object) -> dict:
     """Validate an event: an exact dict with only an identifier id and qty 1..1000."""
     _check_exact_dict("event", event, EVENT_KEYS)
     assert isinstance(event, dict)
-    _check_identifier("event id", event["id"])
+    check_identifier("event id", event["id"])
     _check_int("event qty", event["qty"], 1, MAX_QTY)
     return event
 
@@ -195,8 +197,8 @@ def check_event(event: object) -> dict:
 def _check_ticket(ticket: object) -> dict:
     _check_exact_dict("ticket", ticket, TICKET_KEYS)
     assert isinstance(ticket, dict)
-    _check_identifier("ticket id", ticket["id"])
-    _check_identifier("ticket owner", ticket["owner"])
+    check_identifier("ticket id", ticket["id"])
+    check_identifier("ticket owner", ticket["owner"])
     _check_int("ticket qty", ticket["qty"], 1, MAX_QTY)
     _check_int("ticket token", ticket["token"], 1, MAX_TOKEN)
     _check_int("ticket attempt", ticket["attempt"], 1, MAX_ATTEMPTS)
@@ -329,8 +331,9 @@ _COLUMNS = {
 }
 
 
-def _check_schema(con: sqlite3.Connection) -> None:
-    """Refuse a SQLite file that holds something other than a queue."""
+def _check_schema(con: sqlite3.Connection) -> bool:
+    """True if the queue is complete, False if something is still to create;
+    ValueError for a SQLite file that holds something other than a queue."""
     present = {
         name: [col[1] for col in con.execute(f"PRAGMA table_info({name})")] for name in _COLUMNS
     }
@@ -340,10 +343,12 @@ def _check_schema(con: sqlite3.Connection) -> None:
         ).fetchall()
         if others:
             raise ValueError(f"not a queue file: it holds other tables ({others[0][0]!r}, ...)")
-        return
+        return False
     for name, columns in _COLUMNS.items():
         if present[name] != columns:
             raise ValueError(f"not a queue file: table {name!r} has columns {present[name]}")
+    index = con.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'jobs_live'")
+    return index.fetchone() is not None
 
 
 def _check_path(path: object) -> str:
@@ -381,10 +386,13 @@ def open_queue(path: Union[str, os.PathLike[str]], *, create: bool = True) -> sq
         if mode != "delete":
             raise sqlite3.OperationalError(f"could not set journal_mode=DELETE (got {mode})")
         con.execute("PRAGMA synchronous=FULL")
-        with _immediate(con):
-            _check_schema(con)
-            for statement in _SCHEMA:
-                con.execute(statement)
+        # A queue that is already complete needs no write lock to open: another
+        # process may be writing it right now.
+        if not _check_schema(con):
+            with _immediate(con):
+                _check_schema(con)
+                for statement in _SCHEMA:
+                    con.execute(statement)
     except BaseException:
         con.close()
         raise
@@ -484,7 +492,7 @@ def claim(
     is handed out. A live lease (lease_until > now_ms) is never touched.
     """
     _check_connection(con)
-    _check_identifier("owner", owner)
+    check_identifier("owner", owner)
     check_now(now_ms)
     _check_int("lease_ms", lease_ms, 1, MAX_MS)
     _check_fault(fault)
@@ -585,10 +593,10 @@ def redrive(
     A missing or not-dead job is a ValueError.
     """
     _check_connection(con)
-    _check_identifier("job_id", job_id)
+    check_identifier("job_id", job_id)
     check_now(now_ms)
     _check_int("ttl_ms", ttl_ms, 1, MAX_MS)
-    _check_identifier("note", note)
+    check_identifier("note", note)
     _check_fault(fault)
     with _immediate(con):
         row = con.execute("SELECT seq, status, token FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -616,11 +624,12 @@ def redrive(
 # ---------------------------------------------------------------------------
 
 
-def _check_run_args(
+def check_run_args(
     owner: object, clock: object, send: object, jitter: object, lease_ms: object
 ) -> None:
+    """run_once's arguments, jitter first (before the clock is ever read)."""
     check_jitter(jitter)  # first, before the clock is read
-    _check_identifier("owner", owner)
+    check_identifier("owner", owner)
     _check_int("lease_ms", lease_ms, 1, MAX_MS)
     _check_callable("clock", clock)
     _check_callable("send", send)
@@ -642,7 +651,7 @@ def run_once(
     finish; BadAck and every other error propagate with the job left leased,
     for its lease expiry and budget to recover.
     """
-    _check_run_args(owner, clock, send, jitter, lease_ms)
+    check_run_args(owner, clock, send, jitter, lease_ms)
     _check_connection(con)
     first_ms = check_now(clock(), "clock value")
     ticket = claim(con, owner, first_ms, lease_ms)
@@ -678,7 +687,7 @@ def run_file(
     text = _check_path(path)
     if not os.path.isfile(text):
         raise FileNotFoundError(f"queue file not found: {text}")
-    _check_run_args(owner, clock, send, jitter, lease_ms)
+    check_run_args(owner, clock, send, jitter, lease_ms)
     con = open_queue(text, create=False)
     try:
         return run_once(con, owner, clock, send, jitter, lease_ms)

@@ -3,6 +3,7 @@
     python tests/child.py race PATH OWNER ROUNDS   # claim once a round, in step with a pipe
     python tests/child.py crash SPEC_JSON          # one call, os._exit(73) at one fault point
     python tests/child.py dispatch SPEC_JSON       # run_file against a receiver URL
+    python tests/child.py dispatcher SPEC_JSON     # the async Dispatcher against a receiver
 """
 
 from __future__ import annotations
@@ -53,6 +54,34 @@ def dispatch(spec: dict) -> None:
                                      spec["lease_ms"])), flush=True)
 
 
+def dispatcher(spec: dict) -> None:
+    """The async Dispatcher until idle (or a signal); with die_after_acks=N, os._exit(73)
+    right after the N-th ACK, before that job's finish. Prints its stats as JSON."""
+    import asyncio
+
+    from asyncworker import Dispatcher, run_until_signalled, send_http
+
+    acks = 0
+
+    async def send(event: dict, token: int) -> object:
+        nonlocal acks
+        acked = await send_http(spec["url"], event, timeout=5, token=token)
+        acks += 1
+        if acks == spec.get("die_after_acks"):
+            os._exit(73)
+        return acked
+
+    async def go() -> dict:
+        async with Dispatcher(spec["path"], spec["owner"], send=send,
+                              concurrency=spec.get("concurrency", 8),
+                              lease_ms=spec.get("lease_ms", 2000)) as d:
+            print("ready", flush=True)
+            stats = await run_until_signalled(d, until_idle=spec.get("until_idle", True))
+            return stats.as_dict()
+
+    print(json.dumps(asyncio.run(go())), flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "race":
         race(sys.argv[2], sys.argv[3], int(sys.argv[4]))
@@ -60,5 +89,7 @@ if __name__ == "__main__":
         crash(json.loads(sys.argv[2]))
     elif sys.argv[1] == "dispatch":
         dispatch(json.loads(sys.argv[2]))
+    elif sys.argv[1] == "dispatcher":
+        dispatcher(json.loads(sys.argv[2]))
     else:
         raise SystemExit(f"unknown mode {sys.argv[1]!r}")

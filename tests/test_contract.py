@@ -611,3 +611,22 @@ def test_functions_never_close_the_connection(seeded):
     with pytest.raises(ValueError):
         worker.claim(con, "", T0)
     assert con.execute("SELECT 1").fetchone()[0] == 1
+
+
+def test_open_queue_needs_no_write_lock_when_complete(queue_path: Path):
+    worker.open_queue(queue_path).close()
+    holder = sqlite3.connect(queue_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process is writing
+    try:
+        con = worker.open_queue(queue_path)
+        assert con.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
+        con.close()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_claim_uses_the_live_index(con):
+    plan = " ".join(str(r[3]) for r in con.execute(
+        "EXPLAIN QUERY PLAN " + worker._PICK, {"now": T0, "limit": 1}))
+    assert "jobs_live" in plan

@@ -5,20 +5,41 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
 import pytest
 
+from asyncworker import QueueThread
+from asyncworker import run_once as aio_run_once
 from lease import worker
 from lease.worker import BadAck, Permanent, Retryable
 
 from .conftest import T0, Clock, add, job, rows
 
 
-@pytest.fixture(params=["sync"])
-def runner(request):
-    return worker.run_once
+@pytest.fixture(params=["sync", "async"])
+def runner(request, queue_path):
+    """run_once(con, owner, clock, send, jitter, lease_ms) of the front end under test.
+
+    The async twin runs on its own QueueThread over the same file; the test's
+    `con` only prepares and reads the file.
+    """
+    if request.param == "sync":
+        return worker.run_once
+
+    def run(con, owner, clock, send, jitter, lease_ms=1000):
+        async def go():
+            async def async_send(event):
+                return send(event)
+
+            async with QueueThread(queue_path) as queue:
+                return await aio_run_once(queue, owner, clock, async_send, jitter, lease_ms)
+
+        return asyncio.run(go())
+
+    return run
 
 
 class Recorder:

@@ -1,0 +1,110 @@
+"""One thread owns the queue's sqlite3 connection; coroutines hand it whole calls.
+
+Each call is a complete function of ``lease`` (``claim``, ``finish``, ...),
+so a transaction never spans an ``await``: the event loop never waits inside
+a transaction, and no two coroutines interleave statements on the one
+connection. There is no SQL in this package: the thread runs ``lease``'s
+functions and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Optional, TypeVar, Union
+
+from lease import observe
+from lease.worker import Conflict, enqueue, open_queue, redrive
+
+T = TypeVar("T")
+
+
+def is_locked(error: BaseException) -> bool:
+    """A competing process holds the write lock: transient, worth a retry."""
+    return isinstance(error, sqlite3.OperationalError) and (
+        "locked" in str(error) or "busy" in str(error)
+    )
+
+
+class QueueThread:
+    """``async with QueueThread(path) as queue: await queue.call(claim, owner, now)``."""
+
+    def __init__(self, path: Union[str, os.PathLike], *, create: bool = False) -> None:
+        self._path = path
+        self._create = create
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self._con: Optional[sqlite3.Connection] = None
+
+    async def open(self) -> QueueThread:
+        # The connection is made on the thread that will use it, and only there.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queue")
+        try:
+            self._con = await self._run(open_queue, self._path, create=self._create)
+        except BaseException:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+            raise
+        return self
+
+    async def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        con, self._con = self._con, None
+        if con is not None:
+            await asyncio.wrap_future(executor.submit(con.close))
+        executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> QueueThread:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if self._executor is None:
+            raise RuntimeError("the queue is not open")
+        return await asyncio.wrap_future(self._executor.submit(fn, *args, **kwargs))
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(con, *args, **kwargs)`` on the connection's thread and await it."""
+        return await self._run(self._with_con, fn, *args, **kwargs)
+
+    def _with_con(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        assert self._con is not None
+        return fn(self._con, *args, **kwargs)
+
+    # The operations an embedding service needs, each one thread hop.
+
+    async def enqueue(self, event: dict, now_ms: int, ttl_ms: int,
+                      max_attempts: int = 3) -> bool:
+        return await self.call(enqueue, event, now_ms, ttl_ms, max_attempts)
+
+    async def enqueue_many(self, events: list, now_ms: int, ttl_ms: int,
+                           max_attempts: int = 3) -> list[Union[bool, Exception]]:
+        """Each event in its own transaction, all in one hop: True (new), False
+        (duplicate), or the Conflict/ValueError that refused it. One bad event
+        does not stop the others."""
+        return await self.call(_enqueue_each, list(events), now_ms, ttl_ms, max_attempts)
+
+    async def redrive(self, job_id: str, now_ms: int, ttl_ms: int, note: str) -> bool:
+        return await self.call(redrive, job_id, now_ms, ttl_ms, note)
+
+    async def snapshot(self, now_ms: int) -> dict:
+        return await self.call(observe.snapshot, now_ms)
+
+    async def is_drained(self) -> bool:
+        return await self.call(observe.is_drained)
+
+
+def _enqueue_each(con: sqlite3.Connection, events: list, now_ms: int, ttl_ms: int,
+                  max_attempts: int) -> list[Union[bool, Exception]]:
+    results: list[Union[bool, Exception]] = []
+    for event in events:
+        try:
+            results.append(enqueue(con, event, now_ms, ttl_ms, max_attempts))
+        except (Conflict, ValueError) as exc:
+            results.append(exc)
+    return results

@@ -1,0 +1,109 @@
+"""Read-only observations of a queue: what an operator asks before acting.
+
+Each function reads in one statement or one read transaction and changes
+nothing. They answer "up to which state is there evidence?": counts by
+status, the oldest unfinished job's age, attempts, dead jobs by reason,
+redrives.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Optional
+
+from lease.worker import check_identifier, check_now
+
+__all__ = ["snapshot", "counts", "is_drained", "job_history", "dead_jobs"]
+
+STATUSES = ("pending", "leased", "done", "dead")
+
+
+def counts(con: sqlite3.Connection) -> dict[str, int]:
+    """Jobs by status, every status present (0 where none)."""
+    found = dict(con.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall())
+    return {status: found.get(status, 0) for status in STATUSES}
+
+
+def is_drained(con: sqlite3.Connection) -> bool:
+    """True when every job is done or dead: nothing pending, nothing leased."""
+    row = con.execute(
+        "SELECT EXISTS (SELECT 1 FROM jobs WHERE status IN ('pending', 'leased'))"
+    ).fetchone()
+    return not row[0]
+
+
+def snapshot(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
+    """Everything `stats` shows, read in one transaction so the figures agree."""
+    check_now(now_ms)
+    con.execute("BEGIN")
+    try:
+        by_status = counts(con)
+        oldest = con.execute(
+            "SELECT MIN(available_at) FROM jobs WHERE status IN ('pending', 'leased')"
+        ).fetchone()[0]
+        attempts = dict(con.execute(
+            "SELECT attempts, COUNT(*) FROM jobs GROUP BY attempts ORDER BY attempts"
+        ).fetchall())
+        dead = dict(con.execute(
+            "SELECT reason, COUNT(*) FROM jobs WHERE status = 'dead' GROUP BY reason"
+            " ORDER BY reason"
+        ).fetchall())
+        redrives, redriven_jobs = con.execute(
+            "SELECT COUNT(*), COUNT(DISTINCT id) FROM redrives"
+        ).fetchone()
+        expired = con.execute(
+            "SELECT COUNT(*) FROM jobs WHERE status = 'leased' AND lease_until <= ?", (now_ms,)
+        ).fetchone()[0]
+    finally:
+        con.execute("COMMIT")
+    return {
+        "jobs": sum(by_status.values()),
+        "by_status": by_status,
+        "oldest_unfinished_age_ms": None if oldest is None else max(0, now_ms - oldest),
+        "expired_leases": expired,
+        "attempts": {str(k): v for k, v in attempts.items()},
+        "dead_by_reason": dead,
+        "redrives": redrives,
+        "redriven_jobs": redriven_jobs,
+    }
+
+
+def job_history(con: sqlite3.Connection, job_id: str) -> Optional[dict[str, Any]]:
+    """A job's whole row and its redrive audit rows, or None if there is no such job."""
+    check_identifier("job_id", job_id)
+    con.execute("BEGIN")
+    try:
+        row = con.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        audits = con.execute(
+            "SELECT seq, token, at_ms, note FROM redrives WHERE id = ? ORDER BY seq", (job_id,)
+        ).fetchall()
+    finally:
+        con.execute("COMMIT")
+    if row is None:
+        return None
+    return {"job": _as_dict(row), "redrives": [_as_dict(a) for a in audits]}
+
+
+def dead_jobs(con: sqlite3.Connection, reason: Optional[str] = None,
+              limit: Optional[int] = None) -> list[dict[str, Any]]:
+    """Dead jobs in seq order, optionally of one reason, at most `limit` of them."""
+    if reason is not None:
+        check_identifier("reason", reason)
+    if limit is not None and (type(limit) is not int or limit < 1):
+        raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+    sql = "SELECT * FROM jobs WHERE status = 'dead'"
+    args: list[Any] = []
+    if reason is not None:
+        sql += " AND reason = ?"
+        args.append(reason)
+    sql += " ORDER BY seq"
+    if limit is not None:
+        sql += " LIMIT ?"
+        args.append(limit)
+    return [_as_dict(row) for row in con.execute(sql, args)]
+
+
+def _as_dict(row: Any) -> dict[str, Any]:
+    if isinstance(row, sqlite3.Row):
+        return dict(row)
+    raise TypeError("open the queue with lease.open_queue (rows as sqlite3.Row)")

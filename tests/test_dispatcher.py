@@ -1,0 +1,421 @@
+"""The asyncio dispatcher: overlap, no lock during a send, leases, errors, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from asyncworker import Dispatcher, dispatcher_context, send_http
+from lease import observe, worker
+from lease.worker import Conflict, Permanent, Retryable
+
+from .conftest import T0, add, job, rows
+from .servers import HostileServer, ReceiverProcess, ack_for
+
+CHILD = str(Path(__file__).with_name("child.py"))
+
+
+def fill(path: Path, n: int, *, prefix: str = "job", ttl: int = 60_000, max_attempts: int = 3,
+         now: int | None = None) -> dict[str, int]:
+    """n pending jobs with quantities 1..n (mod 1000); returns {id: qty}."""
+    con = worker.open_queue(path)
+    try:
+        start = int(time.time() * 1000) if now is None else now
+        events = {f"{prefix}-{i}": i % 1000 + 1 for i in range(n)}
+        for job_id, qty in events.items():
+            worker.enqueue(con, {"id": job_id, "qty": qty}, start, ttl, max_attempts)
+        return events
+    finally:
+        con.close()
+
+
+def statuses(path: Path) -> dict[str, int]:
+    con = worker.open_queue(path)
+    try:
+        return observe.counts(con)
+    finally:
+        con.close()
+
+
+def inbox_rows(path: Path) -> list[tuple]:
+    con = sqlite3.connect(path)
+    try:
+        return con.execute("SELECT id, qty, seen FROM inbox ORDER BY id").fetchall()
+    finally:
+        con.close()
+
+
+class FakeClock:
+    """Milliseconds that move only when the test says so."""
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+async def test_sends_really_overlap(queue_path: Path):
+    n = 8
+    barrier = threading.Barrier(n, timeout=20)
+
+    def all_at_once(request, sock):
+        barrier.wait()  # passes only when n requests are in flight together
+        ack_for()(request, sock)
+
+    fill(queue_path, n)
+    with HostileServer(all_at_once) as server:
+        async with Dispatcher(queue_path, "d1", url=server.url, concurrency=n,
+                              lease_ms=30_000) as d:
+            stats = await d.run(until_idle=True)
+    assert not barrier.broken
+    assert (stats.ok, stats.peak_in_flight, stats.claimed) == (n, n, n)
+    assert statuses(queue_path)["done"] == n
+
+
+async def test_no_lock_held_during_a_send(queue_path: Path):
+    fill(queue_path, 4, prefix="orig")
+    writes: list[str] = []
+
+    async def send(event: dict, token: int) -> bool:
+        await asyncio.sleep(0.05)
+        if event["id"].startswith("orig"):
+            other = sqlite3.connect(queue_path, timeout=0, isolation_level=None)
+            try:
+                other.execute("BEGIN IMMEDIATE")  # fails at once if anyone holds the lock
+                other.execute("ROLLBACK")
+                assert worker.enqueue(other, {"id": "during-" + event["id"], "qty": 1},
+                                      int(time.time() * 1000), 60_000)
+                writes.append(event["id"])
+            finally:
+                other.close()
+        return True
+
+    # One slot: while a send runs, this dispatcher has no other transaction of its own.
+    async with Dispatcher(queue_path, "d1", send=send, concurrency=1) as d:
+        stats = await d.run(until_idle=True)
+    assert len(writes) == 4 and (stats.ok, stats.errors, stats.claimed) == (8, 0, 8)
+    assert statuses(queue_path) == {"pending": 0, "leased": 0, "done": 8, "dead": 0}
+
+
+async def test_send_outliving_its_lease_is_stale_then_recovered(queue_path: Path, tmp_path):
+    clock = FakeClock(T0)
+    con = worker.open_queue(queue_path)
+    add(con, "snack-7", 7, now=T0)
+    con.close()
+    with ReceiverProcess(tmp_path / "inbox.db") as rx:
+        async def send(event: dict, token: int) -> object:
+            acked = await send_http(rx.url, event, timeout=5, token=token)
+            if token == 1:
+                clock.now += 1000  # the process stalled: the answer comes after the lease
+            return acked
+
+        async with Dispatcher(queue_path, "d1", send=send, lease_ms=1000, clock=clock,
+                              poll_interval=0.01) as d:
+            stats = await d.run(until_idle=True)
+        received = rx.stats()
+    assert (stats.stale, stats.ok, stats.claimed) == (1, 1, 2)
+    assert (received["applied"], received["duplicates"], received["stock"]) == (1, 1, 7)
+    con = worker.open_queue(queue_path)
+    row = job(con, "snack-7")
+    con.close()
+    assert (row["status"], row["token"], row["attempts"]) == ("done", 2, 2)
+
+
+async def test_lease_is_extended_while_a_send_runs(queue_path: Path):
+    fill(queue_path, 1)
+
+    async def slow(event: dict, token: int) -> bool:
+        await asyncio.sleep(1.5)  # outlives the 1 s lease it was claimed with
+        return True
+
+    async with Dispatcher(queue_path, "d1", send=slow, lease_ms=1000) as d:
+        stats = await d.run(until_idle=True)
+    assert stats.extended >= 1 and (stats.ok, stats.stale, stats.claimed) == (1, 0, 1)
+    con = worker.open_queue(queue_path)
+    assert job(con, "job-0")["token"] == 1 and job(con, "job-0")["status"] == "done"
+    con.close()
+
+
+async def test_refused_extension_stops_waiting_for_the_send(queue_path: Path):
+    fill(queue_path, 1, max_attempts=1)
+    cancelled = asyncio.Event()
+    started = asyncio.Event()
+
+    async def never(event: dict, token: int) -> bool:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return True
+
+    async def operator_ends_the_job() -> None:
+        await started.wait()
+        con = worker.open_queue(queue_path)
+        row = job(con, "job-0")
+        ticket = {"id": row["id"], "qty": row["qty"], "owner": row["owner"],
+                  "token": row["token"], "attempt": row["attempts"],
+                  "lease_until": row["lease_until"]}
+        assert worker.finish(con, ticket, "permanent", int(time.time() * 1000)) == "dead"
+        con.close()
+
+    async with Dispatcher(queue_path, "d1", send=never, lease_ms=600) as d:
+        stats, _ = await asyncio.gather(d.run(until_idle=True), operator_ends_the_job())
+    assert cancelled.is_set()
+    assert (stats.stale, stats.ok, stats.extended) == (1, 0, 0)
+
+
+async def test_bad_acks_and_errors_leave_jobs_leased_and_the_dispatcher_goes_on(queue_path):
+    fill(queue_path, 3, max_attempts=1)
+
+    async def send(event: dict, token: int) -> object:
+        return {"job-0": "yes", "job-2": True}.get(event["id"]) or _boom()
+
+    async with Dispatcher(queue_path, "d1", send=send, lease_ms=200,
+                          poll_interval=0.01) as d:
+        stats = await d.run(until_idle=True)  # waits out the two leases left behind
+    assert (stats.bad_acks, stats.errors, stats.ok) == (1, 1, 1)
+    con = worker.open_queue(queue_path)
+    assert [(r["id"], r["status"], r["reason"]) for r in rows(con)] == [
+        ("job-0", "dead", "exhausted"), ("job-1", "dead", "exhausted"), ("job-2", "done", None)]
+    con.close()
+
+
+def _boom() -> bool:
+    raise RuntimeError("unclassified")
+
+
+async def test_retry_permanent_and_budget_are_counted(queue_path: Path):
+    fill(queue_path, 3, max_attempts=2)
+    tries: dict[str, int] = {}
+
+    async def send(event: dict, token: int) -> bool:
+        tries[event["id"]] = tries.get(event["id"], 0) + 1
+        if event["id"] == "job-0" and tries["job-0"] == 1:
+            raise Retryable("503")
+        if event["id"] == "job-1":
+            raise Permanent("409")
+        if event["id"] == "job-2":
+            raise Retryable("always")
+        return True
+
+    async with Dispatcher(queue_path, "d1", send=send, jitter=lambda: 0.0,
+                          poll_interval=0.01) as d:
+        stats = await d.run(until_idle=True)
+    assert (stats.ok, stats.retried, stats.permanent, stats.dead) == (1, 2, 1, 1)
+    con = worker.open_queue(queue_path)
+    assert [(r["status"], r["reason"]) for r in rows(con)] == [
+        ("done", None), ("dead", "permanent"), ("dead", "exhausted")]
+    con.close()
+
+
+async def test_graceful_stop_finishes_what_is_in_flight(queue_path: Path):
+    fill(queue_path, 20)
+    release = asyncio.Event()
+    in_send = 0
+
+    async def send(event: dict, token: int) -> bool:
+        nonlocal in_send
+        in_send += 1
+        await release.wait()
+        return True
+
+    async with Dispatcher(queue_path, "d1", send=send, concurrency=4) as d:
+        running = asyncio.create_task(d.run())
+        while in_send < 4:
+            await asyncio.sleep(0.01)
+        d.stop()
+        release.set()
+        stats = await running
+    assert (stats.claimed, stats.ok) == (4, 4)
+    assert statuses(queue_path) == {"pending": 16, "leased": 0, "done": 4, "dead": 0}
+
+
+async def test_abort_leaves_only_leases_that_expire(queue_path: Path):
+    fill(queue_path, 3)
+
+    async def hang(event: dict, token: int) -> bool:
+        await asyncio.Event().wait()
+        return True
+
+    async with Dispatcher(queue_path, "d1", send=hang, concurrency=3, lease_ms=60_000) as d:
+        running = asyncio.create_task(d.run())
+        while d.stats.in_flight < 3:
+            await asyncio.sleep(0.01)
+        d.abort()
+        stats = await running
+    assert (stats.ok, stats.in_flight) == (0, 0)
+    assert statuses(queue_path)["leased"] == 3
+
+
+async def test_queue_operations_for_an_embedding_service(queue_path: Path):
+    worker.open_queue(queue_path).close()
+    async with Dispatcher(queue_path, "d1", send=_never_called) as d:
+        results = await d.queue.enqueue_many(
+            [{"id": "a", "qty": 1}, {"id": "a", "qty": 1}, {"id": "a", "qty": 2},
+             {"id": "b", "qty": 0}, {"id": "c", "qty": 3}], T0, 1000)
+        assert results[:2] == [True, False] and results[4] is True
+        assert isinstance(results[2], Conflict) and isinstance(results[3], ValueError)
+        assert await d.queue.enqueue({"id": "d", "qty": 4}, T0, 1000) is True
+        snap = await d.queue.snapshot(T0 + 100)
+        assert snap["by_status"] == {"pending": 3, "leased": 0, "done": 0, "dead": 0}
+        assert snap["oldest_unfinished_age_ms"] == 100
+        assert await d.queue.snapshot(T0 + 1000) and not await d.queue.is_drained()
+
+
+async def _never_called(event: dict, token: int) -> bool:
+    raise AssertionError("no send expected")
+
+
+async def test_an_aiohttp_application_owns_the_dispatcher(queue_path: Path, tmp_path: Path):
+    fill(queue_path, 5)
+    with ReceiverProcess(tmp_path / "inbox.db") as rx:
+        d = Dispatcher(queue_path, "svc", url=rx.url, concurrency=2)
+        app = web.Application()
+        app.cleanup_ctx.append(dispatcher_context(d))
+        runner = web.AppRunner(app)
+        await runner.setup()  # the dispatcher starts with the application
+        try:
+            for _ in range(500):
+                if d.stats.ok == 5:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await runner.cleanup()  # and stops with it
+        assert d.stats.ok == 5 and rx.stats()["applied"] == 5
+    assert statuses(queue_path)["done"] == 5
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"url": "http://10.1.2.3/events"}, {"url": "http://127.0.0.1:1/x"},
+    {"url": None}, {"send": _never_called, "url": "http://127.0.0.1:1/events"},
+    {"send": _never_called, "concurrency": 0}, {"send": _never_called, "concurrency": True},
+    {"send": _never_called, "lease_ms": 0}, {"send": _never_called, "lease_ms": 60_001},
+    {"send": _never_called, "poll_interval": 0}, {"send": "nope"},
+])
+def test_bad_configuration_is_refused(queue_path: Path, kwargs):
+    with pytest.raises(ValueError):
+        Dispatcher(queue_path, "d1", **kwargs)
+    with pytest.raises(ValueError):
+        Dispatcher(queue_path, "bad owner", send=_never_called)
+
+
+async def test_missing_queue_is_an_error_and_is_not_created(tmp_path: Path):
+    missing = tmp_path / "missing.db"
+    with pytest.raises(FileNotFoundError):
+        async with Dispatcher(missing, "d1", send=_never_called):
+            pass
+    assert not missing.exists()
+
+
+# ---------------------------------------------------------------- real processes
+
+
+def _spawn(spec: dict) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, CHILD, "dispatcher", json.dumps(spec)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _result(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, dict | None]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    return proc.returncode, json.loads(last) if last.startswith("{") else None
+
+
+def test_crash_after_ack_across_two_dispatcher_processes(queue_path: Path, tmp_path: Path):
+    fill(queue_path, 1)  # job-0, qty 1
+    with ReceiverProcess(tmp_path / "inbox.db") as rx:
+        first = _spawn({"path": str(queue_path), "owner": "dispatcher-1", "url": rx.url,
+                        "lease_ms": 500, "die_after_acks": 1})
+        code, _ = _result(first)
+        assert code == 73
+        assert statuses(queue_path)["leased"] == 1 and rx.stats()["applied"] == 1
+        second = _spawn({"path": str(queue_path), "owner": "dispatcher-2", "url": rx.url,
+                         "lease_ms": 500})
+        code, stats = _result(second)
+        assert code == 0 and stats["ok"] == 1
+        received = rx.stats()
+    assert (received["requests"], received["applied"], received["duplicates"]) == (2, 1, 1)
+    assert inbox_rows(tmp_path / "inbox.db") == [("job-0", 1, 2)]
+    con = worker.open_queue(queue_path)
+    row = job(con, "job-0")
+    con.close()
+    assert (row["status"], row["token"], row["owner"]) == ("done", 2, None)
+
+
+def test_two_dispatcher_processes_share_one_file(queue_path: Path, tmp_path: Path):
+    events = fill(queue_path, 500)
+    with ReceiverProcess(tmp_path / "inbox.db") as rx:
+        procs = [_spawn({"path": str(queue_path), "owner": f"dispatcher-{n}", "url": rx.url,
+                         "concurrency": 16, "lease_ms": 10_000}) for n in (1, 2)]
+        results = [_result(p) for p in procs]
+        received = rx.stats()
+    assert [code for code, _ in results] == [0, 0]
+    claimed = [stats["claimed"] for _, stats in results]
+    print(f"fairness: claimed {claimed}, lock retries "
+          f"{[s['lock_retries'] for _, s in results]}, peak in flight at receiver "
+          f"{received['peak_in_flight']}")
+    assert sum(claimed) == 500 and sum(s["ok"] for _, s in results) == 500
+    assert statuses(queue_path) == {"pending": 0, "leased": 0, "done": 500, "dead": 0}
+    rows_in_inbox = inbox_rows(tmp_path / "inbox.db")
+    assert [(i, q) for i, q, _ in rows_in_inbox] == sorted(events.items())
+    assert received["stock"] == sum(events.values()) and received["applied"] == 500
+
+
+def test_sigterm_stops_gracefully_and_a_restart_completes(queue_path: Path, tmp_path: Path):
+    fill(queue_path, 200)
+    with ReceiverProcess(tmp_path / "inbox.db", "--latency-ms", "20") as rx:
+        proc = _spawn({"path": str(queue_path), "owner": "d1", "url": rx.url,
+                       "concurrency": 4, "lease_ms": 10_000})
+        while statuses(queue_path)["done"] < 10:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        code, stats = _result(proc)
+        assert code == 0 and stats is not None
+        mid = statuses(queue_path)
+        assert mid["leased"] == 0  # nothing half-finished: in-flight sends were finished
+        assert 0 < mid["done"] < 200 and mid["done"] == stats["ok"]
+        again = _spawn({"path": str(queue_path), "owner": "d2", "url": rx.url,
+                        "concurrency": 16, "lease_ms": 10_000})
+        code, stats2 = _result(again)
+        received = rx.stats()
+    assert code == 0 and stats2["ok"] == 200 - mid["done"]
+    assert statuses(queue_path)["done"] == 200
+    assert received["applied"] == 200 and received["duplicates"] == 0
+
+
+async def test_a_locked_database_is_waited_out(queue_path: Path):
+    fill(queue_path, 1)
+    holder = sqlite3.connect(queue_path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")  # another process's long write transaction
+    released = threading.Timer(1.6, holder.execute, ("ROLLBACK",))
+    released.start()
+    try:
+        async with Dispatcher(queue_path, "d1", send=_ok) as d:
+            stats = await d.run(until_idle=True)
+    finally:
+        released.join()
+        holder.close()
+    assert stats.lock_retries >= 1 and (stats.ok, stats.errors) == (1, 0)
+
+
+async def _ok(event: dict, token: int) -> bool:
+    return True
