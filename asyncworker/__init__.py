@@ -1,20 +1,42 @@
 """The asyncio runtime of the lease queue: dispatcher, strict sender, receiver.
 
 The rules (validation, retry, fencing) live once, in :mod:`lease.worker`;
-this package calls them.
+this package calls them. Names are loaded on first use, so the command line
+starts without importing aiohttp for commands that do not need it.
 """
 
-from asyncworker.dispatcher import (
-    Dispatcher,
-    DispatcherStats,
-    LeaseLost,
-    dispatcher_context,
-    run_once,
-    run_until_signalled,
-)
-from asyncworker.receiver import Faults, make_app, serve
-from asyncworker.sender import new_session, send_http
-from asyncworker.store import QueueThread
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from asyncworker.dispatcher import (
+        Dispatcher,
+        DispatcherStats,
+        LeaseLost,
+        dispatcher_context,
+        run_once,
+        run_until_signalled,
+    )
+    from asyncworker.receiver import Faults, make_app, serve
+    from asyncworker.sender import new_session, send_http
+    from asyncworker.store import QueueThread
+
+_HOMES = {
+    "Dispatcher": "dispatcher",
+    "DispatcherStats": "dispatcher",
+    "LeaseLost": "dispatcher",
+    "dispatcher_context": "dispatcher",
+    "run_once": "dispatcher",
+    "run_until_signalled": "dispatcher",
+    "Faults": "receiver",
+    "make_app": "receiver",
+    "serve": "receiver",
+    "new_session": "sender",
+    "send_http": "sender",
+    "QueueThread": "store",
+}
 
 __all__ = [
     "Dispatcher",
@@ -30,3 +52,9 @@ __all__ = [
     "send_http",
     "serve",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'asyncworker' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"asyncworker.{_HOMES[name]}"), name)

@@ -29,6 +29,7 @@ from asyncworker.sender import new_session, send_http
 from asyncworker.store import QueueThread, is_locked
 from lease.http import check_url
 from lease.worker import (
+    MAX_BATCH,
     MAX_MS,
     BadAck,
     Retryable,
@@ -38,10 +39,12 @@ from lease.worker import (
     check_run_args,
     check_second_clock,
     claim,
+    claim_many,
     classify_error,
     classify_result,
     extend,
     finish,
+    finish_many,
 )
 
 __all__ = [
@@ -72,6 +75,8 @@ class DispatcherStats:
     """Counters an embedding service can read at any time."""
 
     claimed: int = 0
+    claim_batches: int = 0  # claim transactions that leased something
+    finish_batches: int = 0  # finish transactions
     ok: int = 0
     retried: int = 0
     permanent: int = 0
@@ -118,6 +123,7 @@ class Dispatcher:
         clock: Callable[[], int] = wall_clock_ms,
         jitter: Callable[[], float] = random.random,
         poll_interval: float = 0.05,
+        batch_size: int = 64,
         create: bool = False,
     ) -> None:
         check_identifier("owner", owner)
@@ -129,6 +135,8 @@ class Dispatcher:
             raise ValueError(f"concurrency must be an int in 1..10000, got {concurrency!r}")
         if type(lease_ms) is not int or not 1 <= lease_ms <= MAX_MS:
             raise ValueError(f"lease_ms must be an int in 1..{MAX_MS}, got {lease_ms!r}")
+        if type(batch_size) is not int or not 1 <= batch_size <= MAX_BATCH:
+            raise ValueError(f"batch_size must be an int in 1..{MAX_BATCH}, got {batch_size!r}")
         if type(poll_interval) not in (int, float) or not 0 < poll_interval <= 60:
             raise ValueError(f"poll_interval must be in (0, 60] seconds, got {poll_interval!r}")
         for name, fn in (("clock", clock), ("jitter", jitter), ("send", send)):
@@ -138,6 +146,7 @@ class Dispatcher:
         self.concurrency = concurrency
         self.lease_ms = lease_ms
         self.poll_interval = float(poll_interval)
+        self.batch_size = batch_size
         # Time kept back at the end of a lease for the finish transaction.
         self.finish_margin_ms = max(1, min(lease_ms // 5, 2_000))
         self.stats = DispatcherStats()
@@ -149,6 +158,8 @@ class Dispatcher:
         self._session: Optional[aiohttp.ClientSession] = None
         self._tasks: set[asyncio.Task] = set()
         self._finishing: set[asyncio.Future] = set()
+        self._to_finish: list[tuple[_Held, Verdict, asyncio.Future]] = []
+        self._flusher: Optional[asyncio.Task] = None
         self._stop = asyncio.Event()
 
     # --------------------------------------------------------------- lifecycle
@@ -200,7 +211,7 @@ class Dispatcher:
                     await asyncio.wait({*self._tasks, stop_wait},
                                        return_when=asyncio.FIRST_COMPLETED)
                     continue
-                if await self._claim_one():
+                if await self._claim_some():
                     continue
                 if until_idle and not self._tasks and await self._queue.is_drained():
                     break
@@ -231,24 +242,30 @@ class Dispatcher:
         """A short jittered pause before retrying a locked database (seconds)."""
         return 0.002 + 0.02 * check_jitter(self._jitter())
 
-    async def _claim_one(self) -> bool:
+    async def _claim_some(self) -> bool:
+        """Claim as many jobs as there are free slots (up to batch_size), in one
+        transaction; start a task for each. False when there was nothing to claim."""
         while not self._stop.is_set():
             first_ms = self._now()
+            limit = min(self.concurrency - len(self._tasks), self.batch_size)
             try:
-                ticket = await self._queue.call(claim, self.owner, first_ms, self.lease_ms)
+                tickets = await self._queue.call(claim_many, self.owner, first_ms,
+                                                 self.lease_ms, limit)
             except sqlite3.OperationalError as exc:
                 if not is_locked(exc):
                     raise
                 self.stats.lock_retries += 1
                 await asyncio.sleep(self._backoff())
                 continue
-            if ticket is None:
+            if not tickets:
                 return False
-            self.stats.claimed += 1
-            task = asyncio.create_task(self._work(_Held(ticket, first_ms)),
-                                       name=f"job {ticket['id']} token {ticket['token']}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.stats.claimed += len(tickets)
+            self.stats.claim_batches += 1
+            for ticket in tickets:
+                task = asyncio.create_task(self._work(_Held(ticket, first_ms)),
+                                           name=f"job {ticket['id']} token {ticket['token']}")
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
             return True
         return False
 
@@ -332,22 +349,52 @@ class Dispatcher:
                                session=self._session)
 
     async def _finish(self, held: _Held, verdict: Verdict) -> None:
-        outcome, delay_ms = verdict
-        ticket = held.ticket
-        while True:
-            now = check_second_clock(held.first_ms, self._clock())
+        """Queue this outcome for the next group commit and wait for its result.
+
+        Finishes that arrive while a group is being written form the next
+        group: one transaction for all of them, started as soon as the queue's
+        thread is free, never held back waiting for more.
+        """
+        result: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._to_finish.append((held, verdict, result))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_finishes(), name="finish flusher")
+        status = await result
+        self._count(verdict[0], status)
+
+    async def _flush_finishes(self) -> None:
+        while self._to_finish:
+            group = self._to_finish[: self.batch_size]
+            del self._to_finish[: self.batch_size]
             try:
-                status = await self._queue.call(finish, ticket, outcome, now, delay_ms)
-                break
+                statuses = await self._finish_group(group)
+            except Exception as exc:
+                for _, _, result in group:
+                    result.set_exception(exc)
+            else:
+                for (_, _, result), status in zip(group, statuses, strict=True):
+                    result.set_result(status)
+
+    async def _finish_group(self, group: list) -> list:
+        """finish_many with a fresh clock value; a locked database is retried while
+        any lease in the group is still live (a finish after it would be False)."""
+        while True:
+            now = check_now(self._clock(), "clock value")
+            for held, _, _ in group:
+                check_second_clock(held.first_ms, now)
+            items = [(held.ticket, outcome, delay) for held, (outcome, delay), _ in group]
+            try:
+                statuses = await self._queue.call(finish_many, items, now)
             except sqlite3.OperationalError as exc:
                 if not is_locked(exc):
                     raise
                 self.stats.lock_retries += 1
-                if now >= ticket["lease_until"]:
-                    status = False
-                    break
+                if all(now >= held.ticket["lease_until"] for held, _, _ in group):
+                    return [False] * len(group)
                 await asyncio.sleep(self._backoff())
-        self._count(outcome, status)
+                continue
+            self.stats.finish_batches += 1
+            return statuses
 
     def _count(self, outcome: str, status: Union[str, bool]) -> None:
         stats = self.stats

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from lease import observe
-from lease.worker import Conflict, enqueue, open_queue, redrive
+from lease.worker import Conflict, enqueue, enqueue_many, open_queue, redrive
 
 T = TypeVar("T")
 
@@ -83,11 +83,10 @@ class QueueThread:
         return await self.call(enqueue, event, now_ms, ttl_ms, max_attempts)
 
     async def enqueue_many(self, events: list, now_ms: int, ttl_ms: int,
-                           max_attempts: int = 3) -> list[Union[bool, Exception]]:
-        """Each event in its own transaction, all in one hop: True (new), False
-        (duplicate), or the Conflict/ValueError that refused it. One bad event
-        does not stop the others."""
-        return await self.call(_enqueue_each, list(events), now_ms, ttl_ms, max_attempts)
+                           max_attempts: int = 3) -> list[Union[bool, Conflict]]:
+        """All in one transaction (``lease.enqueue_many``): per event True (new),
+        False (duplicate) or the Conflict that refused it."""
+        return await self.call(enqueue_many, list(events), now_ms, ttl_ms, max_attempts)
 
     async def redrive(self, job_id: str, now_ms: int, ttl_ms: int, note: str) -> bool:
         return await self.call(redrive, job_id, now_ms, ttl_ms, note)
@@ -98,13 +97,3 @@ class QueueThread:
     async def is_drained(self) -> bool:
         return await self.call(observe.is_drained)
 
-
-def _enqueue_each(con: sqlite3.Connection, events: list, now_ms: int, ttl_ms: int,
-                  max_attempts: int) -> list[Union[bool, Exception]]:
-    results: list[Union[bool, Exception]] = []
-    for event in events:
-        try:
-            results.append(enqueue(con, event, now_ms, ttl_ms, max_attempts))
-        except (Conflict, ValueError) as exc:
-            results.append(exc)
-    return results

@@ -54,9 +54,12 @@ __all__ = [
     "finish_decision",
     "open_queue",
     "enqueue",
+    "enqueue_many",
     "claim",
+    "claim_many",
     "extend",
     "finish",
+    "finish_many",
     "redrive",
     "run_once",
     "run_file",
@@ -96,6 +99,7 @@ MAX_TOKEN = 10**15
 MAX_MS = 60_000
 MAX_ATTEMPTS = 16
 MAX_QTY = 1000
+MAX_BATCH = 10_000  # most jobs one claim_many / finish_many transaction handles
 RETRY_BASE_MS = 100
 RETRY_CAP_MS = 1000
 OUTCOMES = ("ok", "retry", "permanent")
@@ -418,22 +422,64 @@ def enqueue(
     _check_int("ttl_ms", ttl_ms, 1, MAX_MS)
     _check_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
     _check_fault(fault)
-    job_id, qty = event["id"], event["qty"]
     with _immediate(con):
-        row = con.execute("SELECT qty FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is not None:
-            if row[0] != qty:
-                raise Conflict(f"job {job_id!r} exists with qty {row[0]}, not {qty}")
+        if not _insert_new(con, event, now_ms, ttl_ms, max_attempts):
             return False
-        con.execute(
-            "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
-            " available_at, deadline, owner, lease_until, reason)"
-            " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL)",
-            (job_id, qty, max_attempts, now_ms, now_ms + ttl_ms),
-        )
         _call(fault, "after-enqueue")
     _call(fault, "after-commit")
     return True
+
+
+def _insert_new(
+    con: sqlite3.Connection, event: dict, now_ms: int, ttl_ms: int, max_attempts: int
+) -> bool:
+    """Inside a transaction: insert a new pending job (True), keep a duplicate (False)."""
+    job_id, qty = event["id"], event["qty"]
+    row = con.execute("SELECT qty FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    if row is not None:
+        if row[0] != qty:
+            raise Conflict(f"job {job_id!r} exists with qty {row[0]}, not {qty}")
+        return False
+    con.execute(
+        "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
+        " available_at, deadline, owner, lease_until, reason)"
+        " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL)",
+        (job_id, qty, max_attempts, now_ms, now_ms + ttl_ms),
+    )
+    return True
+
+
+def enqueue_many(
+    con: sqlite3.Connection,
+    events: list,
+    now_ms: int,
+    ttl_ms: int,
+    max_attempts: int = 3,
+) -> list:
+    """Many enqueues in one transaction: one COMMIT instead of one per event.
+
+    Every event is checked first (a ValueError changes nothing). The result
+    is what the single calls in sequence would give at the same now_ms, per
+    event: True (new), False (duplicate, row kept whole), or the Conflict
+    instance that enqueue would have raised; a conflict does not stop the
+    others. The input list and its dicts are not changed.
+    """
+    _check_connection(con)
+    if type(events) is not list:
+        raise ValueError(f"events must be a list, got {type(events).__name__}")
+    for event in events:
+        check_event(event)
+    check_now(now_ms)
+    _check_int("ttl_ms", ttl_ms, 1, MAX_MS)
+    _check_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
+    results: list = []
+    with _immediate(con):
+        for event in events:
+            try:
+                results.append(_insert_new(con, event, now_ms, ttl_ms, max_attempts))
+            except Conflict as conflict:
+                results.append(conflict)
+    return results
 
 
 _QUARANTINE = """
@@ -507,6 +553,36 @@ def claim(
     return ticket
 
 
+def claim_many(
+    con: sqlite3.Connection,
+    owner: str,
+    now_ms: int,
+    lease_ms: int = 1000,
+    limit: int = 1,
+    fault: Fault = None,
+) -> list:
+    """Up to ``limit`` tickets in one transaction: the same rows and tickets as
+    ``limit`` claim calls in sequence at the same now_ms (stopping at the
+    first None). The quarantine moves are committed even when the list is
+    empty; the hooks run only when something was leased.
+    """
+    _check_connection(con)
+    check_identifier("owner", owner)
+    check_now(now_ms)
+    _check_int("lease_ms", lease_ms, 1, MAX_MS)
+    _check_int("limit", limit, 1, MAX_BATCH)
+    _check_fault(fault)
+    with _immediate(con):
+        _quarantine(con, now_ms)
+        picked = con.execute(_PICK, {"now": now_ms, "limit": limit}).fetchall()
+        tickets = [_lease_row(con, row, owner, now_ms, lease_ms) for row in picked]
+        if tickets:
+            _call(fault, "after-claim")
+    if tickets:
+        _call(fault, "after-commit")
+    return tickets
+
+
 def _load_marked(con: sqlite3.Connection, ticket: dict, now_ms: int) -> Optional[sqlite3.Row]:
     row = con.execute("SELECT * FROM jobs WHERE id = ?", (ticket["id"],)).fetchone()
     if row is None or not _marker_matches(row, ticket, now_ms):
@@ -563,19 +639,62 @@ def finish(
     _check_int("delay_ms", delay_ms, 0, MAX_MS)
     _check_fault(fault)
     with _immediate(con):
-        row = _load_marked(con, ticket, now_ms)
-        if row is None:
+        status = _finish_marked(con, ticket, outcome, delay_ms, now_ms)
+        if status is False:
             return False
-        status, reason, available_at = finish_decision(
-            outcome, row["attempts"], row["max_attempts"], row["deadline"], now_ms, delay_ms
-        )
-        con.execute(
-            "UPDATE jobs SET status = ?, reason = ?, available_at = ?,"
-            " owner = NULL, lease_until = NULL WHERE seq = ?",
-            (status, reason, available_at, row["seq"]),
-        )
         _call(fault, "after-finish")
     _call(fault, "after-commit")
+    return status
+
+
+def finish_many(
+    con: sqlite3.Connection,
+    items: list,
+    now_ms: int,
+    fault: Fault = None,
+) -> list:
+    """Many finishes in one transaction: ``items`` is a list of
+    (ticket, outcome, delay_ms); the result per item is what finish would
+    return, called in sequence at the same now_ms (a ticket given twice is
+    False the second time). Every item is checked before anything changes.
+    """
+    _check_connection(con)
+    if type(items) is not list or len(items) > MAX_BATCH:
+        raise ValueError(f"items must be a list of at most {MAX_BATCH}")
+    for item in items:
+        if type(item) is not tuple or len(item) != 3:
+            raise ValueError("each item must be a tuple (ticket, outcome, delay_ms)")
+        _check_ticket(item[0])
+        _check_outcome(item[1])
+        _check_int("delay_ms", item[2], 0, MAX_MS)
+    check_now(now_ms)
+    _check_fault(fault)
+    with _immediate(con):
+        results = [_finish_marked(con, ticket, outcome, delay_ms, now_ms)
+                   for ticket, outcome, delay_ms in items]
+        changed = any(results)
+        if changed:
+            _call(fault, "after-finish")
+    if changed:
+        _call(fault, "after-commit")
+    return results
+
+
+def _finish_marked(
+    con: sqlite3.Connection, ticket: dict, outcome: str, delay_ms: int, now_ms: int
+) -> Union[str, bool]:
+    """Inside a transaction: the fenced finish of one ticket (status, or False)."""
+    row = _load_marked(con, ticket, now_ms)
+    if row is None:
+        return False
+    status, reason, available_at = finish_decision(
+        outcome, row["attempts"], row["max_attempts"], row["deadline"], now_ms, delay_ms
+    )
+    con.execute(
+        "UPDATE jobs SET status = ?, reason = ?, available_at = ?,"
+        " owner = NULL, lease_until = NULL WHERE seq = ?",
+        (status, reason, available_at, row["seq"]),
+    )
     return status
 
 

@@ -263,11 +263,13 @@ async def test_abort_leaves_only_leases_that_expire(queue_path: Path):
 async def test_queue_operations_for_an_embedding_service(queue_path: Path):
     worker.open_queue(queue_path).close()
     async with Dispatcher(queue_path, "d1", send=_never_called) as d:
+        with pytest.raises(ValueError):  # every event is checked before anything goes in
+            await d.queue.enqueue_many([{"id": "b", "qty": 1}, {"id": "b", "qty": 0}], T0, 1000)
         results = await d.queue.enqueue_many(
             [{"id": "a", "qty": 1}, {"id": "a", "qty": 1}, {"id": "a", "qty": 2},
-             {"id": "b", "qty": 0}, {"id": "c", "qty": 3}], T0, 1000)
-        assert results[:2] == [True, False] and results[4] is True
-        assert isinstance(results[2], Conflict) and isinstance(results[3], ValueError)
+             {"id": "c", "qty": 3}], T0, 1000)
+        assert results[:2] == [True, False] and results[3] is True
+        assert isinstance(results[2], Conflict)
         assert await d.queue.enqueue({"id": "d", "qty": 4}, T0, 1000) is True
         snap = await d.queue.snapshot(T0 + 100)
         assert snap["by_status"] == {"pending": 3, "leased": 0, "done": 0, "dead": 0}

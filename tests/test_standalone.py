@@ -40,3 +40,11 @@ def test_package_reexports_the_whole_contract():
     for name in worker.__all__:
         assert getattr(lease, name) is getattr(worker, name)
     assert sorted(lease.__all__) == sorted(worker.__all__)
+
+
+def test_asyncworker_names_match_their_homes():
+    import asyncworker
+
+    for name in asyncworker.__all__:
+        assert getattr(asyncworker, name) is not None
+    assert sorted(asyncworker.__all__) == sorted(asyncworker._HOMES)

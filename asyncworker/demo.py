@@ -1,0 +1,281 @@
+"""``asyncworker demo``: the crash-after-ACK story, with evidence, in one command.
+
+1. A receiver process starts on loopback, dropping a few connections after
+   its COMMIT (the answer never arrives: the sender must retry).
+2. Two dispatcher processes start on an empty queue.
+3. A few hundred snack orders arrive (one of them expires before anyone can
+   send it) and both dispatchers compete for them. The first kills itself
+   with SIGKILL right after an ACK, before it can record it: the receiver
+   has applied that order, the queue still shows it leased.
+4. The second dispatcher waits out the dead one's leases, recovers its work,
+   and sends those orders again; the inbox absorbs the duplicates. It is
+   stopped with SIGTERM once the queue has drained.
+5. The operator redrives the expired order (with an audit row) and the
+   second dispatcher delivers it.
+6. The evidence is read from the three places that hold it (the queue file,
+   the inbox file, the receiver's counters) and checked against each other.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from lease import observe
+from lease.worker import enqueue_many, open_queue, redrive
+
+LEASE_MS = 1500
+
+
+@dataclass
+class Check:
+    label: str
+    value: Any
+    ok: bool
+    expected: str
+
+
+def run_demo(*, jobs: int = 300, concurrency: int = 16, keep: Optional[str] = None) -> int:
+    folder = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="asyncworker-demo-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    children: list[subprocess.Popen] = []
+    started = time.monotonic()
+    try:
+        evidence = tell_the_story(folder, jobs, concurrency, children)
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as exc:
+        print(f"demo failed before its evidence was complete: {exc!r}")
+        return 1
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+            child.communicate()
+        if keep is None:
+            shutil.rmtree(folder, ignore_errors=True)
+    checks = check_evidence(evidence)
+    print_evidence(checks)
+    failed = [c for c in checks if not c.ok]
+    took = time.monotonic() - started
+    if failed:
+        print(f"\nINCONSISTENT: {len(failed)} piece(s) of evidence disagree ({took:.1f} s)")
+        return 1
+    print(f"\nconsistent: {evidence['orders']} orders, each applied exactly once, "
+          f"{evidence['receiver']['duplicates']} duplicate sends absorbed ({took:.1f} s)")
+    if keep:
+        print(f"files kept in {folder}")
+    return 0
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _spawn(children: list, args: list[str], log: Path) -> subprocess.Popen:
+    with log.open("w") as stderr:  # the child keeps its own copy of the descriptor
+        child = subprocess.Popen([sys.executable, "-m", "asyncworker", *args],
+                                 stdout=subprocess.PIPE, stderr=stderr, text=True)
+    children.append(child)
+    return child
+
+
+def tell_the_story(folder: Path, jobs: int, concurrency: int, children: list) -> dict:
+    queue, inbox = folder / "queue.db", folder / "inbox.db"
+    open_queue(queue).close()
+
+    receiver = _spawn(children, ["serve", "--inbox", str(inbox), "--p-drop", "0.03",
+                                 "--seed", "11", "--latency-ms", "2"], folder / "receiver.log")
+    assert receiver.stdout is not None
+    url = receiver.stdout.readline().strip()
+    if not url.startswith("http://"):
+        raise RuntimeError(f"the receiver did not start (see {folder / 'receiver.log'})")
+    _say(f"1. receiver on {url}, dropping 3% of answers after its COMMIT")
+
+    # Dispatcher-1 dies after an ACK it is sure to get: it claims `concurrency`
+    # jobs as soon as the orders arrive, and K is at most half of those.
+    crash_after = max(1, min(concurrency // 2, jobs // 10))
+    run = ["run", str(queue), "--url", url, "--concurrency", str(concurrency),
+           "--lease-ms", str(LEASE_MS)]
+    logs = [folder / "dispatcher-1.log", folder / "dispatcher-2.log"]
+    first = _spawn(children, [*run, "--owner", "dispatcher-1", "--crash-after-acks",
+                              str(crash_after)], logs[0])
+    second = _spawn(children, [*run, "--owner", "dispatcher-2"], logs[1])
+    _wait_for(lambda: all("run: owner" in log.read_text() for log in logs), "dispatchers")
+    _say(f"2. two dispatchers wait on an empty queue; dispatcher-1 will die by SIGKILL "
+         f"right after ACK #{crash_after}")
+
+    orders = _enqueue_orders(queue, jobs)
+    _say(f"3. {len(orders)} snack orders enqueued (one with a 1 ms deadline); "
+         f"both dispatchers compete for them")
+    _wait_for(lambda: first.poll() is not None or _unfinished(queue) == 0, "dispatcher-1")
+    if first.poll() is None:  # it never got its ACK: the evidence will say so
+        first.send_signal(signal.SIGTERM)
+    first_exit = first.wait(timeout=60)
+    leased_at_death = _count(queue)["leased"]
+    _say(f"   dispatcher-1 exit {first_exit}; {leased_at_death} jobs leased at that moment")
+
+    _wait_for(lambda: _unfinished(queue) == 0, "the queue to drain")
+    second.send_signal(signal.SIGTERM)
+    second_out, _ = second.communicate(timeout=120)
+    second_stats = json.loads(second_out.strip().splitlines()[-1])
+    _say(f"4. dispatcher-2 waited out the dead leases and recovered the work: ok "
+         f"{second_stats['ok']}, retried {second_stats['retried']}; stopped by SIGTERM, "
+         f"exit {second.returncode}")
+
+    redriven = _redrive_expired(queue)
+    third = _spawn(children, [*run, "--owner", "dispatcher-2", "--until-idle"],
+                   folder / "dispatcher-2b.log")
+    third_out, _ = third.communicate(timeout=120)
+    _say(f"5. operator redrove {redriven} expired order(s); dispatcher-2 delivered "
+         f"{json.loads(third_out.strip().splitlines()[-1])['ok']}")
+
+    received = _receiver_stats(url)
+    receiver.send_signal(signal.SIGTERM)
+    receiver_exit = receiver.wait(timeout=30)
+    _say("6. evidence, read from the queue file, the inbox file and the receiver:\n")
+    return gather_evidence(queue, inbox, orders, received, {
+        "dispatcher_1_exit": first_exit, "dispatcher_2_exit": second.returncode,
+        "dispatcher_2_redrive_pass_exit": third.returncode, "receiver_exit": receiver_exit,
+        "leased_when_dispatcher_1_died": leased_at_death})
+
+
+def _wait_for(condition: Any, what: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"gave up waiting for {what}")
+        time.sleep(0.02)
+
+
+def _unfinished(queue: Path) -> int:
+    counts = _count(queue)
+    return counts["pending"] + counts["leased"]
+
+
+def _enqueue_orders(queue: Path, jobs: int) -> dict[str, int]:
+    rng = random.Random(7)
+    orders = {f"snack-{n:05d}": rng.randint(1, 20) for n in range(jobs)}
+    orders["snack-late"] = 5
+    now = int(time.time() * 1000)
+    with closing(open_queue(queue)) as con:
+        # All at once, in one transaction: both dispatchers see every order together.
+        enqueue_many(con, [{"id": i, "qty": q} for i, q in orders.items() if i != "snack-late"],
+                     now, 60_000, 5)
+        enqueue_many(con, [{"id": "snack-late", "qty": orders["snack-late"]}], now - 1, 1, 5)
+    return orders
+
+
+def _count(queue: Path) -> dict[str, int]:
+    with closing(open_queue(queue, create=False)) as con:
+        return observe.counts(con)
+
+
+def _redrive_expired(queue: Path) -> int:
+    with closing(open_queue(queue, create=False)) as con:
+        expired = observe.dead_jobs(con, "deadline")
+        for job in expired:
+            redrive(con, job["id"], int(time.time() * 1000), 60_000, "demo-redrive")
+    return len(expired)
+
+
+def _receiver_stats(url: str) -> dict:
+    from asyncworker.cli import receiver_stats
+
+    return receiver_stats(url)
+
+
+def gather_evidence(queue: Path, inbox: Path, orders: dict[str, int], received: dict,
+                    exits: dict) -> dict:
+    with closing(open_queue(queue, create=False)) as con:
+        snap = observe.snapshot(con, int(time.time() * 1000))
+        done = {row["id"]: row["qty"] for row in
+                con.execute("SELECT id, qty FROM jobs WHERE status = 'done'")}
+        max_token = con.execute("SELECT MAX(token) FROM jobs").fetchone()[0]
+    with closing(sqlite3.connect(inbox)) as con:
+        applied = dict(con.execute("SELECT id, qty FROM inbox").fetchall())
+        stock = con.execute("SELECT stock FROM effect").fetchone()[0]
+        seen = con.execute("SELECT COALESCE(SUM(seen), 0) FROM inbox").fetchone()[0]
+    return {
+        "orders": len(orders),
+        "qty_enqueued": sum(orders.values()),
+        "receiver": received,
+        "inbox_rows": len(applied),
+        "inbox_seen": seen,
+        "stock": stock,
+        "by_status": snap["by_status"],
+        "dead_by_reason": snap["dead_by_reason"],
+        "redrives": snap["redrives"],
+        "max_token": max_token,
+        "done_not_in_inbox": sorted(set(done) - set(applied)),
+        "in_inbox_not_done": sorted(set(applied) - set(done)),
+        "qty_mismatches": sorted(i for i in set(done) & set(applied) if done[i] != applied[i]),
+        **exits,
+    }
+
+
+def check_evidence(e: dict) -> list[Check]:
+    """Each piece of evidence against the others; a Check with ok=False is a contradiction."""
+    rx = e["receiver"]
+    accounted = (rx["applied"] + rx["duplicates"] + rx["conflicts"] + rx["stale_senders"]
+                 + rx["rejected"] + rx["too_large"] + rx["injected_503"] + rx["unavailable"])
+    return [
+        Check("requests the receiver saw", rx["requests"], rx["requests"] == accounted,
+              f"= applied + duplicates + refusals = {accounted}"),
+        Check("  applied (new inbox rows)", rx["applied"], rx["applied"] == e["orders"],
+              f"= orders ({e['orders']})"),
+        Check("  duplicates absorbed", rx["duplicates"], rx["duplicates"] >= 1,
+              ">= 1 (the order ACKed to dispatcher-1 was sent again)"),
+        Check("  answers dropped after commit", rx["dropped_after_commit"], True, "injected"),
+        Check("  stale senders refused", rx["stale_senders"], True, "token fencing at the inbox"),
+        Check("  conflicts / rejected", f"{rx['conflicts']} / {rx['rejected']}",
+              rx["conflicts"] == 0 and rx["rejected"] == 0, "0 / 0"),
+        Check("inbox rows", e["inbox_rows"], e["inbox_rows"] == e["orders"],
+              f"= orders ({e['orders']})"),
+        Check("inbox arrivals (rows x times seen)", e["inbox_seen"],
+              e["inbox_seen"] == rx["applied"] + rx["duplicates"], "= applied + duplicates"),
+        Check("stock", e["stock"], e["stock"] == e["qty_enqueued"],
+              f"= sum enqueued ({e['qty_enqueued']})"),
+        Check("jobs by status", _fmt(e["by_status"]),
+              e["by_status"].get("done") == e["orders"] and e["by_status"].get("pending") == 0
+              and e["by_status"].get("leased") == 0 and e["by_status"].get("dead") == 0,
+              "all done"),
+        Check("dead by reason (now)", _fmt(e["dead_by_reason"]) or "-",
+              not e["dead_by_reason"], "none left"),
+        Check("redrives (audit rows)", e["redrives"], e["redrives"] >= 1,
+              ">= 1 (the expired order)"),
+        Check("done but not in the inbox", len(e["done_not_in_inbox"]),
+              not e["done_not_in_inbox"], "0"),
+        Check("in the inbox but not done", len(e["in_inbox_not_done"]),
+              not e["in_inbox_not_done"], "0"),
+        Check("quantity mismatches", len(e["qty_mismatches"]), not e["qty_mismatches"], "0"),
+        Check("highest claim token", e["max_token"], e["max_token"] >= 2,
+              ">= 2 (recovered work was re-claimed)"),
+        Check("dispatcher-1 exit", e["dispatcher_1_exit"],
+              e["dispatcher_1_exit"] == -signal.SIGKILL, f"{-signal.SIGKILL} (SIGKILL)"),
+        Check("dispatcher-2 exit", e["dispatcher_2_exit"], e["dispatcher_2_exit"] == 0, "0"),
+        Check("redrive pass exit", e["dispatcher_2_redrive_pass_exit"],
+              e["dispatcher_2_redrive_pass_exit"] == 0, "0"),
+        Check("receiver exit on SIGTERM", e["receiver_exit"], e["receiver_exit"] == 0, "0"),
+    ]
+
+
+def _fmt(counts: dict) -> str:
+    return " ".join(f"{k}:{v}" for k, v in counts.items() if v)
+
+
+def print_evidence(checks: list[Check]) -> None:
+    width = max(len(c.label) for c in checks)
+    value_width = max(len(str(c.value)) for c in checks)
+    for c in checks:
+        mark = "ok " if c.ok else "BAD"
+        print(f"  {mark} {c.label.ljust(width)}  {str(c.value).ljust(value_width)}  {c.expected}")

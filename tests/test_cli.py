@@ -1,0 +1,290 @@
+"""Tier 4: the command line, called the way a user calls it (subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncworker import demo
+from lease import worker
+
+from .conftest import T0
+from .servers import ReceiverProcess
+
+COMMANDS = ["init", "enqueue", "run", "serve", "stats", "dead", "inspect", "redrive", "demo"]
+
+
+def cli(*args: str, stdin: str | None = None, env: dict | None = None,
+        timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "asyncworker", *args], input=stdin,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture
+def queue(tmp_path: Path) -> Path:
+    path = tmp_path / "queue.db"
+    worker.open_queue(path).close()
+    return path
+
+
+def job_rows(path: Path) -> dict[str, dict]:
+    con = worker.open_queue(path, create=False)
+    try:
+        return {r["id"]: dict(r) for r in con.execute("SELECT * FROM jobs")}
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)])
+def test_help_everywhere(command):
+    out = cli(*command, "--help")
+    assert out.returncode == 0 and out.stdout.startswith("usage: asyncworker")
+
+
+def test_init_creates_and_keeps(tmp_path: Path):
+    path = tmp_path / "q.db"
+    out = cli("init", str(path))
+    assert out.returncode == 0 and "created" in out.stdout and path.is_file()
+    assert cli("enqueue", str(path), "--id", "a", "--qty", "1").returncode == 0
+    out = cli("init", str(path))
+    assert out.returncode == 0 and "kept existing" in out.stdout
+    assert list(job_rows(path)) == ["a"]
+
+
+def test_enqueue_single_duplicate_conflict(queue: Path):
+    out = cli("enqueue", str(queue), "--id", "snack-7", "--qty", "7", "--max-attempts", "5")
+    assert (out.returncode, out.stdout.strip()) == (0, "1 new, 0 duplicate, 0 conflicting")
+    out = cli("enqueue", str(queue), "--id", "snack-7", "--qty", "7")
+    assert (out.returncode, out.stdout.strip()) == (0, "0 new, 1 duplicate, 0 conflicting")
+    out = cli("enqueue", str(queue), "--id", "snack-7", "--qty", "8")
+    assert out.returncode == 1 and "qty 7, not 8" in out.stderr
+    assert job_rows(queue)["snack-7"]["max_attempts"] == 5
+
+
+def test_enqueue_bulk_from_file_and_stdin(queue: Path, tmp_path: Path):
+    cli("enqueue", str(queue), "--id", "b", "--qty", "2")
+    lines = tmp_path / "orders.jsonl"
+    lines.write_text('{"id": "a", "qty": 1}\n\n{"id": "b", "qty": 3}\n{"id": "c", "qty": 4}\n')
+    out = cli("enqueue", str(queue), "--file", str(lines))
+    assert out.returncode == 1
+    assert out.stdout.strip() == "2 new, 0 duplicate, 1 conflicting"
+    assert out.stderr.count("conflict:") == 1 and "'b'" in out.stderr
+    out = cli("enqueue", str(queue), "--file", "-", stdin='{"id": "c", "qty": 4}\n'
+                                                          '{"id": "d", "qty": 5}\n')
+    assert (out.returncode, out.stdout.strip()) == (0, "1 new, 1 duplicate, 0 conflicting")
+    assert sorted(job_rows(queue)) == ["a", "b", "c", "d"]
+
+
+@pytest.mark.parametrize("lines", ['{"id": "x", "qty": 1}\nnot json\n',
+                                   '{"id": "x", "qty": 1}\n{"id": "y", "qty": true}\n',
+                                   '{"id": "x", "qty": 1, "z": 0}\n',
+                                   '[1, 2]\n'])
+def test_enqueue_bulk_is_all_or_nothing_on_bad_lines(queue: Path, lines: str):
+    before = queue.read_bytes()
+    out = cli("enqueue", str(queue), "--file", "-", stdin=lines)
+    assert out.returncode == 2 and "nothing was enqueued" in out.stderr
+    assert queue.read_bytes() == before
+
+
+BAD_USAGE = [
+    (["enqueue", "{missing}", "--id", "a", "--qty", "1"], "queue file not found"),
+    (["enqueue", "{queue}", "--id", "bad id", "--qty", "1"], "--id"),
+    (["enqueue", "{queue}", "--id", "a\n", "--qty", "1"], "--id"),
+    (["enqueue", "{queue}", "--id", "a", "--qty", "0"], "--qty"),
+    (["enqueue", "{queue}", "--id", "a", "--qty", "1001"], "--qty"),
+    (["enqueue", "{queue}", "--id", "a", "--qty", "true"], "--qty"),
+    (["enqueue", "{queue}", "--id", "a", "--qty", "1.0"], "--qty"),
+    (["enqueue", "{queue}", "--id", "a", "--qty", "1", "--ttl-ms", "0"], "--ttl-ms"),
+    (["enqueue", "{queue}", "--id", "a", "--qty", "1", "--max-attempts", "17"],
+     "--max-attempts"),
+    (["enqueue", "{queue}", "--id", "a"], "go together"),
+    (["enqueue", "{queue}"], "either"),
+    (["enqueue", "{queue}", "--id", "a", "--qty", "1", "--bogus"], "unrecognized"),
+    (["enqueue", "{queue}", "--file", "{missing}"], "file not found"),
+    (["run", "{missing}", "--url", "http://127.0.0.1:9/events"], "queue file not found"),
+    (["run", "{queue}", "--url", "http://10.0.0.1:9/events"], "loopback"),
+    (["run", "{queue}", "--url", "http://127.0.0.1:9/eventsx"], "/events"),
+    (["run", "{queue}", "--url", "https://127.0.0.1:9/events"], "http://"),
+    (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--concurrency", "0"],
+     "--concurrency"),
+    (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--lease-ms", "0"], "--lease-ms"),
+    (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--owner", "no way"], "--owner"),
+    (["run", "{queue}"], "--url"),
+    (["stats", "{missing}"], "queue file not found"),
+    (["dead", "{queue}", "--reason", "bad reason"], "--reason"),
+    (["inspect", "{queue}", "bad id!"], "id"),
+    (["redrive", "{queue}", "a", "--note", "bad note"], "--note"),
+    (["redrive", "{queue}", "--note", "fix"], "either"),
+    (["redrive", "{queue}", "a", "--reason", "deadline", "--note", "fix"], "either"),
+    (["redrive", "{queue}", "a", "--note", "fix", "--dry-run"], "go with --reason"),
+    (["stats", "{foreign}"], "not a queue file"),
+    (["bogus"], "invalid choice"),
+    (["serve", "--inbox", "{tmp}/i.db", "--host", "0.0.0.0"], "loopback"),
+    (["serve", "--inbox", "{tmp}/i.db", "--p-drop", "2"], "--p-drop"),
+    (["demo", "--jobs", "0"], "--jobs"),
+    (["demo", "--keep", "{queue}"], "new or empty folder"),
+    (["init", "{tmp}/no/such/folder/q.db"], "folder not found"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_USAGE, ids=[" ".join(a) for a, _ in BAD_USAGE])
+def test_bad_usage_exits_2_with_one_line_and_changes_nothing(queue, tmp_path, args, message):
+    import sqlite3
+
+    foreign = tmp_path / "foreign.db"
+    con = sqlite3.connect(foreign)
+    con.execute("CREATE TABLE t (x)")
+    con.close()
+    con = worker.open_queue(queue)
+    worker.enqueue(con, {"id": "a", "qty": 1}, T0, 1000)
+    con.close()
+    before = queue.read_bytes()
+    names = {"queue": str(queue), "missing": str(tmp_path / "missing.db"),
+             "foreign": str(foreign), "tmp": str(tmp_path)}
+    listing = sorted(p.name for p in tmp_path.iterdir())
+    out = cli(*[a.format(**names) for a in args])
+    assert out.returncode == 2, out
+    assert message in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert queue.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == listing  # nothing created
+
+
+def test_run_until_idle_stats_dead_inspect_redrive(queue: Path, tmp_path: Path):
+    lines = "".join(json.dumps({"id": f"o-{n}", "qty": n + 1}) + "\n" for n in range(20))
+    assert cli("enqueue", str(queue), "--file", "-", stdin=lines).returncode == 0
+    # One job with a deadline in the past: claim quarantines it as dead/deadline.
+    con = worker.open_queue(queue, create=False)
+    worker.enqueue(con, {"id": "late", "qty": 3}, T0, 1)
+    con.close()
+    with ReceiverProcess(tmp_path / "inbox.db") as rx:
+        out = cli("run", str(queue), "--url", rx.url, "--until-idle", "--owner", "cli-1",
+                  "--concurrency", "4")
+        assert out.returncode == 0, out.stderr
+        summary = json.loads(out.stdout)
+        assert (summary["owner"], summary["ok"], summary["claimed"]) == ("cli-1", 20, 20)
+        assert "summary: done 20" in out.stderr  # plain lines when not a terminal
+
+        out = cli("stats", str(queue), "--json", "--receiver", rx.url)
+        snap = json.loads(out.stdout)
+        assert snap["by_status"] == {"pending": 0, "leased": 0, "done": 20, "dead": 1}
+        assert snap["dead_by_reason"] == {"deadline": 1}
+        assert snap["receiver"]["applied"] == 20 and snap["receiver"]["stock"] == 210
+        out = cli("stats", str(queue))
+        assert out.returncode == 0 and "dead by reason" in out.stdout and "deadline:1" in out.stdout
+
+        out = cli("dead", str(queue), "--reason", "deadline")
+        assert out.returncode == 0 and "late" in out.stdout and "1 dead" in out.stderr
+        assert "late" not in cli("dead", str(queue), "--reason", "exhausted").stdout
+
+        out = cli("redrive", str(queue), "--reason", "deadline", "--note", "fixed", "--dry-run")
+        assert out.returncode == 0 and "would redrive late" in out.stdout
+        assert job_rows(queue)["late"]["status"] == "dead"
+        out = cli("redrive", str(queue), "--reason", "deadline", "--note", "fixed")
+        assert out.returncode == 0 and "1 redriven, 0 refused" in out.stdout
+        out = cli("redrive", str(queue), "late", "--note", "again")
+        assert out.returncode == 1 and "pending, not dead" in out.stderr
+
+        out = cli("inspect", str(queue), "late")
+        history = json.loads(out.stdout)
+        assert history["job"]["status"] == "pending"
+        assert [(r["note"], r["token"]) for r in history["redrives"]] == [("fixed", 0)]
+        assert cli("inspect", str(queue), "nope").returncode == 1
+
+        out = cli("run", str(queue), "--url", rx.url, "--until-idle")
+        assert out.returncode == 0 and json.loads(out.stdout)["ok"] == 1
+    assert job_rows(queue)["late"]["status"] == "done"
+
+
+def test_sigint_during_run_stops_gracefully(queue: Path, tmp_path: Path):
+    lines = "".join(json.dumps({"id": f"s-{n}", "qty": 1}) + "\n" for n in range(300))
+    cli("enqueue", str(queue), "--file", "-", stdin=lines)
+    with ReceiverProcess(tmp_path / "inbox.db", "--latency-ms", "30") as rx:
+        proc = subprocess.Popen([sys.executable, "-m", "asyncworker", "run", str(queue),
+                                 "--url", rx.url, "--concurrency", "8"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while rx.stats()["applied"] < 20 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "stopping" in err and "Traceback" not in err
+    rows = job_rows(queue).values()
+    assert not [r for r in rows if r["status"] == "leased"]
+    assert json.loads(out)["ok"] == sum(r["status"] == "done" for r in rows) < 300
+
+
+def test_demo_end_to_end_leaves_nothing_behind(tmp_path: Path):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    out = cli("demo", "--jobs", "80", "--concurrency", "8", env={"TMPDIR": str(scratch)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "consistent: 81 orders" in out.stdout and " BAD " not in out.stdout
+    assert "dispatcher-1 exit" in out.stdout and "duplicates absorbed" in out.stdout
+    assert list(scratch.iterdir()) == []  # the temporary folder is gone
+    leftovers = [p for p in Path("/proc").iterdir() if p.name.isdigit()
+                 and str(scratch) in _cmdline(p)]
+    assert leftovers == []
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_demo_keep_keeps_the_files(tmp_path: Path):
+    keep = tmp_path / "kept"
+    out = cli("demo", "--jobs", "30", "--keep", str(keep))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert {"queue.db", "inbox.db", "receiver.log", "dispatcher-1.log"} <= {
+        p.name for p in keep.iterdir()}
+
+
+def _consistent_evidence() -> dict:
+    return {
+        "orders": 3, "qty_enqueued": 6, "inbox_rows": 3, "inbox_seen": 4, "stock": 6,
+        "receiver": {"requests": 4, "applied": 3, "duplicates": 1, "conflicts": 0,
+                     "stale_senders": 0, "rejected": 0, "too_large": 0, "injected_503": 0,
+                     "unavailable": 0, "dropped_after_commit": 1},
+        "by_status": {"pending": 0, "leased": 0, "done": 3, "dead": 0}, "dead_by_reason": {},
+        "redrives": 1, "max_token": 2, "done_not_in_inbox": [], "in_inbox_not_done": [],
+        "qty_mismatches": [], "dispatcher_1_exit": -9, "dispatcher_2_exit": 0,
+        "dispatcher_2_redrive_pass_exit": 0, "receiver_exit": 0,
+    }
+
+
+@pytest.mark.parametrize(("change", "label"), [
+    ({"stock": 7}, "stock"),
+    ({"inbox_rows": 2}, "inbox rows"),
+    ({"qty_mismatches": ["a"]}, "quantity mismatches"),
+    ({"done_not_in_inbox": ["a"]}, "done but not in the inbox"),
+    ({"by_status": {"pending": 1, "leased": 0, "done": 2, "dead": 0}}, "jobs by status"),
+    ({"dispatcher_1_exit": 0}, "dispatcher-1 exit"),
+    ({"max_token": 1}, "highest claim token"),
+])
+def test_evidence_check_catches_each_contradiction(change, label):
+    checks = demo.check_evidence(_consistent_evidence())
+    assert [c.label for c in checks if not c.ok] == [], "the baseline must be consistent"
+    bad = demo.check_evidence({**_consistent_evidence(), **change})
+    assert [c.label.strip() for c in bad if not c.ok] == [label]
+
+
+def test_evidence_check_catches_unaccounted_requests():
+    evidence = _consistent_evidence()
+    evidence["receiver"] = {**evidence["receiver"], "requests": 5}
+    assert [c.label for c in demo.check_evidence(evidence) if not c.ok] == [
+        "requests the receiver saw"]
