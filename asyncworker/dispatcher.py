@@ -20,7 +20,7 @@ import random
 import signal
 import sqlite3
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Union
 
 import aiohttp
@@ -75,6 +75,7 @@ class DispatcherStats:
     """Counters an embedding service can read at any time."""
 
     claimed: int = 0
+    claim_calls: int = 0  # claim transactions (each commits, even when empty)
     claim_batches: int = 0  # claim transactions that leased something
     finish_batches: int = 0  # finish transactions
     ok: int = 0
@@ -93,12 +94,18 @@ class DispatcherStats:
         return asdict(self)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a job in flight is itself, whatever its ticket says
 class _Held:
-    """The ticket of a job in flight; an extension replaces it."""
+    """A job in flight. Only the queue's thread replaces ``ticket`` (on an
+    extension), so the ticket a finish uses is always the one in the file."""
 
     ticket: dict
     first_ms: int
+    extend_at: int  # clock value at half of the current lease
+    claimed_at: float = field(default_factory=time.perf_counter)
+    task: Optional[asyncio.Task] = None
+    cut: Optional[str] = None  # why the lease keeper cancelled the send: timeout | lost
+    can_extend: bool = True
 
 
 class Dispatcher:
@@ -125,6 +132,7 @@ class Dispatcher:
         poll_interval: float = 0.05,
         batch_size: int = 64,
         create: bool = False,
+        latencies: Optional[list[float]] = None,
     ) -> None:
         check_identifier("owner", owner)
         if (url is None) == (send is None):
@@ -147,6 +155,8 @@ class Dispatcher:
         self.lease_ms = lease_ms
         self.poll_interval = float(poll_interval)
         self.batch_size = batch_size
+        # When a list is given, each job's claim-to-finish time (s) is appended.
+        self.latencies = latencies
         # Time kept back at the end of a lease for the finish transaction.
         self.finish_margin_ms = max(1, min(lease_ms // 5, 2_000))
         self.stats = DispatcherStats()
@@ -157,7 +167,7 @@ class Dispatcher:
         self._queue = QueueThread(queue_path, create=create)
         self._session: Optional[aiohttp.ClientSession] = None
         self._tasks: set[asyncio.Task] = set()
-        self._finishing: set[asyncio.Future] = set()
+        self._sending: set[_Held] = set()
         self._to_finish: list[tuple[_Held, Verdict, asyncio.Future]] = []
         self._flusher: Optional[asyncio.Task] = None
         self._stop = asyncio.Event()
@@ -205,6 +215,8 @@ class Dispatcher:
         """
         self._stop.clear()
         stop_wait = asyncio.ensure_future(self._stop.wait())
+        keeper = asyncio.create_task(self._keep_leases(), name="lease keeper")
+        keeper.add_done_callback(self._keeper_died)
         try:
             while not self._stop.is_set():
                 if len(self._tasks) >= self.concurrency:
@@ -224,14 +236,23 @@ class Dispatcher:
             if self._tasks:  # run() itself was cancelled: abort what is in flight
                 self.abort()
             await self._settle()
+            keeper.remove_done_callback(self._keeper_died)
+            keeper.cancel()
         return self.stats
+
+    def _keeper_died(self, keeper: asyncio.Task) -> None:
+        """Without its lease keeper no send is cut off in time: stop loudly."""
+        if not keeper.cancelled() and keeper.exception() is not None:
+            log.error("lease keeper failed: %r; aborting", keeper.exception())
+            self.stats.errors += 1
+            self.abort()
 
     async def _settle(self) -> None:
         """Wait for cancelled jobs to unwind and for every shielded finish to land."""
         if self._tasks:
             await asyncio.wait(self._tasks)
-        if self._finishing:
-            await asyncio.wait(self._finishing)
+        if self._flusher is not None:
+            await asyncio.wait({self._flusher})
 
     # --------------------------------------------------------------- one job
 
@@ -257,15 +278,17 @@ class Dispatcher:
                 self.stats.lock_retries += 1
                 await asyncio.sleep(self._backoff())
                 continue
+            self.stats.claim_calls += 1
             if not tickets:
                 return False
             self.stats.claimed += len(tickets)
             self.stats.claim_batches += 1
             for ticket in tickets:
-                task = asyncio.create_task(self._work(_Held(ticket, first_ms)),
-                                           name=f"job {ticket['id']} token {ticket['token']}")
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                held = _Held(ticket, first_ms, _half_way(first_ms, ticket["lease_until"]))
+                held.task = asyncio.create_task(
+                    self._work(held), name=f"job {ticket['id']} token {ticket['token']}")
+                self._tasks.add(held.task)
+                held.task.add_done_callback(self._tasks.discard)
             return True
         return False
 
@@ -276,12 +299,7 @@ class Dispatcher:
         try:
             verdict = await self._judged_send(held)
             if verdict is not None:
-                # Shielded: an abort must not lose an outcome already known.
-                finishing = asyncio.ensure_future(self._finish(held, verdict))
-                self._finishing.add(finishing)
-                finishing.add_done_callback(self._finishing.discard)
-                finishing.add_done_callback(_ignore_result)
-                await asyncio.shield(finishing)
+                await self._finish(held, verdict)
         except LeaseLost:
             stats.stale += 1
             log.info("lease lost id=%s token=%s", held.ticket["id"], held.ticket["token"])
@@ -292,54 +310,42 @@ class Dispatcher:
             stats.in_flight -= 1
 
     async def _judged_send(self, held: _Held) -> Optional[Verdict]:
-        """The send's (outcome, delay), or None when the job must stay leased."""
-        ticket = held.ticket
-        try:
-            return classify_result(await self._send_within_lease(held))
-        except LeaseLost:
-            raise
-        except Exception as error:
-            verdict = classify_error(error, ticket["attempt"], self._jitter())
-            if verdict is not None:
-                return verdict
-            if isinstance(error, BadAck):
-                self.stats.bad_acks += 1
-                log.warning("bad ACK id=%s token=%s: %s", ticket["id"], ticket["token"], error)
-            else:
-                self.stats.errors += 1
-                log.error("send failed id=%s token=%s: %r", ticket["id"], ticket["token"], error)
-            return None
+        """The send's (outcome, delay), or None when the job must stay leased.
 
-    async def _send_within_lease(self, held: _Held) -> object:
-        """Await the send; extend the lease at half of it; give up before it ends."""
-        event = {"id": held.ticket["id"], "qty": held.ticket["qty"]}
-        sending = asyncio.ensure_future(self._call_send(event, held.ticket["token"]))
-        can_extend = True
+        The lease keeper may cancel the send: at the end of its lease (a
+        timeout, retried like any Retryable) or when an extension finds the
+        lease gone (LeaseLost). Any other cancellation is a shutdown: it
+        propagates.
+        """
+        ticket = held.ticket
+        self._sending.add(held)
         try:
-            while True:
-                now = self._now()
-                lease_until = held.ticket["lease_until"]
-                budget = lease_until - self.finish_margin_ms - now
-                if budget <= 0:
-                    raise Retryable("the send did not finish within its lease")
-                wait_ms = min(budget, max(1, (lease_until - now) // 2)) if can_extend else budget
-                done, _ = await asyncio.wait({sending}, timeout=wait_ms / 1000)
-                if done:
-                    return sending.result()
-                if can_extend:
-                    renewed = await self._queue.call(extend, held.ticket, self._now(),
-                                                     self.lease_ms)
-                    if renewed is False:
-                        raise LeaseLost(f"lease of {event['id']} token "
-                                        f"{held.ticket['token']} is gone")
-                    assert isinstance(renewed, dict)
-                    self.stats.extended += 1
-                    can_extend = renewed["lease_until"] > lease_until  # capped at the deadline
-                    held.ticket = renewed
+            error: BaseException = BadAck("no answer")
+            try:
+                return classify_result(await self._call_send(
+                    {"id": ticket["id"], "qty": ticket["qty"]}, ticket["token"]))
+            except asyncio.CancelledError:
+                if held.cut is None:
+                    raise
+                _uncancel()
+                if held.cut == "lost":
+                    raise LeaseLost(
+                        f"lease of {ticket['id']} token {ticket['token']} is gone") from None
+                error = Retryable("the send did not finish within its lease")
+            except Exception as exc:
+                error = exc
         finally:
-            if not sending.done():
-                sending.cancel()
-                sending.add_done_callback(_ignore_result)
+            self._sending.discard(held)
+        verdict = classify_error(error, ticket["attempt"], self._jitter())
+        if verdict is not None:
+            return verdict
+        if isinstance(error, BadAck):
+            self.stats.bad_acks += 1
+            log.warning("bad ACK id=%s token=%s: %s", ticket["id"], ticket["token"], error)
+        else:
+            self.stats.errors += 1
+            log.error("send failed id=%s token=%s: %r", ticket["id"], ticket["token"], error)
+        return None
 
     async def _call_send(self, event: dict, token: int) -> object:
         if self._send is not None:
@@ -348,19 +354,64 @@ class Dispatcher:
         return await send_http(self._url, event, timeout=self.lease_ms / 1000, token=token,
                                session=self._session)
 
+    # --------------------------------------------------------------- leases
+
+    async def _keep_leases(self) -> None:
+        """One task watches every send in flight: it extends a lease at half of
+        it, and cuts a send off before its lease ends (keeping time for the
+        finish). One task instead of a timer per job keeps the per-job cost low."""
+        tick = max(0.005, min(self.finish_margin_ms, self.lease_ms // 4) / 2000)
+        while True:
+            await asyncio.sleep(tick)
+            if self._sending:
+                await self._tend(list(self._sending))
+
+    async def _tend(self, sending: list[_Held]) -> None:
+        now = self._now()
+        for held in sending:
+            if held.cut is not None:
+                continue
+            if held.ticket["lease_until"] - self.finish_margin_ms <= now:
+                self._cut(held, "timeout")
+            elif held.can_extend and now >= held.extend_at:
+                await self._extend(held)
+
+    async def _extend(self, held: _Held) -> None:
+        try:
+            renewed = await self._queue.call(_extend_held, held, self._now(), self.lease_ms)
+        except sqlite3.OperationalError as exc:
+            if not is_locked(exc):
+                raise
+            self.stats.lock_retries += 1  # tried again at the next tick
+            return
+        if renewed is None:
+            self._cut(held, "lost")
+            return
+        self.stats.extended += 1
+        held.can_extend = renewed  # False once the lease is capped at the deadline
+        held.extend_at = _half_way(self._now(), held.ticket["lease_until"])
+
+    def _cut(self, held: _Held, why: str) -> None:
+        held.cut = why
+        if held.task is not None and held in self._sending:
+            held.task.cancel()
+
+    # --------------------------------------------------------------- finishes
+
     async def _finish(self, held: _Held, verdict: Verdict) -> None:
-        """Queue this outcome for the next group commit and wait for its result.
+        """Queue this outcome for the next group commit and wait for it.
 
         Finishes that arrive while a group is being written form the next
         group: one transaction for all of them, started as soon as the queue's
-        thread is free, never held back waiting for more.
+        thread is free, never held back waiting for more. The flusher task
+        owns the outcome once it is queued: cancelling this job (an abort)
+        cannot lose it.
         """
         result: asyncio.Future = asyncio.get_running_loop().create_future()
         self._to_finish.append((held, verdict, result))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_finishes(), name="finish flusher")
-        status = await result
-        self._count(verdict[0], status)
+        await result
 
     async def _flush_finishes(self) -> None:
         while self._to_finish:
@@ -369,27 +420,35 @@ class Dispatcher:
             try:
                 statuses = await self._finish_group(group)
             except Exception as exc:
+                log.exception("finish failed for %d jobs", len(group))
+                self.stats.errors += len(group)
                 for _, _, result in group:
-                    result.set_exception(exc)
-            else:
-                for (_, _, result), status in zip(group, statuses, strict=True):
+                    if not result.done():
+                        result.set_exception(exc)
+                continue
+            for (held, (outcome, _), result), status in zip(group, statuses, strict=True):
+                self._count(outcome, status)
+                if self.latencies is not None:
+                    self.latencies.append(time.perf_counter() - held.claimed_at)
+                if not result.done():
                     result.set_result(status)
 
     async def _finish_group(self, group: list) -> list:
         """finish_many with a fresh clock value; a locked database is retried while
         any lease in the group is still live (a finish after it would be False)."""
+        helds = [held for held, _, _ in group]
+        verdicts = [verdict for _, verdict, _ in group]
         while True:
             now = check_now(self._clock(), "clock value")
-            for held, _, _ in group:
+            for held in helds:
                 check_second_clock(held.first_ms, now)
-            items = [(held.ticket, outcome, delay) for held, (outcome, delay), _ in group]
             try:
-                statuses = await self._queue.call(finish_many, items, now)
+                statuses = await self._queue.call(_finish_helds, helds, verdicts, now)
             except sqlite3.OperationalError as exc:
                 if not is_locked(exc):
                     raise
                 self.stats.lock_retries += 1
-                if all(now >= held.ticket["lease_until"] for held, _, _ in group):
+                if all(now >= held.ticket["lease_until"] for held in helds):
                     return [False] * len(group)
                 await asyncio.sleep(self._backoff())
                 continue
@@ -408,6 +467,40 @@ class Dispatcher:
             stats.permanent += 1
         else:
             stats.dead += 1
+
+
+def _half_way(now_ms: int, lease_until: int) -> int:
+    return now_ms + (lease_until - now_ms) // 2
+
+
+def _uncancel() -> None:
+    """We cancelled this send ourselves and handled it: withdraw that request
+    (Python 3.11+), so structured timeouts around the job still work."""
+    task = asyncio.current_task()
+    if task is not None and hasattr(task, "uncancel"):
+        task.uncancel()
+
+
+def _extend_held(con: sqlite3.Connection, held: _Held, now_ms: int,
+                 lease_ms: int) -> Optional[bool]:
+    """On the queue's thread: extend, and replace the ticket right there, so a
+    finish queued behind this call uses the new one. None: the lease is gone;
+    otherwise whether the lease actually moved (False once capped)."""
+    renewed = extend(con, held.ticket, now_ms, lease_ms)
+    if renewed is False:
+        return None
+    assert isinstance(renewed, dict)
+    moved = renewed["lease_until"] > held.ticket["lease_until"]
+    held.ticket = renewed
+    return moved
+
+
+def _finish_helds(con: sqlite3.Connection, helds: list[_Held], verdicts: list[Verdict],
+                  now_ms: int) -> list:
+    """On the queue's thread: finish_many with each job's current ticket."""
+    items = [(held.ticket, outcome, delay) for held, (outcome, delay) in
+             zip(helds, verdicts, strict=True)]
+    return finish_many(con, items, now_ms)
 
 
 def _ignore_result(task: asyncio.Future) -> None:

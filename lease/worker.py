@@ -30,7 +30,7 @@ import re
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Tuple, Union
+from typing import Callable, Iterator, Mapping, Optional, Tuple, Union
 
 __all__ = [
     "LeaseError",
@@ -293,7 +293,7 @@ def finish_decision(
     return ("pending", "retry", now_ms + delay_ms)
 
 
-def _marker_matches(row: sqlite3.Row, ticket: dict, now_ms: int) -> bool:
+def _marker_matches(row: Mapping, ticket: dict, now_ms: int) -> bool:
     """The whole marker, and the time: an owner alone can be a stale run."""
     return (
         row["status"] == "leased"
@@ -504,24 +504,29 @@ def _quarantine(con: sqlite3.Connection, now_ms: int) -> None:
     con.execute(_QUARANTINE, {"now": now_ms})
 
 
-def _lease_row(
-    con: sqlite3.Connection, row: sqlite3.Row, owner: str, now_ms: int, lease_ms: int
-) -> dict:
-    attempt, token = row["attempts"] + 1, row["token"] + 1
-    lease_until = min(now_ms + lease_ms, row["deadline"])
-    con.execute(
+def _lease_rows(
+    con: sqlite3.Connection, rows: list, owner: str, now_ms: int, lease_ms: int
+) -> list:
+    """Inside a transaction: lease the picked rows to owner; their tickets, in order."""
+    tickets, updates = [], []
+    for row in rows:
+        attempt, token = row["attempts"] + 1, row["token"] + 1
+        lease_until = min(now_ms + lease_ms, row["deadline"])
+        updates.append((attempt, token, owner, lease_until, row["seq"]))
+        tickets.append({
+            "id": row["id"],
+            "qty": row["qty"],
+            "owner": owner,
+            "token": token,
+            "attempt": attempt,
+            "lease_until": lease_until,
+        })
+    con.executemany(
         "UPDATE jobs SET status = 'leased', attempts = ?, token = ?, owner = ?,"
         " lease_until = ?, reason = NULL WHERE seq = ?",
-        (attempt, token, owner, lease_until, row["seq"]),
+        updates,
     )
-    return {
-        "id": row["id"],
-        "qty": row["qty"],
-        "owner": owner,
-        "token": token,
-        "attempt": attempt,
-        "lease_until": lease_until,
-    }
+    return tickets
 
 
 def claim(
@@ -544,10 +549,10 @@ def claim(
     _check_fault(fault)
     with _immediate(con):
         _quarantine(con, now_ms)
-        row = con.execute(_PICK, {"now": now_ms, "limit": 1}).fetchone()
-        if row is None:
+        picked = con.execute(_PICK, {"now": now_ms, "limit": 1}).fetchall()
+        if not picked:
             return None
-        ticket = _lease_row(con, row, owner, now_ms, lease_ms)
+        [ticket] = _lease_rows(con, picked, owner, now_ms, lease_ms)
         _call(fault, "after-claim")
     _call(fault, "after-commit")
     return ticket
@@ -575,7 +580,7 @@ def claim_many(
     with _immediate(con):
         _quarantine(con, now_ms)
         picked = con.execute(_PICK, {"now": now_ms, "limit": limit}).fetchall()
-        tickets = [_lease_row(con, row, owner, now_ms, lease_ms) for row in picked]
+        tickets = _lease_rows(con, picked, owner, now_ms, lease_ms)
         if tickets:
             _call(fault, "after-claim")
     if tickets:
@@ -639,7 +644,7 @@ def finish(
     _check_int("delay_ms", delay_ms, 0, MAX_MS)
     _check_fault(fault)
     with _immediate(con):
-        status = _finish_marked(con, ticket, outcome, delay_ms, now_ms)
+        [status] = _finish_marked(con, [(ticket, outcome, delay_ms)], now_ms)
         if status is False:
             return False
         _call(fault, "after-finish")
@@ -670,8 +675,7 @@ def finish_many(
     check_now(now_ms)
     _check_fault(fault)
     with _immediate(con):
-        results = [_finish_marked(con, ticket, outcome, delay_ms, now_ms)
-                   for ticket, outcome, delay_ms in items]
+        results = _finish_marked(con, items, now_ms) if items else []
         changed = any(results)
         if changed:
             _call(fault, "after-finish")
@@ -680,22 +684,35 @@ def finish_many(
     return results
 
 
-def _finish_marked(
-    con: sqlite3.Connection, ticket: dict, outcome: str, delay_ms: int, now_ms: int
-) -> Union[str, bool]:
-    """Inside a transaction: the fenced finish of one ticket (status, or False)."""
-    row = _load_marked(con, ticket, now_ms)
-    if row is None:
-        return False
-    status, reason, available_at = finish_decision(
-        outcome, row["attempts"], row["max_attempts"], row["deadline"], now_ms, delay_ms
-    )
-    con.execute(
+def _finish_marked(con: sqlite3.Connection, items: list, now_ms: int) -> list:
+    """Inside a transaction: the fenced finish of each (ticket, outcome, delay_ms),
+    in order, as single finishes in sequence would do it (a job finished earlier
+    in the list is no longer leased for a later item). Statuses, or False."""
+    ids = sorted({ticket["id"] for ticket, _, _ in items})
+    found = con.execute(
+        f"SELECT * FROM jobs WHERE id IN ({', '.join('?' * len(ids))})", ids
+    ).fetchall()
+    rows = {row["id"]: dict(row) for row in found}
+    results: list = []
+    updates = []
+    for ticket, outcome, delay_ms in items:
+        row = rows.get(ticket["id"])
+        if row is None or not _marker_matches(row, ticket, now_ms):
+            results.append(False)
+            continue
+        status, reason, available_at = finish_decision(
+            outcome, row["attempts"], row["max_attempts"], row["deadline"], now_ms, delay_ms
+        )
+        row.update(status=status, reason=reason, available_at=available_at, owner=None,
+                   lease_until=None)
+        updates.append((status, reason, available_at, row["seq"]))
+        results.append(status)
+    con.executemany(
         "UPDATE jobs SET status = ?, reason = ?, available_at = ?,"
         " owner = NULL, lease_until = NULL WHERE seq = ?",
-        (status, reason, available_at, row["seq"]),
+        updates,
     )
-    return status
+    return results
 
 
 def redrive(

@@ -1,0 +1,418 @@
+"""``asyncworker bench``: throughput and latency, each figure beside its limit.
+
+Every scenario runs in a fresh child process (``python -m asyncworker.bench
+SCENARIO JSON``), so its peak RSS is its own; the parent prints one table
+measured in one run on this machine. Nothing here is a test: the figures
+are for reading, and the ratios say how close each path comes to the limit
+it cannot pass (the storage's durable commit rate, the receiver's own rate,
+or concurrency / latency).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import resource
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from lease import worker
+
+# ----------------------------------------------------------------- helpers
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _percentiles(latencies: list[float]) -> dict:
+    if not latencies:
+        return {"p50_ms": None, "p99_ms": None}
+    ordered = sorted(latencies)
+    return {"p50_ms": round(ordered[len(ordered) // 2] * 1000, 2),
+            "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 2)}
+
+
+def _now() -> int:
+    return int(time.time() * 1000)
+
+
+def _fill(path: Path, n: int) -> None:
+    con = worker.open_queue(path)
+    try:
+        for start in range(0, n, 5000):
+            events = [{"id": f"job-{i}", "qty": i % 1000 + 1}
+                      for i in range(start, min(n, start + 5000))]
+            worker.enqueue_many(con, events, _now(), 60_000, 3)
+    finally:
+        con.close()
+
+
+class _Receiver:
+    """The receiver as its own process, on loopback."""
+
+    def __init__(self, folder: Path, latency_ms: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncworker", "serve", "--inbox", str(folder / "inbox.db"),
+             "--latency-ms", str(latency_ms)], stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+# ----------------------------------------------------------------- scenarios
+
+
+def scenario_commit(folder: Path, n: int) -> dict:
+    """The storage's limit: durable commits/s with the queue's own settings."""
+    path = folder / "q.db"
+    _fill(path, 1)
+    con = worker.open_queue(path)
+    started = time.perf_counter()
+    for _ in range(n):
+        con.execute("BEGIN IMMEDIATE")
+        con.execute("UPDATE jobs SET qty = 1001 - qty WHERE seq = 1")  # a real change
+        con.execute("COMMIT")
+    elapsed = time.perf_counter() - started
+    con.close()
+    return {"rate": n / elapsed, "commits_per_job": 1.0}
+
+
+def scenario_sync(folder: Path, n: int) -> dict:
+    """The sync run_once loop with an in-process send."""
+    path = folder / "q.db"
+    _fill(path, n)
+    con = worker.open_queue(path)
+    latencies = []
+    started = time.perf_counter()
+    for _ in range(n):
+        begun = time.perf_counter()
+        result = worker.run_once(con, "bench", _now, lambda event: True, 0.5, 30_000)
+        assert result is not None and result["status"] == "done"
+        latencies.append(time.perf_counter() - begun)
+    elapsed = time.perf_counter() - started
+    con.close()
+    return {"rate": n / elapsed, "commits_per_job": 2.0, **_percentiles(latencies)}
+
+
+async def _dispatch(path: Path, *, url: Optional[str] = None, send: Any = None,
+                    concurrency: int, batch: int, lease_ms: int = 30_000) -> dict:
+    from asyncworker.dispatcher import Dispatcher
+
+    latencies: list[float] = []
+    async with Dispatcher(path, "bench", url=url, send=send, concurrency=concurrency,
+                          lease_ms=lease_ms, batch_size=batch, latencies=latencies,
+                          poll_interval=0.01) as d:
+        started = time.perf_counter()
+        stats = await d.run(until_idle=True)
+        elapsed = time.perf_counter() - started
+    commits = stats.claim_calls + stats.finish_batches + stats.extended
+    return {"rate": stats.ok / elapsed, "ok": stats.ok,
+            "commits_per_job": round(commits / max(1, stats.ok), 3),
+            "peak_in_flight": stats.peak_in_flight, **_percentiles(latencies)}
+
+
+def scenario_async(folder: Path, n: int, concurrency: int, batch: int,
+                   send_ms: float = 0.0) -> dict:
+    """The async dispatcher with an in-process send (optionally taking send_ms)."""
+    path = folder / "q.db"
+    _fill(path, n)
+
+    async def send(event: dict, token: int) -> bool:
+        if send_ms:
+            await asyncio.sleep(send_ms / 1000)
+        return True
+
+    return asyncio.run(_dispatch(path, send=send, concurrency=concurrency, batch=batch))
+
+
+def scenario_receiver_limit(folder: Path, n: int, concurrency: int, latency_ms: int) -> dict:
+    """The receiver's own rate, from a plain concurrent client (no queue at all)."""
+    from asyncworker.sender import new_session, send_http
+
+    receiver = _Receiver(folder, latency_ms)
+
+    async def fire() -> list[float]:
+        gate = asyncio.Semaphore(concurrency)
+        latencies: list[float] = []
+        async with new_session(limit=concurrency) as session:
+            async def one(i: int) -> None:
+                async with gate:
+                    begun = time.perf_counter()
+                    await send_http(receiver.url, {"id": f"r-{i}", "qty": 1}, timeout=30,
+                                    session=session)
+                    latencies.append(time.perf_counter() - begun)
+
+            await asyncio.gather(*(one(i) for i in range(n)))
+        return latencies
+
+    try:
+        started = time.perf_counter()
+        latencies = asyncio.run(fire())
+        elapsed = time.perf_counter() - started
+    finally:
+        receiver.close()
+    return {"rate": n / elapsed, **_percentiles(latencies)}
+
+
+def scenario_receiver(folder: Path, n: int, concurrency: int, latency_ms: int) -> dict:
+    """The async dispatcher against the receiver process on loopback."""
+    path = folder / "q.db"
+    _fill(path, n)
+    receiver = _Receiver(folder, latency_ms)
+    try:
+        return asyncio.run(_dispatch(path, url=receiver.url, concurrency=concurrency,
+                                     batch=64))
+    finally:
+        receiver.close()
+
+
+def scenario_history(folder: Path, finished: int, probes: int) -> dict:
+    """claim + finish latency with `finished` done rows behind the live ones."""
+    path = folder / "q.db"
+    worker.open_queue(path).close()
+    raw = sqlite3.connect(path)
+    raw.execute("BEGIN")
+    raw.executemany(
+        "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
+        " deadline, owner, lease_until, reason) VALUES (?, 1, 'done', 1, 3, 1, 0, 1, NULL,"
+        " NULL, NULL)", ((f"old-{i}",) for i in range(finished)))
+    raw.execute("COMMIT")
+    raw.close()
+    con = worker.open_queue(path)
+    worker.enqueue_many(con, [{"id": f"live-{i}", "qty": 1} for i in range(probes)], _now(),
+                        60_000)
+    claims, finishes = [], []
+    for _ in range(probes):
+        begun = time.perf_counter()
+        ticket = worker.claim(con, "bench", _now(), 30_000)
+        claims.append(time.perf_counter() - begun)
+        assert ticket is not None
+        begun = time.perf_counter()
+        worker.finish(con, ticket, "ok", _now())
+        finishes.append(time.perf_counter() - begun)
+    con.close()
+    return {"claim_ms": round(statistics.median(claims) * 1000, 3),
+            "finish_ms": round(statistics.median(finishes) * 1000, 3)}
+
+
+def scenario_peer(folder: Path, n: int, peer: str) -> dict:
+    """A peer queue doing the same work: enqueue n, then consume each with an ack."""
+    started = time.perf_counter()
+    if peer == "huey":
+        from huey import SqliteHuey
+
+        huey = SqliteHuey("bench", filename=str(folder / "huey.db"), results=False)
+
+        @huey.task()
+        def job(i: int) -> int:
+            return i
+
+        for i in range(n):
+            job(i)
+        started = time.perf_counter() - (time.perf_counter() - started)
+        consumed = 0
+        while (task := huey.dequeue()) is not None:
+            huey.execute(task)
+            consumed += 1
+    elif peer == "persist-queue":
+        from persistqueue import SQLiteAckQueue
+
+        queue = SQLiteAckQueue(str(folder / "pq"), auto_commit=True, multithreading=False)
+        for i in range(n):
+            queue.put({"id": f"job-{i}", "qty": 1})
+        consumed = 0
+        while queue.size:
+            queue.ack(queue.get(block=False))
+            consumed += 1
+    elif peer == "litequeue":
+        from litequeue import LiteQueue
+
+        queue = LiteQueue(str(folder / "lq.db"))
+        for i in range(n):
+            queue.put(json.dumps({"id": f"job-{i}", "qty": 1}))
+        consumed = 0
+        while (message := queue.pop()) is not None:  # pop is chosen at run time
+            queue.done(message.message_id)
+            consumed += 1
+    else:
+        raise ValueError(f"unknown peer {peer!r}")
+    elapsed = time.perf_counter() - started
+    assert consumed == n, (peer, consumed)
+    return {"rate": n / elapsed, "note": "enqueue + consume with ack"}
+
+
+def scenario_ours_end_to_end(folder: Path, n: int) -> dict:
+    """Ours doing the peers' work: enqueue n one by one, then the async dispatcher."""
+    path = folder / "q.db"
+    started = time.perf_counter()
+    con = worker.open_queue(path)
+    for i in range(n):
+        worker.enqueue(con, {"id": f"job-{i}", "qty": 1}, _now(), 60_000)
+    con.close()
+
+    async def send(event: dict, token: int) -> bool:
+        return True
+
+    result = asyncio.run(_dispatch(path, send=send, concurrency=64, batch=64))
+    return {"rate": n / (time.perf_counter() - started), "commits_per_job": None,
+            "note": f"dispatch alone {result['rate']:.0f}/s"}
+
+
+SCENARIOS: dict[str, Callable[..., dict]] = {
+    "commit": scenario_commit,
+    "sync": scenario_sync,
+    "async": scenario_async,
+    "receiver_limit": scenario_receiver_limit,
+    "receiver": scenario_receiver,
+    "history": scenario_history,
+    "peer": scenario_peer,
+    "ours_end_to_end": scenario_ours_end_to_end,
+}
+
+
+def run_child(name: str, params: dict) -> dict:
+    """Run one scenario in a fresh process; return its figures plus its peak RSS."""
+    out = subprocess.run([sys.executable, "-m", "asyncworker.bench", name, json.dumps(params)],
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"scenario {name} {params} failed:\n{out.stderr[-2000:]}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def child_main(name: str, params_json: str) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="asyncworker-bench-"))
+    try:
+        result = SCENARIOS[name](folder, **json.loads(params_json))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    result["rss_mb"] = round(_rss_mb(), 1)
+    print(json.dumps(result))
+
+
+# ----------------------------------------------------------------- the table
+
+
+def _peers_installed() -> list[str]:
+    import importlib.util
+
+    modules = {"huey": "huey", "persist-queue": "persistqueue", "litequeue": "litequeue"}
+    return [peer for peer, module in modules.items() if importlib.util.find_spec(module)]
+
+
+def _fmt(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None) -> list[dict]:
+    """Measure everything once and print the table; return the rows."""
+    out = out or sys.stdout
+    size = (lambda full, small: small) if quick else (lambda full, small: full)
+    rows: list[dict] = []
+
+    def row(label: str, result: dict, limit: Optional[float], limit_label: str) -> None:
+        ratio = result.get("rate", 0) / limit if limit else None
+        rows.append({"scenario": label, **result, "limit": limit, "limit_label": limit_label,
+                     "ratio": ratio})
+        print(f"  measured: {label}", file=sys.stderr, flush=True)
+
+    commit = run_child("commit", {"n": size(2000, 100)})
+    commits_per_s = commit["rate"]
+    cycle = commits_per_s / 2  # one claim and one finish commit per job
+    row("durable commit (queue settings)", commit, commits_per_s, "itself")
+    row("sync run_once loop", run_child("sync", {"n": size(2000, 100)}), cycle,
+        "raw claim+finish cycle")
+    row("async in-process, batch 1", run_child(
+        "async", {"n": size(2000, 100), "concurrency": 64, "batch": 1}), cycle,
+        "raw claim+finish cycle")
+    row("async in-process, batch 64", run_child(
+        "async", {"n": size(40_000, 500), "concurrency": 256, "batch": 64}), 10_000.0,
+        "target 10,000/s")
+
+    limits = {}
+    for latency in (0, 50):
+        limit = run_child("receiver_limit", {"n": size(4000, 100), "concurrency": 64,
+                                             "latency_ms": latency})
+        limits[latency] = limit["rate"]
+        row(f"receiver limit, plain client c64, {latency} ms", limit, None, "")
+    for latency in (0, 50):
+        for concurrency in (1, 16, 64, 256):
+            n = size(max(200, concurrency * (40 if latency else 30)), 40)
+            if latency and concurrency == 1:
+                n = size(60, 10)
+            result = run_child("receiver", {"n": n, "concurrency": concurrency,
+                                            "latency_ms": latency})
+            bound = limits[latency] if not latency else min(concurrency / 0.05, limits[0])
+            label = "receiver limit" if not latency else f"min({concurrency}/0.05 s, limit)"
+            row(f"async vs receiver c{concurrency}, {latency} ms", result, bound, label)
+
+    small = run_child("history", {"finished": 1000, "probes": size(300, 30)})
+    big = run_child("history", {"finished": size(200_000, 5000), "probes": size(300, 30)})
+    rows.append({"scenario": "claim latency, 1,000 vs "
+                 f"{size(200_000, 5000):,} finished rows",
+                 "claim_small": small["claim_ms"], "claim_big": big["claim_ms"],
+                 "finish_small": small["finish_ms"], "finish_big": big["finish_ms"],
+                 "ratio": big["claim_ms"] / small["claim_ms"], "limit_label": "target <= 1.5",
+                 "rss_mb": big["rss_mb"]})
+    print("  measured: history", file=sys.stderr, flush=True)
+    rss = run_child("async", {"n": size(100_000, 1000), "concurrency": 256, "batch": 64,
+                              "send_ms": 2})
+    row(f"{size(100_000, 1000):,} queued, 256 in flight (2 ms send)", rss, None, "")
+    rows[-1]["limit_label"] = "target RSS < 150 MB"
+
+    if peers:
+        n = size(5000, 100)
+        row(f"ours: enqueue {n} + dispatch", run_child("ours_end_to_end", {"n": n}), None, "")
+        for peer in _peers_installed():
+            row(f"peer {peer}: enqueue {n} + consume/ack",
+                run_child("peer", {"n": n, "peer": peer}), None, "")
+    print_table(rows, out)
+    return rows
+
+
+def print_table(rows: list[dict], out: Any) -> None:
+    header = ("scenario", "jobs/s", "p50 ms", "p99 ms", "commits/job", "RSS MB", "limit",
+              "ratio", "limit is")
+    lines = [header]
+    for r in rows:
+        if "claim_small" in r:
+            lines.append((r["scenario"],
+                          f"claim {r['claim_small']} -> {r['claim_big']} ms",
+                          f"finish {r['finish_small']} -> {r['finish_big']} ms", "", "",
+                          _fmt(r["rss_mb"], 1), "", _fmt(r["ratio"], 2), r["limit_label"]))
+            continue
+        lines.append((r["scenario"], _fmt(r.get("rate")), _fmt(r.get("p50_ms"), 2),
+                      _fmt(r.get("p99_ms"), 2), _fmt(r.get("commits_per_job"), 3)
+                      if r.get("commits_per_job") is not None else "-",
+                      _fmt(r.get("rss_mb"), 1), _fmt(r.get("limit")), _fmt(r.get("ratio"), 2),
+                      r.get("limit_label") or r.get("note", "")))
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
+    out.write(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+              f"{platform.python_version()}, SQLite {sqlite3.sqlite_version}\n")
+    for n, line in enumerate(lines):
+        out.write("| " + " | ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True))
+                  + " |\n")
+        if n == 0:
+            out.write("|" + "|".join("-" * (w + 2) for w in widths) + "|\n")
+    out.flush()
+
+
+if __name__ == "__main__":
+    child_main(sys.argv[1], sys.argv[2])
