@@ -60,10 +60,10 @@ def _fill(path: Path, n: int) -> None:
 class _Receiver:
     """The receiver as its own process, on loopback."""
 
-    def __init__(self, folder: Path, latency_ms: int) -> None:
+    def __init__(self, folder: Path, latency_ms: int, group: int = 64) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "asyncworker", "serve", "--inbox", str(folder / "inbox.db"),
-             "--latency-ms", str(latency_ms)], stdout=subprocess.PIPE,
+             "--latency-ms", str(latency_ms), "--group", str(group)], stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True)
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
@@ -139,11 +139,12 @@ def scenario_async(folder: Path, n: int, concurrency: int, batch: int,
     return asyncio.run(_dispatch(path, send=send, concurrency=concurrency, batch=batch))
 
 
-def scenario_receiver_limit(folder: Path, n: int, concurrency: int, latency_ms: int) -> dict:
+def scenario_receiver_limit(folder: Path, n: int, concurrency: int, latency_ms: int,
+                            group: int = 64) -> dict:
     """The receiver's own rate, from a plain concurrent client (no queue at all)."""
     from asyncworker.sender import new_session, send_http
 
-    receiver = _Receiver(folder, latency_ms)
+    receiver = _Receiver(folder, latency_ms, group)
 
     async def fire() -> list[float]:
         gate = asyncio.Semaphore(concurrency)
@@ -352,6 +353,10 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None) -> l
                                              "latency_ms": latency})
         limits[latency] = limit["rate"]
         row(f"receiver limit, plain client c64, {latency} ms", limit, None, "")
+    ungrouped = run_child("receiver_limit", {"n": size(2000, 100), "concurrency": 64,
+                                             "latency_ms": 0, "group": 1})
+    row("receiver, one commit per request, c64, 0 ms", ungrouped, limits[0],
+        "grouped receiver limit")
     for latency in (0, 50):
         for concurrency in (1, 16, 64, 256):
             n = size(max(200, concurrency * (40 if latency else 30)), 40)

@@ -196,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bulk: at most N jobs")
     p.add_argument("--dry-run", action="store_true", help="bulk: list, change nothing")
 
+    p = command("bench", "measure throughput and latency against their limits", _bench)
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not figures")
+    p.add_argument("--peers", action="store_true",
+                   help="also measure huey, persist-queue and litequeue, where installed")
+
     p = command("demo", "the crash-after-ACK story, end to end, on loopback", _demo)
     p.add_argument("--jobs", type=_int_in(10, 100_000), default=300,
                    help="snack orders (default 300)")
@@ -454,6 +459,13 @@ def _redrive(args: argparse.Namespace) -> int:
                 print(f"not redriven: {exc}", file=sys.stderr)
     print(f"{len(ids) - failed} redriven, {failed} refused")
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from asyncworker.bench import run_bench
+
+    run_bench(quick=args.quick, peers=args.peers)
+    return EXIT_OK
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -106,6 +106,7 @@ class _Held:
     task: Optional[asyncio.Task] = None
     cut: Optional[str] = None  # why the lease keeper cancelled the send: timeout | lost
     can_extend: bool = True
+    send_over: bool = False  # its send slot has been given back
 
 
 class Dispatcher:
@@ -168,6 +169,8 @@ class Dispatcher:
         self._session: Optional[aiohttp.ClientSession] = None
         self._tasks: set[asyncio.Task] = set()
         self._sending: set[_Held] = set()
+        self._sends = 0  # claimed jobs whose send has not ended: the slots in use
+        self._slot_freed = asyncio.Event()
         self._to_finish: list[tuple[_Held, Verdict, asyncio.Future]] = []
         self._flusher: Optional[asyncio.Task] = None
         self._stop = asyncio.Event()
@@ -219,16 +222,14 @@ class Dispatcher:
         keeper.add_done_callback(self._keeper_died)
         try:
             while not self._stop.is_set():
-                if len(self._tasks) >= self.concurrency:
-                    await asyncio.wait({*self._tasks, stop_wait},
-                                       return_when=asyncio.FIRST_COMPLETED)
+                if self._sends >= self.concurrency:
+                    await self._slot_or_stop(stop_wait, None)
                     continue
                 if await self._claim_some():
                     continue
                 if until_idle and not self._tasks and await self._queue.is_drained():
                     break
-                await asyncio.wait({*self._tasks, stop_wait}, timeout=self.poll_interval,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await self._slot_or_stop(stop_wait, self.poll_interval)
             if self._tasks:  # graceful: in-flight sends end within their leases
                 await asyncio.wait(self._tasks)
         finally:
@@ -239,6 +240,16 @@ class Dispatcher:
             keeper.remove_done_callback(self._keeper_died)
             keeper.cancel()
         return self.stats
+
+    async def _slot_or_stop(self, stop_wait: asyncio.Future, timeout: Optional[float]) -> None:
+        """Wait until a send ends (a slot is free), a job ends, stop(), or the timeout."""
+        self._slot_freed.clear()
+        slot = asyncio.ensure_future(self._slot_freed.wait())
+        try:
+            await asyncio.wait({slot, stop_wait}, timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            slot.cancel()
 
     def _keeper_died(self, keeper: asyncio.Task) -> None:
         """Without its lease keeper no send is cut off in time: stop loudly."""
@@ -268,7 +279,7 @@ class Dispatcher:
         transaction; start a task for each. False when there was nothing to claim."""
         while not self._stop.is_set():
             first_ms = self._now()
-            limit = min(self.concurrency - len(self._tasks), self.batch_size)
+            limit = min(self.concurrency - self._sends, self.batch_size)
             try:
                 tickets = await self._queue.call(claim_many, self.owner, first_ms,
                                                  self.lease_ms, limit)
@@ -288,9 +299,22 @@ class Dispatcher:
                 held.task = asyncio.create_task(
                     self._work(held), name=f"job {ticket['id']} token {ticket['token']}")
                 self._tasks.add(held.task)
-                held.task.add_done_callback(self._tasks.discard)
+                held.task.add_done_callback(self._job_done)
+            self._sends += len(tickets)
             return True
         return False
+
+    def _job_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self._slot_freed.set()
+
+    def _send_done(self, held: _Held) -> None:
+        # The slot is free as soon as the send is over: the finish is written
+        # by the flusher, in a group, while the next sends already run.
+        if not held.send_over:
+            held.send_over = True
+            self._sends -= 1
+            self._slot_freed.set()
 
     async def _work(self, held: _Held) -> None:
         stats = self.stats
@@ -308,6 +332,7 @@ class Dispatcher:
             log.exception("job failed id=%s token=%s", held.ticket["id"], held.ticket["token"])
         finally:
             stats.in_flight -= 1
+            self._send_done(held)  # cancelled before its send began
 
     async def _judged_send(self, held: _Held) -> Optional[Verdict]:
         """The send's (outcome, delay), or None when the job must stay leased.
@@ -336,6 +361,7 @@ class Dispatcher:
                 error = exc
         finally:
             self._sending.discard(held)
+            self._send_done(held)
         verdict = classify_error(error, ticket["attempt"], self._jitter())
         if verdict is not None:
             return verdict

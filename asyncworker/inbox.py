@@ -54,6 +54,31 @@ class InboxTotals:
         (APPLIED, DUPLICATE, CONFLICT, STALE), 0))
 
 
+def decide_group(known: dict[str, tuple], requests: list[tuple]) -> list[Delivery]:
+    """What each request of a group means, in order, as if applied one by one.
+
+    ``known`` maps an id already in the inbox to (qty, seen, max_token); it is
+    not changed. A pure function: the rules of the inbox live here alone.
+    """
+    state = {event_id: (qty, max_token) for event_id, (qty, _, max_token) in known.items()}
+    deliveries = []
+    for event_id, qty, token in requests:
+        if event_id not in state:
+            state[event_id] = (qty, token)
+            deliveries.append(Delivery(APPLIED, event_id, qty, qty, token))
+            continue
+        known_qty, max_token = state[event_id]
+        if token is not None and max_token is not None and token < max_token:
+            deliveries.append(Delivery(STALE, event_id, qty, known_qty, max_token))
+        elif known_qty != qty:
+            deliveries.append(Delivery(CONFLICT, event_id, qty, known_qty, max_token))
+        else:
+            new_max = max_token if token is None else max(token, max_token or 0)
+            state[event_id] = (known_qty, new_max)
+            deliveries.append(Delivery(DUPLICATE, event_id, qty, known_qty, new_max))
+    return deliveries
+
+
 class InboxClosed(RuntimeError):
     """The inbox is shutting down and takes no more requests."""
 
@@ -140,10 +165,15 @@ class Inbox:
                 answer.set_result(delivery)
 
     async def _apply(self, group: list) -> list[Delivery]:
+        """One transaction for the whole group, in a fixed number of statements
+        (one read, then batched writes), so its cost barely grows with its size."""
         now_ms = int(time.time() * 1000)
+        requests = [(event_id, qty, token) for event_id, qty, token, _ in group]
         await self._db.execute("BEGIN IMMEDIATE")
         try:
-            deliveries = [await self._apply_one(e, q, t, now_ms) for e, q, t, _ in group]
+            known = await self._known(sorted({event_id for event_id, _, _ in requests}))
+            deliveries = decide_group(known, requests)
+            await self._write(deliveries, known, now_ms)
             await self._db.execute("COMMIT")
         except BaseException:
             await self._db.execute("ROLLBACK")
@@ -151,31 +181,36 @@ class Inbox:
         self._count(deliveries)
         return deliveries
 
-    async def _apply_one(
-        self, event_id: str, qty: int, token: Optional[int], now_ms: int
-    ) -> Delivery:
-        async with self._db.execute(
-            "SELECT qty, max_token FROM inbox WHERE id = ?", (event_id,)
-        ) as cur:
-            row = await cur.fetchone()
-        if row is None:
-            await self._db.execute(
+    async def _known(self, ids: list[str]) -> dict[str, tuple]:
+        """{id: (qty, seen, max_token)} of the rows already in the inbox."""
+        known: dict[str, tuple] = {}
+        for start in range(0, len(ids), 500):  # well under SQLite's variable limit
+            chunk = ids[start:start + 500]
+            rows = await self._db.execute_fetchall(
+                f"SELECT id, qty, seen, max_token FROM inbox WHERE id IN "
+                f"({', '.join('?' * len(chunk))})", chunk)
+            known.update({row[0]: tuple(row[1:]) for row in rows})
+        return known
+
+    async def _write(self, deliveries: list[Delivery], known: dict[str, tuple],
+                     now_ms: int) -> None:
+        fresh = {d.id: d for d in deliveries if d.outcome == APPLIED}
+        seen: dict[str, int] = {}
+        for d in deliveries:
+            if d.outcome in (APPLIED, DUPLICATE):
+                seen[d.id] = seen.get(d.id, 0) + 1
+        final_token = {d.id: d.max_token for d in deliveries if d.outcome in (APPLIED, DUPLICATE)}
+        if fresh:
+            await self._db.executemany(
                 "INSERT INTO inbox (id, qty, first_seen_ms, seen, max_token)"
-                " VALUES (?, ?, ?, 1, ?)",
-                (event_id, qty, now_ms, token),
-            )
-            await self._db.execute("UPDATE effect SET stock = stock + ? WHERE one = 1", (qty,))
-            return Delivery(APPLIED, event_id, qty, qty, token)
-        known_qty, max_token = row
-        if token is not None and max_token is not None and token < max_token:
-            return Delivery(STALE, event_id, qty, known_qty, max_token)
-        if known_qty != qty:
-            return Delivery(CONFLICT, event_id, qty, known_qty, max_token)
-        new_max = max_token if token is None else max(token, max_token or 0)
-        await self._db.execute(
-            "UPDATE inbox SET seen = seen + 1, max_token = ? WHERE id = ?", (new_max, event_id)
-        )
-        return Delivery(DUPLICATE, event_id, qty, known_qty, new_max)
+                " VALUES (?, ?, ?, ?, ?)",
+                [(i, d.qty, now_ms, seen[i], final_token[i]) for i, d in fresh.items()])
+            await self._db.execute("UPDATE effect SET stock = stock + ? WHERE one = 1",
+                                   (sum(d.qty for d in fresh.values()),))
+        again = [(seen[i], final_token[i], i) for i in seen if i not in fresh]
+        if again:
+            await self._db.executemany(
+                "UPDATE inbox SET seen = seen + ?, max_token = ? WHERE id = ?", again)
 
     def _count(self, deliveries: list[Delivery]) -> None:
         totals = self.totals

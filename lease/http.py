@@ -18,6 +18,7 @@ this; the async sender in ``asyncworker`` calls it too.
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import ipaddress
 import json
@@ -44,6 +45,11 @@ def check_url(url: object) -> Tuple[str, int]:
     """
     if type(url) is not str:
         raise ValueError(f"url must be a str, got {type(url).__name__}")
+    return _check_url_text(url)
+
+
+@functools.lru_cache(maxsize=64)  # a dispatcher checks the same URL on every send
+def _check_url_text(url: str) -> Tuple[str, int]:
     parts = urlsplit(url)
     if parts.scheme != "http":
         raise ValueError(f"url must start with http://, got {url!r:.100}")

@@ -18,7 +18,8 @@ from lease import worker
 from .conftest import T0
 from .servers import ReceiverProcess
 
-COMMANDS = ["init", "enqueue", "run", "serve", "stats", "dead", "inspect", "redrive", "demo"]
+COMMANDS = ["init", "enqueue", "run", "serve", "stats", "dead", "inspect", "redrive", "demo",
+            "bench"]
 
 
 def cli(*args: str, stdin: str | None = None, env: dict | None = None,
@@ -288,3 +289,13 @@ def test_evidence_check_catches_unaccounted_requests():
     evidence["receiver"] = {**evidence["receiver"], "requests": 5}
     assert [c.label for c in demo.check_evidence(evidence) if not c.ok] == [
         "requests the receiver saw"]
+
+
+def test_bench_quick_smoke():
+    """The benchmark runs end to end and prints its table (figures are not judged)."""
+    out = cli("bench", "--quick", timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = [line for line in out.stdout.splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| scenario") and len(table) >= 15
+    assert any("durable commit" in line for line in table)
+    assert any("async vs receiver c256, 50 ms" in line for line in table)

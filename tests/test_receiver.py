@@ -11,9 +11,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asyncworker import Faults, make_app, send_http
-from asyncworker.inbox import Inbox
+from asyncworker.inbox import Inbox, decide_group
 from lease import http as sync_http
 from lease.worker import Permanent, Retryable
 
@@ -287,3 +289,37 @@ def test_serve_refuses_a_non_loopback_host(tmp_path: Path):
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "loopback" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "i.db").exists()
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(1, 2),
+                                   st.one_of(st.none(), st.integers(1, 4))), max_size=14),
+       split=st.integers(0, 14))
+def test_a_group_decides_like_requests_one_by_one(requests, split):
+    """Grouping never changes an answer: the group's deliveries equal those of
+    its two halves applied one after the other."""
+    whole = decide_group({}, requests)
+    first = decide_group({}, requests[:split])
+    known: dict[str, tuple] = {}
+    for d in first:
+        if d.outcome in ("applied", "duplicate"):
+            qty, seen, _ = known.get(d.id, (d.qty, 0, None))
+            known[d.id] = (qty, seen + 1, d.max_token)
+    assert whole == first + decide_group(known, requests[split:])
+    applied = [d.id for d in whole if d.outcome == "applied"]
+    assert len(applied) == len(set(applied))  # an id is applied at most once
+
+
+async def test_grouped_writes_match_the_deliveries(tmp_path: Path):
+    inbox = await Inbox.open(tmp_path / "g.db", max_group=64)
+    try:
+        requests = [("x", 2, 3), ("x", 2, None), ("x", 2, 1), ("y", 5, None), ("x", 3, 4),
+                    ("y", 5, 9), ("z", 1, 2)]
+        results = await asyncio.gather(*(inbox.deliver(*r) for r in requests))
+        assert [r.outcome for r in results] == ["applied", "duplicate", "stale", "applied",
+                                                "conflict", "duplicate", "applied"]
+        assert inbox.totals.commits == 1
+    finally:
+        await inbox.close()
+    assert inbox_rows(tmp_path / "g.db") == [("x", 2, 2, 3), ("y", 5, 2, 9), ("z", 1, 1, 2)]
+    assert stock(tmp_path / "g.db") == 8
