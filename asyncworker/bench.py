@@ -256,13 +256,18 @@ def scenario_peer(folder: Path, n: int, peer: str) -> dict:
     return {"rate": n / elapsed, "note": "enqueue + consume with ack"}
 
 
-def scenario_ours_end_to_end(folder: Path, n: int) -> dict:
-    """Ours doing the peers' work: enqueue n one by one, then the async dispatcher."""
+def scenario_ours_end_to_end(folder: Path, n: int, bulk: bool) -> dict:
+    """Ours doing the peers' work: enqueue n (one durable commit each, or one
+    enqueue_many), then the async dispatcher until every job is done."""
     path = folder / "q.db"
     started = time.perf_counter()
     con = worker.open_queue(path)
-    for i in range(n):
-        worker.enqueue(con, {"id": f"job-{i}", "qty": 1}, _now(), 60_000)
+    events = [{"id": f"job-{i}", "qty": 1} for i in range(n)]
+    if bulk:
+        worker.enqueue_many(con, events, _now(), 60_000)
+    else:
+        for event in events:
+            worker.enqueue(con, event, _now(), 60_000)
     con.close()
 
     async def send(event: dict, token: int) -> bool:
@@ -344,7 +349,7 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None) -> l
         "async", {"n": size(2000, 100), "concurrency": 64, "batch": 1}), cycle,
         "raw claim+finish cycle")
     row("async in-process, batch 64", run_child(
-        "async", {"n": size(40_000, 500), "concurrency": 256, "batch": 64}), 10_000.0,
+        "async", {"n": size(40_000, 500), "concurrency": 64, "batch": 64}), 10_000.0,
         "target 10,000/s")
 
     limits = {}
@@ -384,7 +389,10 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None) -> l
 
     if peers:
         n = size(5000, 100)
-        row(f"ours: enqueue {n} + dispatch", run_child("ours_end_to_end", {"n": n}), None, "")
+        row(f"ours: enqueue {n} one by one + dispatch",
+            run_child("ours_end_to_end", {"n": n, "bulk": False}), None, "")
+        row(f"ours: enqueue_many {n} + dispatch",
+            run_child("ours_end_to_end", {"n": n, "bulk": True}), None, "")
         for peer in _peers_installed():
             row(f"peer {peer}: enqueue {n} + consume/ack",
                 run_child("peer", {"n": n, "peer": peer}), None, "")

@@ -146,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="this dispatcher's name (default HOST-PID)")
     p.add_argument("--until-idle", action="store_true",
                    help="stop once every job is done or dead")
+    p.add_argument("--poll-ms", type=_int_in(1, 60_000), default=50,
+                   help="how long an idle dispatcher waits before looking again (default 50)")
     p.add_argument("--crash-after-acks", type=_int_in(1, 10**9), default=None,
                    help="failure drill: die by SIGKILL right after the N-th ACK, before "
                         "recording it")
@@ -298,7 +300,8 @@ def _run(args: argparse.Namespace) -> int:
         send = _crashing_sender(args.url, args.lease_ms, args.crash_after_acks)
     try:
         dispatcher = Dispatcher(args.queue, owner, url=None if send else args.url, send=send,
-                                concurrency=args.concurrency, lease_ms=args.lease_ms)
+                                concurrency=args.concurrency, lease_ms=args.lease_ms,
+                                poll_interval=args.poll_ms / 1000)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     print(f"run: owner {owner}, queue {args.queue}, url {args.url}, concurrency "
