@@ -275,7 +275,13 @@ def _enqueue(args: argparse.Namespace) -> int:
         raise UsageError("give either --id and --qty, or --file")
     if single and (args.id is None or args.qty is None):
         raise UsageError("--id and --qty go together")
-    events = [{"id": args.id, "qty": args.qty}] if single else _read_events(args.file)
+    if single:
+        try:  # argparse has its quirks ("--qty=--"): the event is checked again, whole
+            events = [check_event({"id": args.id, "qty": args.qty})]
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    else:
+        events = _read_events(args.file)
     counts = {"new": 0, "duplicate": 0, "conflicting": 0}
     with closing(_existing_queue(args.queue)) as con:
         results = enqueue_many(con, events, wall_clock_ms(), args.ttl_ms, args.max_attempts)

@@ -246,7 +246,8 @@ def make_app(inbox_path: Union[str, os.PathLike], *, faults: Faults = Faults(),
 async def serve(inbox_path: Union[str, os.PathLike], host: str = "127.0.0.1", port: int = 0, *,
                 faults: Faults = Faults(), max_group: int = 64,
                 ready: Optional[asyncio.Event] = None) -> None:
-    """Run the receiver until SIGINT or SIGTERM; print its URL on the first line.
+    """Run the receiver until SIGINT or SIGTERM; print its URL on the first line
+    and, on the way out, its final counters (JSON) on the last.
 
     The URL is printed (and flushed) only once the inbox is open and the
     socket listens, so a parent reading the first line can send at once.
@@ -254,8 +255,8 @@ async def serve(inbox_path: Union[str, os.PathLike], host: str = "127.0.0.1", po
     cleanly, and the coroutine returns.
     """
     check_url(f"http://{_url_host(host)}:{port or 1}/events")  # loopback only
-    runner = web.AppRunner(make_app(inbox_path, faults=faults, max_group=max_group),
-                           access_log=None, shutdown_timeout=5.0)
+    app = make_app(inbox_path, faults=faults, max_group=max_group)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
@@ -272,7 +273,10 @@ async def serve(inbox_path: Union[str, os.PathLike], host: str = "127.0.0.1", po
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
     finally:
-        await runner.cleanup()
+        await runner.cleanup()  # answers what is in progress, then closes the inbox
+    # The counters of this run, as the last line: a supervisor that restarts the
+    # receiver can add up every request it ever answered.
+    print(json.dumps(stats(app)), flush=True)
     print("receiver stopped", file=sys.stderr, flush=True)
 
 

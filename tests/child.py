@@ -4,6 +4,7 @@
     python tests/child.py crash SPEC_JSON          # one call, os._exit(73) at one fault point
     python tests/child.py dispatch SPEC_JSON       # run_file against a receiver URL
     python tests/child.py dispatcher SPEC_JSON     # the async Dispatcher against a receiver
+    python tests/child.py churn SPEC_JSON          # every write function, in a loop, until killed
 """
 
 from __future__ import annotations
@@ -82,6 +83,52 @@ def dispatcher(spec: dict) -> None:
     print(json.dumps(asyncio.run(go())), flush=True)
 
 
+def churn(spec: dict) -> None:
+    """Every write function, single and batched, in a seeded random loop, until the
+    parent kills this process at a random moment. Clock: real milliseconds."""
+    import random
+    import time
+
+    rng = random.Random(spec["seed"])
+    con = worker.open_queue(spec["path"])
+    ids = spec["ids"]
+    clock = lambda: int(time.time() * 1000)  # noqa: E731
+
+    def send(event: dict) -> object:
+        roll = rng.random()
+        if roll < 0.2:
+            raise worker.Retryable("busy")
+        if roll < 0.25:
+            raise worker.Permanent("no")
+        return True
+
+    print("churning", flush=True)
+    while True:
+        step = rng.random()
+        try:
+            if step < 0.3:
+                worker.run_once(con, f"churn-{spec['seed']}", clock, send, rng.random(), 40)
+            elif step < 0.55:
+                tickets = worker.claim_many(con, "churn", clock(), 40, rng.randint(1, 8))
+                items = [(t, rng.choice(["ok", "retry", "permanent"]), rng.randint(0, 20))
+                         for t in tickets]
+                worker.finish_many(con, items, clock())
+            elif step < 0.7:
+                dead = [r[0] for r in con.execute("SELECT id FROM jobs WHERE status = 'dead'")]
+                if dead:
+                    worker.redrive(con, rng.choice(dead), clock(), spec["ttl"], "churn")
+            elif step < 0.8:
+                picks = rng.sample(ids, 5)
+                worker.enqueue_many(con, [{"id": i, "qty": spec["qty"]} for i in picks],
+                                    clock(), spec["ttl"])
+            else:
+                ticket = worker.claim(con, "churn-x", clock(), 40)
+                if ticket:
+                    worker.extend(con, ticket, clock(), 80)
+        except ValueError:  # a redrive that lost a race with nothing: not a fault
+            pass
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "race":
         race(sys.argv[2], sys.argv[3], int(sys.argv[4]))
@@ -91,5 +138,7 @@ if __name__ == "__main__":
         dispatch(json.loads(sys.argv[2]))
     elif sys.argv[1] == "dispatcher":
         dispatcher(json.loads(sys.argv[2]))
+    elif sys.argv[1] == "churn":
+        churn(json.loads(sys.argv[2]))
     else:
         raise SystemExit(f"unknown mode {sys.argv[1]!r}")

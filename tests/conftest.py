@@ -49,3 +49,10 @@ def con(queue_path: Path):
 def add(con: sqlite3.Connection, job_id: str = "snack-1", qty: int = 7, *, now: int = T0,
         ttl: int = 60_000, max_attempts: int = 3) -> None:
     assert worker.enqueue(con, {"id": job_id, "qty": qty}, now, ttl, max_attempts) is True
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("soak", "the chaos soak (tests/test_soak.py)")
+    group.addoption("--soak-jobs", type=int, default=1000,
+                    help="jobs in the chaos soak (default 1000: the short CI run)")
+    group.addoption("--soak-seed", type=int, default=20261129, help="seed of the chaos")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -167,3 +169,75 @@ def test_crash_after_ack_is_recovered_and_applied_once(tmp_path: Path):
     assert (done["status"], done["token"], done["attempts"], done["owner"]) == (
         "done", 2, 2, None)
     assert integrity_ok(queue)
+
+
+LEGAL_REASONS = {"pending": {None, "retry"}, "leased": {None}, "done": {None},
+                 "dead": {"deadline", "exhausted", "permanent"}}
+
+
+def assert_every_row_legal(path: Path, ids: list[str], ttl: int) -> None:
+    con = sqlite3.connect(path)
+    con.row_factory = sqlite3.Row
+    try:
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        jobs = {r["id"]: dict(r) for r in con.execute("SELECT * FROM jobs")}
+        audits = [dict(r) for r in con.execute("SELECT * FROM redrives ORDER BY seq")]
+    finally:
+        con.close()
+    assert sorted(jobs) == sorted(ids), "a job was lost or invented"
+    for job in jobs.values():
+        assert job["reason"] in LEGAL_REASONS[job["status"]], job
+        leased = job["status"] == "leased"
+        assert (job["owner"] is not None) == leased and (job["lease_until"] is not None) == leased
+        if leased:
+            assert job["attempts"] >= 1 and job["lease_until"] <= job["deadline"], job
+        assert job["token"] >= job["attempts"] and job["attempts"] <= job["max_attempts"], job
+    latest: dict[str, dict] = {}
+    for audit in audits:
+        assert audit["id"] in jobs and audit["token"] <= jobs[audit["id"]]["token"]
+        latest[audit["id"]] = audit
+    for job_id, audit in latest.items():
+        # a redrive sets deadline = at_ms + ttl, and nothing else moves a deadline:
+        # the newest audit row of a job always comes with its state change
+        assert jobs[job_id]["deadline"] == audit["at_ms"] + ttl, (jobs[job_id], audit)
+
+
+def test_sigkill_at_random_moments_inside_multi_job_runs(tmp_path: Path):
+    import random
+
+    rng = random.Random(20261129)
+    ids = [f"job-{i}" for i in range(40)]
+    ttl = 60_000
+    path = tmp_path / "queue.db"
+    con = worker.open_queue(path)
+    worker.enqueue_many(con, [{"id": i, "qty": 3} for i in ids], int(time.time() * 1000), ttl,
+                        4)
+    con.close()
+    kills = 0
+    for round_no in range(8):
+        spec = {"path": str(path), "seed": round_no, "ids": ids, "ttl": ttl, "qty": 3}
+        child = subprocess.Popen([sys.executable, CHILD, "churn", json.dumps(spec)],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "churning"
+            time.sleep(rng.uniform(0.01, 0.25))
+            child.send_signal(signal.SIGKILL)
+            assert child.wait(timeout=30) == -signal.SIGKILL
+            kills += 1
+        finally:
+            child.kill()
+            child.wait()
+            child.stdout.close()
+        assert_every_row_legal(path, ids, ttl)
+    assert kills == 8
+    # After the last kill, the work still finishes: leases expire, budgets end.
+    con = worker.open_queue(path)
+    try:
+        now = int(time.time() * 1000) + 1000
+        while worker.run_once(con, "recovery", lambda: now, lambda e: True, 0.5) is not None:
+            pass
+        statuses = {r[0] for r in con.execute("SELECT DISTINCT status FROM jobs")}
+    finally:
+        con.close()
+    assert statuses <= {"done", "dead"}
+    assert_every_row_legal(path, ids, ttl)

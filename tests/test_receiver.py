@@ -323,3 +323,15 @@ async def test_grouped_writes_match_the_deliveries(tmp_path: Path):
         await inbox.close()
     assert inbox_rows(tmp_path / "g.db") == [("x", 2, 2, 3), ("y", 5, 2, 9), ("z", 1, 1, 2)]
     assert stock(tmp_path / "g.db") == 8
+
+
+def test_final_counters_are_printed_on_the_way_out(tmp_path: Path):
+    rx = ReceiverProcess(tmp_path / "inbox.db")
+    for _ in range(3):
+        assert sync_http.send_http(rx.url, {"id": "f", "qty": 2}, timeout=5)
+    rx.proc.send_signal(signal.SIGTERM)
+    out, err = rx.proc.communicate(timeout=15)
+    final = json.loads(out.strip().splitlines()[-1])
+    assert (final["requests"], final["applied"], final["duplicates"], final["stock"]) == (
+        3, 1, 2, 2)
+    assert rx.proc.returncode == 0 and "Traceback" not in err

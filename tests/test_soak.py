@@ -1,0 +1,140 @@
+"""The chaos soak: three dispatcher processes, a faulty receiver, random SIGKILLs
+and restarts, until every job is done or dead; then every request is accounted for.
+
+Short by default (1,000 jobs, a few seconds); longer with ``--soak-jobs``:
+    python -m pytest -m soak -s --soak-jobs 20000
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lease import observe, worker
+
+pytestmark = [pytest.mark.soak, pytest.mark.timeout(900)]
+
+DISPATCHERS = 3
+
+
+class Receiver:
+    def __init__(self, inbox: Path, port: int, seed: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncworker", "serve", "--inbox", str(inbox), "--port",
+             str(port), "--latency-ms", "2", "--p-503", "0.05", "--p-drop", "0.05", "--seed",
+             str(seed)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+        assert self.url.startswith("http://127.0.0.1:"), self.proc.stderr.read()
+        self.port = int(self.url.rsplit(":", 1)[1].split("/")[0])
+
+    def stop(self) -> dict:
+        """Graceful stop; its final counters (the last line it prints)."""
+        self.proc.send_signal(signal.SIGTERM)
+        out, err = self.proc.communicate(timeout=60)
+        assert self.proc.returncode == 0 and "Traceback" not in err, err
+        return json.loads(out.strip().splitlines()[-1])
+
+
+def start_dispatcher(queue: Path, url: str, name: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "asyncworker", "run", str(queue), "--url", url, "--owner", name,
+         "--concurrency", "8", "--lease-ms", "800", "--poll-ms", "10"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def unfinished(queue: Path) -> int:
+    con = worker.open_queue(queue, create=False)
+    try:
+        counts = observe.counts(con)
+    finally:
+        con.close()
+    return counts["pending"] + counts["leased"]
+
+
+def test_chaos_soak(tmp_path: Path, request: pytest.FixtureRequest):
+    jobs = request.config.getoption("--soak-jobs")
+    rng = random.Random(request.config.getoption("--soak-seed"))
+    queue, inbox = tmp_path / "queue.db", tmp_path / "inbox.db"
+    orders = {f"s-{i}": rng.randint(1, 50) for i in range(jobs)}
+    con = worker.open_queue(queue)
+    worker.enqueue_many(con, [{"id": i, "qty": q} for i, q in orders.items()],
+                        int(time.time() * 1000), 60_000, 16)
+    con.close()
+
+    receiver = Receiver(inbox, 0, rng.randrange(10**6))
+    lifetimes: list[dict] = []
+    names = [f"d{n}-0" for n in range(DISPATCHERS)]
+    procs = [start_dispatcher(queue, receiver.url, name) for name in names]
+    faults = {"dispatcher SIGKILLs": 0, "receiver restarts": 0}
+    give_up = time.monotonic() + 600
+    try:
+        while unfinished(queue):
+            assert time.monotonic() < give_up, "the soak did not converge"
+            time.sleep(rng.uniform(0.1, 0.4))
+            roll = rng.random()
+            if roll < 0.6:
+                n = rng.randrange(DISPATCHERS)
+                procs[n].send_signal(signal.SIGKILL)
+                procs[n].wait()
+                generation = int(names[n].split("-")[1]) + 1
+                names[n] = f"d{n}-{generation}"
+                procs[n] = start_dispatcher(queue, receiver.url, names[n])
+                faults["dispatcher SIGKILLs"] += 1
+            elif roll < 0.8:
+                lifetimes.append(receiver.stop())
+                receiver = Receiver(inbox, receiver.port, rng.randrange(10**6))
+                faults["receiver restarts"] += 1
+        time.sleep(1.5)  # a dispatcher restarted just now has its signal handlers by then
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        assert [proc.wait(timeout=60) for proc in procs] == [0] * DISPATCHERS
+        lifetimes.append(receiver.stop())
+    finally:
+        for proc in [*procs, receiver.proc]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    con = sqlite3.connect(queue)
+    final = {r[0]: (r[1], r[2], r[3]) for r in
+             con.execute("SELECT id, status, reason, qty FROM jobs")}
+    con.close()
+    con = sqlite3.connect(inbox)
+    applied = dict(con.execute("SELECT id, qty FROM inbox").fetchall())
+    seen = con.execute("SELECT COALESCE(SUM(seen), 0) FROM inbox").fetchone()[0]
+    stock = con.execute("SELECT stock FROM effect").fetchone()[0]
+    con.close()
+
+    total = {k: sum(life[k] for life in lifetimes) for k in lifetimes[0]
+             if isinstance(lifetimes[0][k], int)}
+    done = {i for i, (status, _, _) in final.items() if status == "done"}
+    dead = {i: reason for i, (status, reason, _) in final.items() if status == "dead"}
+    lost = sorted(done - set(applied))
+    report = {**faults, "jobs": jobs, "done": len(done), "dead": len(dead),
+              "requests": total["requests"], "applied": total["applied"],
+              "duplicates absorbed": total["duplicates"], "stale senders": total["stale_senders"],
+              "injected 503": total["injected_503"],
+              "dropped after commit": total["dropped_after_commit"], "lost": len(lost)}
+    print("\nchaos soak:", json.dumps(report))
+
+    assert set(final) == set(orders), "a job was lost or invented"
+    assert all(status in ("done", "dead") for status, _, _ in final.values())
+    assert all(reason in ("exhausted", "deadline", "permanent") for reason in dead.values())
+    assert lost == [], "a done job whose effect is not in the inbox"
+    assert set(applied) <= set(orders)
+    assert all(applied[i] == orders[i] for i in applied), "an effect with another quantity"
+    assert stock == sum(applied.values())
+    assert total["applied"] == len(applied) and total["applied"] + total["duplicates"] == seen
+    refused = (total["conflicts"] + total["stale_senders"] + total["rejected"]
+               + total["too_large"] + total["injected_503"] + total["unavailable"])
+    assert total["requests"] == total["applied"] + total["duplicates"] + refused
+    assert faults["dispatcher SIGKILLs"] + faults["receiver restarts"] >= 1
