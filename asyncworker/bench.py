@@ -6,6 +6,11 @@ measured in one run on this machine. Nothing here is a test: the figures
 are for reading, and the ratios say how close each path comes to the limit
 it cannot pass (the storage's durable commit rate, the receiver's own rate,
 or concurrency / latency).
+
+Two measurements write SQL of their own, on purpose: the raw commit (the
+storage's limit, which by definition does not go through the queue's API) and
+the bulk load of finished rows behind the history figure. Everything else
+uses the public API.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ import json
 import random
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from asyncworker.inbox import read_inbox
 from lease import observe
 from lease.worker import enqueue_many, open_queue, redrive
 
@@ -198,13 +198,11 @@ def gather_evidence(queue: Path, inbox: Path, orders: dict[str, int], received: 
                     exits: dict) -> dict:
     with closing(open_queue(queue, create=False)) as con:
         snap = observe.snapshot(con, int(time.time() * 1000))
-        done = {row["id"]: row["qty"] for row in
-                con.execute("SELECT id, qty FROM jobs WHERE status = 'done'")}
-        max_token = con.execute("SELECT MAX(token) FROM jobs").fetchone()[0]
-    with closing(sqlite3.connect(inbox)) as con:
-        applied = dict(con.execute("SELECT id, qty FROM inbox").fetchall())
-        stock = con.execute("SELECT stock FROM effect").fetchone()[0]
-        seen = con.execute("SELECT COALESCE(SUM(seen), 0) FROM inbox").fetchone()[0]
+        finished = observe.jobs_with_status(con, "done")
+    done = {job["id"]: job["qty"] for job in finished}
+    max_token = max((job["token"] for job in finished), default=0)
+    contents = read_inbox(inbox)
+    applied, stock, seen = contents.applied, contents.stock, contents.seen
     return {
         "orders": len(orders),
         "qty_enqueued": sum(orders.values()),

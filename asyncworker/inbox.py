@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +78,29 @@ def decide_group(known: dict[str, tuple], requests: list[tuple]) -> list[Deliver
             state[event_id] = (known_qty, new_max)
             deliveries.append(Delivery(DUPLICATE, event_id, qty, known_qty, new_max))
     return deliveries
+
+
+@dataclass(frozen=True)
+class InboxContents:
+    """What an inbox file holds, read in one transaction."""
+
+    applied: dict  # id -> qty
+    seen: int  # arrivals that reached a row: applied + duplicates, all time
+    stock: int
+
+
+def read_inbox(path: Union[str, Path]) -> InboxContents:
+    """Read an inbox file (synchronously, changing nothing): for evidence and checks."""
+    con = sqlite3.connect(path)
+    try:
+        con.execute("BEGIN")
+        applied = dict(con.execute("SELECT id, qty FROM inbox").fetchall())
+        seen = con.execute("SELECT COALESCE(SUM(seen), 0) FROM inbox").fetchone()[0]
+        stock = con.execute("SELECT stock FROM effect").fetchone()[0]
+        con.execute("COMMIT")
+    finally:
+        con.close()
+    return InboxContents(applied, seen, stock)
 
 
 class InboxClosed(RuntimeError):

@@ -3,8 +3,8 @@
 Each call is a complete function of ``lease`` (``claim``, ``finish``, ...),
 so a transaction never spans an ``await``: the event loop never waits inside
 a transaction, and no two coroutines interleave statements on the one
-connection. There is no SQL in this package: the thread runs ``lease``'s
-functions and nothing else.
+connection. The queue's SQL lives in ``lease`` alone: this thread runs
+``lease``'s functions and nothing else.
 """
 
 from __future__ import annotations

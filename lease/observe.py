@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from lease.worker import check_identifier, check_now
 
-__all__ = ["snapshot", "counts", "is_drained", "job_history", "dead_jobs"]
+__all__ = ["snapshot", "counts", "is_drained", "job_history", "dead_jobs", "jobs_with_status"]
 
 STATUSES = ("pending", "leased", "done", "dead")
 
@@ -101,6 +101,14 @@ def dead_jobs(con: sqlite3.Connection, reason: Optional[str] = None,
         sql += " LIMIT ?"
         args.append(limit)
     return [_as_dict(row) for row in con.execute(sql, args)]
+
+
+def jobs_with_status(con: sqlite3.Connection, status: str) -> list[dict[str, Any]]:
+    """Every job in one status, in seq order, as whole rows."""
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {STATUSES}, got {status!r:.40}")
+    return [_as_dict(row) for row in
+            con.execute("SELECT * FROM jobs WHERE status = ? ORDER BY seq", (status,))]
 
 
 def _as_dict(row: Any) -> dict[str, Any]:

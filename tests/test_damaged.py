@@ -5,6 +5,7 @@ run_file never creates or repairs a queue; open_queue refuses what is not one.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -96,3 +97,55 @@ def test_an_existing_empty_file_is_initialised_as_a_queue(tmp_path: Path):
     con = sqlite3.connect(empty)
     assert con.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
     con.close()
+
+
+READ_ONLY_CHILD = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("worker", sys.argv[1])
+worker = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(worker)
+try:
+    worker.run_file(sys.argv[2], "o", iter([1_000_000, 1_000_001]).__next__,
+                    lambda event: True, 0.5)
+except Exception as exc:
+    print(type(exc).__name__, exc)
+else:
+    print("no error")
+"""
+
+
+def _not_root() -> None:
+    os.setgid(65534)
+    os.setuid(65534)  # as root, file modes do not bind; "nobody" is bound by them
+
+
+def test_read_only_file_is_a_clear_error_and_untouched(tmp_path: Path):
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        path = folder / "queue.db"
+        _queue_with_jobs(path, 5)
+        shutil.copy(Path(worker.__file__), folder / "worker.py")
+        path.chmod(0o444)
+        folder.chmod(0o555)  # no journal can be created beside it either
+        before = path.read_bytes()
+        as_root = os.geteuid() == 0
+        # "nobody" cannot enter root's home, where this interpreter may live; the
+        # child needs the standard library only, so the system's python3 serves.
+        python = shutil.which("python3", path="/usr/bin:/bin") if as_root else sys.executable
+        assert python, "a python3 that an unprivileged user can run"
+        out = subprocess.run([python, "-I", "-c", READ_ONLY_CHILD,
+                              str(folder / "worker.py"), str(path)], capture_output=True,
+                             text=True, timeout=60,
+                             preexec_fn=_not_root if as_root else None)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("OperationalError") and "readonly" in out.stdout
+        assert path.read_bytes() == before
+        assert sorted(p.name for p in folder.iterdir()) == ["queue.db", "worker.py"]
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(folder)
