@@ -272,7 +272,7 @@ class Dispatcher:
 
     def _backoff(self) -> float:
         """A short jittered pause before retrying a locked database (seconds)."""
-        return 0.002 + 0.02 * check_jitter(self._jitter())
+        return 0.001 + 0.009 * check_jitter(self._jitter())
 
     async def _claim_some(self) -> bool:
         """Claim as many jobs as there are free slots (up to batch_size), in one
@@ -281,8 +281,8 @@ class Dispatcher:
             first_ms = self._now()
             limit = min(self.concurrency - self._sends, self.batch_size)
             try:
-                tickets = await self._queue.call(claim_many, self.owner, first_ms,
-                                                 self.lease_ms, limit)
+                tickets = await self._queue.try_call(claim_many, self.owner, first_ms,
+                                                     self.lease_ms, limit)
             except sqlite3.OperationalError as exc:
                 if not is_locked(exc):
                     raise
@@ -404,7 +404,8 @@ class Dispatcher:
 
     async def _extend(self, held: _Held) -> None:
         try:
-            renewed = await self._queue.call(_extend_held, held, self._now(), self.lease_ms)
+            renewed = await self._queue.try_call(_extend_held, held, self._now(),
+                                                 self.lease_ms)
         except sqlite3.OperationalError as exc:
             if not is_locked(exc):
                 raise
@@ -469,7 +470,7 @@ class Dispatcher:
             for held in helds:
                 check_second_clock(held.first_ms, now)
             try:
-                statuses = await self._queue.call(_finish_helds, helds, verdicts, now)
+                statuses = await self._queue.try_call(_finish_helds, helds, verdicts, now)
             except sqlite3.OperationalError as exc:
                 if not is_locked(exc):
                     raise

@@ -364,10 +364,24 @@ def test_crash_after_ack_across_two_dispatcher_processes(queue_path: Path, tmp_p
 
 
 def test_two_dispatcher_processes_share_one_file(queue_path: Path, tmp_path: Path):
-    events = fill(queue_path, 500)
+    worker.open_queue(queue_path).close()
     with ReceiverProcess(tmp_path / "inbox.db") as rx:
+        # Both wait on an empty queue first, so neither gets a head start.
         procs = [_spawn({"path": str(queue_path), "owner": f"dispatcher-{n}", "url": rx.url,
-                         "concurrency": 16, "lease_ms": 10_000}) for n in (1, 2)]
+                         "concurrency": 16, "lease_ms": 10_000, "until_idle": False})
+                 for n in (1, 2)]
+        try:
+            events = {f"job-{i}": i % 1000 + 1 for i in range(500)}
+            con = worker.open_queue(queue_path)
+            worker.enqueue_many(con, [{"id": i, "qty": q} for i, q in events.items()],
+                                int(time.time() * 1000), 60_000)  # all at once: saturated
+            con.close()
+            deadline = time.monotonic() + 120
+            while statuses(queue_path)["done"] < 500 and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
         results = [_result(p) for p in procs]
         received = rx.stats()
     assert [code for code, _ in results] == [0, 0]
@@ -376,6 +390,7 @@ def test_two_dispatcher_processes_share_one_file(queue_path: Path, tmp_path: Pat
           f"{[s['lock_retries'] for _, s in results]}, peak in flight at receiver "
           f"{received['peak_in_flight']}")
     assert sum(claimed) == 500 and sum(s["ok"] for _, s in results) == 500
+    assert min(claimed) > 0, "one process never got in"
     assert statuses(queue_path) == {"pending": 0, "leased": 0, "done": 500, "dead": 0}
     rows_in_inbox = inbox_rows(tmp_path / "inbox.db")
     assert [(i, q) for i, q, _ in rows_in_inbox] == sorted(events.items())
@@ -421,3 +436,24 @@ async def test_a_locked_database_is_waited_out(queue_path: Path):
 
 async def _ok(event: dict, token: int) -> bool:
     return True
+
+
+async def test_queue_calls_wait_out_a_short_lock(queue_path: Path):
+    """call() rides out another process's write lock; try_call() reports it at once."""
+    import sqlite3 as sq
+
+    from asyncworker import QueueThread
+
+    worker.open_queue(queue_path).close()
+    holder = sq.connect(queue_path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    released = threading.Timer(0.3, holder.execute, ("ROLLBACK",))
+    try:
+        async with QueueThread(queue_path) as queue:
+            with pytest.raises(sq.OperationalError, match="locked"):
+                await queue.try_call(worker.enqueue, {"id": "a", "qty": 1}, T0, 1000)
+            released.start()
+            assert await queue.enqueue({"id": "a", "qty": 1}, T0, 1000) is True
+    finally:
+        released.join()
+        holder.close()
