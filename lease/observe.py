@@ -73,15 +73,15 @@ def job_history(con: sqlite3.Connection, job_id: str) -> Optional[dict[str, Any]
     check_identifier("job_id", job_id)
     con.execute("BEGIN")
     try:
-        row = con.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        audits = con.execute(
-            "SELECT seq, token, at_ms, note FROM redrives WHERE id = ? ORDER BY seq", (job_id,)
-        ).fetchall()
+        found = _dicts(con, "SELECT * FROM jobs WHERE id = ?", (job_id,))
+        audits = _dicts(
+            con, "SELECT seq, token, at_ms, note FROM redrives WHERE id = ? ORDER BY seq",
+            (job_id,))
     finally:
         con.execute("COMMIT")
-    if row is None:
+    if not found:
         return None
-    return {"job": _as_dict(row), "redrives": [_as_dict(a) for a in audits]}
+    return {"job": found[0], "redrives": audits}
 
 
 def dead_jobs(con: sqlite3.Connection, reason: Optional[str] = None,
@@ -100,18 +100,17 @@ def dead_jobs(con: sqlite3.Connection, reason: Optional[str] = None,
     if limit is not None:
         sql += " LIMIT ?"
         args.append(limit)
-    return [_as_dict(row) for row in con.execute(sql, args)]
+    return _dicts(con, sql, args)
 
 
 def jobs_with_status(con: sqlite3.Connection, status: str) -> list[dict[str, Any]]:
     """Every job in one status, in seq order, as whole rows."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {STATUSES}, got {status!r:.40}")
-    return [_as_dict(row) for row in
-            con.execute("SELECT * FROM jobs WHERE status = ? ORDER BY seq", (status,))]
+    return _dicts(con, "SELECT * FROM jobs WHERE status = ? ORDER BY seq", (status,))
 
 
-def _as_dict(row: Any) -> dict[str, Any]:
-    if isinstance(row, sqlite3.Row):
-        return dict(row)
-    raise TypeError("open the queue with lease.open_queue (rows as sqlite3.Row)")
+def _dicts(con: sqlite3.Connection, sql: str, args: Any = ()) -> list[dict[str, Any]]:
+    cursor = con.execute(sql, args)
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]

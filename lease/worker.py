@@ -239,6 +239,14 @@ def _immediate(con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         raise
 
 
+def _select(con: sqlite3.Connection, sql: str, params: object = ()) -> sqlite3.Cursor:
+    """A query whose rows read by column name. The factory is set on this cursor
+    only: the connection a caller gets from open_queue returns plain tuples."""
+    cursor = con.cursor()
+    cursor.row_factory = sqlite3.Row
+    return cursor.execute(sql, params)  # type: ignore[arg-type]
+
+
 def _call(fault: Fault, point: str) -> None:
     if fault is not None:
         fault(point)
@@ -385,7 +393,6 @@ def open_queue(path: Union[str, os.PathLike[str]], *, create: bool = True) -> sq
         except sqlite3.OperationalError as exc:
             raise FileNotFoundError(f"queue file not found: {text}") from exc
     try:
-        con.row_factory = sqlite3.Row
         mode = con.execute("PRAGMA journal_mode=DELETE").fetchone()[0]
         if mode != "delete":
             raise sqlite3.OperationalError(f"could not set journal_mode=DELETE (got {mode})")
@@ -549,7 +556,7 @@ def claim(
     _check_fault(fault)
     with _immediate(con):
         _quarantine(con, now_ms)
-        picked = con.execute(_PICK, {"now": now_ms, "limit": 1}).fetchall()
+        picked = _select(con, _PICK, {"now": now_ms, "limit": 1}).fetchall()
         if not picked:
             return None
         [ticket] = _lease_rows(con, picked, owner, now_ms, lease_ms)
@@ -579,7 +586,7 @@ def claim_many(
     _check_fault(fault)
     with _immediate(con):
         _quarantine(con, now_ms)
-        picked = con.execute(_PICK, {"now": now_ms, "limit": limit}).fetchall()
+        picked = _select(con, _PICK, {"now": now_ms, "limit": limit}).fetchall()
         tickets = _lease_rows(con, picked, owner, now_ms, lease_ms)
         if tickets:
             _call(fault, "after-claim")
@@ -589,7 +596,7 @@ def claim_many(
 
 
 def _load_marked(con: sqlite3.Connection, ticket: dict, now_ms: int) -> Optional[sqlite3.Row]:
-    row = con.execute("SELECT * FROM jobs WHERE id = ?", (ticket["id"],)).fetchone()
+    row = _select(con, "SELECT * FROM jobs WHERE id = ?", (ticket["id"],)).fetchone()
     if row is None or not _marker_matches(row, ticket, now_ms):
         return None
     return row
@@ -689,8 +696,8 @@ def _finish_marked(con: sqlite3.Connection, items: list, now_ms: int) -> list:
     in order, as single finishes in sequence would do it (a job finished earlier
     in the list is no longer leased for a later item). Statuses, or False."""
     ids = sorted({ticket["id"] for ticket, _, _ in items})
-    found = con.execute(
-        f"SELECT * FROM jobs WHERE id IN ({', '.join('?' * len(ids))})", ids
+    found = _select(
+        con, f"SELECT * FROM jobs WHERE id IN ({', '.join('?' * len(ids))})", ids
     ).fetchall()
     rows = {row["id"]: dict(row) for row in found}
     results: list = []
@@ -735,7 +742,7 @@ def redrive(
     check_identifier("note", note)
     _check_fault(fault)
     with _immediate(con):
-        row = con.execute("SELECT seq, status, token FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        row = _select(con, "SELECT seq, status, token FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise ValueError(f"job {job_id!r} does not exist")
         if row["status"] != "dead":

@@ -24,14 +24,20 @@ class Clock:
         return self.values.pop(0) if len(self.values) > 1 else self.values[0]
 
 
+def _named(con: sqlite3.Connection, sql: str, args: tuple = ()) -> list[dict]:
+    cursor = con.execute(sql, args)
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
 def rows(con: sqlite3.Connection, table: str = "jobs") -> list[dict]:
-    return [dict(r) for r in con.execute(f"SELECT * FROM {table} ORDER BY seq")]
+    return _named(con, f"SELECT * FROM {table} ORDER BY seq")
 
 
 def job(con: sqlite3.Connection, job_id: str) -> dict:
-    row = con.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-    assert row is not None, job_id
-    return dict(row)
+    found = _named(con, "SELECT * FROM jobs WHERE id = ?", (job_id,))
+    assert found, job_id
+    return found[0]
 
 
 @pytest.fixture

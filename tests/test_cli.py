@@ -15,7 +15,7 @@ import pytest
 from asyncworker import demo
 from lease import worker
 
-from .conftest import T0
+from .conftest import T0, rows
 from .servers import ReceiverProcess
 
 COMMANDS = ["init", "enqueue", "run", "serve", "stats", "dead", "inspect", "redrive", "demo",
@@ -39,7 +39,7 @@ def queue(tmp_path: Path) -> Path:
 def job_rows(path: Path) -> dict[str, dict]:
     con = worker.open_queue(path, create=False)
     try:
-        return {r["id"]: dict(r) for r in con.execute("SELECT * FROM jobs")}
+        return {r["id"]: r for r in rows(con)}
     finally:
         con.close()
 

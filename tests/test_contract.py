@@ -630,3 +630,14 @@ def test_claim_uses_the_live_index(con):
     plan = " ".join(str(r[3]) for r in con.execute(
         "EXPLAIN QUERY PLAN " + worker._PICK, {"now": T0, "limit": 1}))
     assert "jobs_live" in plan
+
+
+def test_the_returned_connection_is_left_as_sqlite3_makes_it(con):
+    """Callers read it with plain tuples: no row factory is imposed on them."""
+    add(con, "t", 4)
+    assert con.row_factory is None
+    assert con.execute("SELECT id, qty, status FROM jobs").fetchone() == ("t", 4, "pending")
+    ticket = worker.claim(con, "o", T0)
+    assert con.execute("SELECT status, owner FROM jobs").fetchall() == [("leased", "o")]
+    assert worker.finish(con, ticket, "ok", T0 + 1) == "done"
+    assert con.row_factory is None
