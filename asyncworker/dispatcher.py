@@ -259,7 +259,7 @@ class Dispatcher:
             self.abort()
 
     async def _settle(self) -> None:
-        """Wait for cancelled jobs to unwind and for every shielded finish to land."""
+        """Wait for the jobs to unwind and for every queued finish to be written."""
         if self._tasks:
             await asyncio.wait(self._tasks)
         if self._flusher is not None:
@@ -343,9 +343,9 @@ class Dispatcher:
         propagates.
         """
         ticket = held.ticket
+        error: BaseException
         self._sending.add(held)
         try:
-            error: BaseException = BadAck("no answer")
             try:
                 return classify_result(await self._call_send(
                     {"id": ticket["id"], "qty": ticket["qty"]}, ticket["token"]))
@@ -528,11 +528,6 @@ def _finish_helds(con: sqlite3.Connection, helds: list[_Held], verdicts: list[Ve
     items = [(held.ticket, outcome, delay) for held, (outcome, delay) in
              zip(helds, verdicts, strict=True)]
     return finish_many(con, items, now_ms)
-
-
-def _ignore_result(task: asyncio.Future) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 async def run_once(
