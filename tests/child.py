@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 from lease import http, worker
@@ -34,6 +35,8 @@ def crash(spec: dict) -> None:
 
     def fault(point: str) -> None:
         if point == spec["point"]:
+            if spec.get("how") == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
             os._exit(73)  # no finally, no close, no rollback: a real crash
 
     con = worker.open_queue(spec["path"])

@@ -104,8 +104,9 @@ CRASH_POINTS = [
 ]
 
 
+@pytest.mark.parametrize("how", ["exit", "sigkill"])
 @pytest.mark.parametrize(("op", "point"), CRASH_POINTS)
-def test_crash_inside_fault_hook_is_atomic(tmp_path: Path, op: str, point: str):
+def test_crash_inside_fault_hook_is_atomic(tmp_path: Path, op: str, point: str, how: str):
     ref = tmp_path / "ref.db"
     args = _setup(ref, op)
     con = worker.open_queue(ref)
@@ -116,9 +117,9 @@ def test_crash_inside_fault_hook_is_atomic(tmp_path: Path, op: str, point: str):
     path = tmp_path / "q.db"
     _setup(path, op)
     before = _state(path)
-    spec = {"path": str(path), "op": op, "args": args, "point": point}
+    spec = {"path": str(path), "op": op, "args": args, "point": point, "how": how}
     child = subprocess.run([sys.executable, CHILD, "crash", json.dumps(spec)], timeout=30)
-    assert child.returncode == 73
+    assert child.returncode == (73 if how == "exit" else -signal.SIGKILL)
     assert integrity_ok(path)
     state = _state(path)  # read by a fresh connection: a hot journal is rolled back here
     assert state == (after if point == "after-commit" else before)
