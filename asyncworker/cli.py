@@ -310,10 +310,10 @@ def _run(args: argparse.Namespace) -> int:
                                 poll_interval=args.poll_ms / 1000)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(f"run: owner {owner}, queue {args.queue}, url {args.url}, concurrency "
-          f"{args.concurrency}, lease {args.lease_ms} ms", file=sys.stderr, flush=True)
+    banner = (f"run: owner {owner}, queue {args.queue}, url {args.url}, concurrency "
+              f"{args.concurrency}, lease {args.lease_ms} ms")
     try:
-        stats = asyncio.run(_dispatch(dispatcher, args.until_idle))
+        stats = asyncio.run(_dispatch(dispatcher, args.until_idle, banner))
     except (ValueError, sqlite3.DatabaseError) as exc:
         raise UsageError(f"{args.queue}: {exc}") from None
     print(json.dumps({"owner": owner, **stats.as_dict()}))
@@ -339,7 +339,7 @@ def _crashing_sender(url: str, lease_ms: int, after: int) -> Any:
     return send
 
 
-async def _dispatch(dispatcher: Dispatcher, until_idle: bool) -> DispatcherStats:
+async def _dispatch(dispatcher: Dispatcher, until_idle: bool, banner: str) -> DispatcherStats:
     from asyncworker.dispatcher import run_until_signalled
 
     async with dispatcher:
@@ -347,7 +347,9 @@ async def _dispatch(dispatcher: Dispatcher, until_idle: bool) -> DispatcherStats
         try:
             return await run_until_signalled(
                 dispatcher, until_idle=until_idle,
-                on_stop=lambda msg: print(msg, file=sys.stderr, flush=True))
+                on_stop=lambda msg: print(msg, file=sys.stderr, flush=True),
+                # printed once a signal means a graceful stop: a supervisor may wait for it
+                on_ready=lambda: print(banner, file=sys.stderr, flush=True))
         finally:
             progress.cancel()
             _show_progress(dispatcher.stats, 0.0, final=True)

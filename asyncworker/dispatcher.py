@@ -561,8 +561,12 @@ async def run_once(
 
 
 async def run_until_signalled(dispatcher: Dispatcher, *, until_idle: bool = False,
-                              on_stop: Optional[Callable[[str], None]] = None) -> DispatcherStats:
-    """run() with SIGINT/SIGTERM handled: the first stops gracefully, a second aborts."""
+                              on_stop: Optional[Callable[[str], None]] = None,
+                              on_ready: Optional[Callable[[], None]] = None) -> DispatcherStats:
+    """run() with SIGINT/SIGTERM handled: the first stops gracefully, a second aborts.
+
+    ``on_ready`` is called once the handlers are in place: from then on a
+    signal is always a graceful stop, never the default sudden exit."""
     loop = asyncio.get_running_loop()
     signals = (signal.SIGINT, signal.SIGTERM)
 
@@ -578,6 +582,8 @@ async def run_until_signalled(dispatcher: Dispatcher, *, until_idle: bool = Fals
 
     for signum in signals:
         loop.add_signal_handler(signum, on_signal)
+    if on_ready is not None:
+        on_ready()
     try:
         return await dispatcher.run(until_idle=until_idle)
     finally:

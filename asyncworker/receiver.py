@@ -244,36 +244,34 @@ def make_app(inbox_path: Union[str, os.PathLike], *, faults: Faults = Faults(),
 
 
 async def serve(inbox_path: Union[str, os.PathLike], host: str = "127.0.0.1", port: int = 0, *,
-                faults: Faults = Faults(), max_group: int = 64,
-                ready: Optional[asyncio.Event] = None) -> None:
+                faults: Faults = Faults(), max_group: int = 64) -> None:
     """Run the receiver until SIGINT or SIGTERM; print its URL on the first line
     and, on the way out, its final counters (JSON) on the last.
 
-    The URL is printed (and flushed) only once the inbox is open and the
-    socket listens, so a parent reading the first line can send at once.
+    The signal handlers are in place before anything else, and the URL is
+    printed (and flushed) only once the inbox is open and the socket listens:
+    a parent that reads the first line can send at once, or stop it at once.
     On a signal, requests in progress are answered, the inbox is closed
     cleanly, and the coroutine returns.
     """
     check_url(f"http://{_url_host(host)}:{port or 1}/events")  # loopback only
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
     app = make_app(inbox_path, faults=faults, max_group=max_group)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
-    await runner.setup()
     try:
+        await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()
         bound_host, bound_port = runner.addresses[0][:2]
         print(f"http://{_url_host(bound_host)}:{bound_port}/events", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        if ready is not None:
-            ready.set()
         await stop.wait()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
     finally:
         await runner.cleanup()  # answers what is in progress, then closes the inbox
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
     # The counters of this run, as the last line: a supervisor that restarts the
     # receiver can add up every request it ever answered.
     print(json.dumps(stats(app)), flush=True)

@@ -45,10 +45,20 @@ class Receiver:
 
 
 def start_dispatcher(queue: Path, url: str, name: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "asyncworker", "run", str(queue), "--url", url, "--owner", name,
-         "--concurrency", "8", "--lease-ms", "800", "--poll-ms", "10"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with (queue.parent / f"{name}.log").open("w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "asyncworker", "run", str(queue), "--url", url, "--owner",
+             name, "--concurrency", "8", "--lease-ms", "800", "--poll-ms", "10"],
+            stdout=subprocess.DEVNULL, stderr=log)
+
+
+def wait_until_ready(queue: Path, name: str) -> None:
+    """The banner is printed once a signal means a graceful stop."""
+    log = queue.parent / f"{name}.log"
+    deadline = time.monotonic() + 60
+    while "run: owner" not in log.read_text():
+        assert time.monotonic() < deadline, f"{name} never became ready"
+        time.sleep(0.01)
 
 
 def unfinished(queue: Path) -> int:
@@ -93,7 +103,8 @@ def test_chaos_soak(tmp_path: Path, request: pytest.FixtureRequest):
                 lifetimes.append(receiver.stop())
                 receiver = Receiver(inbox, receiver.port, rng.randrange(10**6))
                 faults["receiver restarts"] += 1
-        time.sleep(1.5)  # a dispatcher restarted just now has its signal handlers by then
+        for name in names:  # one restarted just now may still be starting up
+            wait_until_ready(queue, name)
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         assert [proc.wait(timeout=60) for proc in procs] == [0] * DISPATCHERS
