@@ -74,20 +74,20 @@ class LeaseLost(Exception):
 class DispatcherStats:
     """Counters an embedding service can read at any time."""
 
-    claimed: int = 0
+    claimed: int = 0  # tickets received
     claim_calls: int = 0  # claim transactions (each commits, even when empty)
     claim_batches: int = 0  # claim transactions that leased something
-    finish_batches: int = 0  # finish transactions
-    ok: int = 0
-    retried: int = 0
-    permanent: int = 0
+    finish_batches: int = 0  # finish transactions (group commits)
+    ok: int = 0  # finished done
+    retried: int = 0  # finished pending again, after a Retryable
+    permanent: int = 0  # finished dead/permanent
     dead: int = 0  # a retry that met the attempt budget or the deadline
     stale: int = 0  # a finish (or an extension) that found the lease gone
-    bad_acks: int = 0
-    errors: int = 0
-    lock_retries: int = 0
-    extended: int = 0
-    in_flight: int = 0
+    bad_acks: int = 0  # answers that were no evidence: the job stays leased
+    errors: int = 0  # unclassified send errors and failed jobs: the job stays leased
+    lock_retries: int = 0  # another process held the write lock: waited and retried
+    extended: int = 0  # leases pushed forward for sends still running
+    in_flight: int = 0  # jobs claimed and not yet finished
     peak_in_flight: int = 0
 
     def as_dict(self) -> dict[str, int]:

@@ -133,6 +133,10 @@ BAD_REQUESTS = [
      "X-Lease-Token"),
     ("token too big", {"id": "a", "qty": 1}, "application/json",
      {"X-Lease-Token": str(10**15 + 1)}, 400, "X-Lease-Token"),
+    ("token of 5000 digits", {"id": "a", "qty": 1}, "application/json",
+     {"X-Lease-Token": "9" * 5000}, 400, "X-Lease-Token"),
+    ("token unicode digits", {"id": "a", "qty": 1}, "application/json",
+     {"X-Lease-Token": "١٢"}, 400, "X-Lease-Token"),
 ]
 
 
