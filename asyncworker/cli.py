@@ -298,8 +298,7 @@ def _enqueue(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from asyncworker.dispatcher import Dispatcher
 
-    if not os.path.isfile(args.queue):
-        raise UsageError(f"queue file not found: {args.queue}")
+    _existing_queue(args.queue).close()  # missing or foreign: exit 2 before anything runs
     owner = args.owner or _default_owner()
     send = None
     if args.crash_after_acks is not None:
@@ -314,8 +313,8 @@ def _run(args: argparse.Namespace) -> int:
               f"{args.concurrency}, lease {args.lease_ms} ms")
     try:
         stats = asyncio.run(_dispatch(dispatcher, args.until_idle, banner))
-    except (ValueError, sqlite3.DatabaseError) as exc:
-        raise UsageError(f"{args.queue}: {exc}") from None
+    except sqlite3.DatabaseError as exc:
+        raise WorkFailed(f"{args.queue}: {exc}") from None
     print(json.dumps({"owner": owner, **stats.as_dict()}))
     return EXIT_OK
 

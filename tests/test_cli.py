@@ -332,3 +332,17 @@ def test_run_on_a_terminal_draws_one_live_line(queue: Path, tmp_path: Path):
     assert "\r\x1b[2K" in text  # redrawn in place, not scrolled
     assert text.count("\r\x1b[2K") >= 2 and "done 30" in text
     assert "summary:" not in text  # the plain-log form is for pipes and files
+
+
+def test_run_refuses_a_foreign_file_before_anything_runs(tmp_path: Path):
+    import sqlite3
+
+    foreign = tmp_path / "app.db"
+    con = sqlite3.connect(foreign)
+    con.execute("CREATE TABLE users (name TEXT)")
+    con.commit()
+    con.close()
+    before = foreign.read_bytes()
+    out = cli("run", str(foreign), "--url", "http://127.0.0.1:9/events", "--until-idle")
+    assert out.returncode == 2 and "not a queue file" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and foreign.read_bytes() == before
