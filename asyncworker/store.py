@@ -49,6 +49,9 @@ class QueueThread:
             self._con = await self._run(open_queue, self._path, create=self._create)
             await self.try_call(_short_busy_wait)
         except BaseException:
+            if self._con is not None:
+                self._executor.submit(self._con.close).result()
+                self._con = None
             self._executor.shutdown(wait=True)
             self._executor = None
             raise
