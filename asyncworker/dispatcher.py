@@ -171,6 +171,7 @@ class Dispatcher:
         self._sending: set[_Held] = set()
         self._sends = 0  # claimed jobs whose send has not ended: the slots in use
         self._slot_freed = asyncio.Event()
+        self._claim_at_least = max(1, min(batch_size, concurrency // 8))
         self._to_finish: list[tuple[_Held, Verdict, asyncio.Future]] = []
         self._flusher: Optional[asyncio.Task] = None
         self._stop = asyncio.Event()
@@ -222,7 +223,9 @@ class Dispatcher:
         keeper.add_done_callback(self._keeper_died)
         try:
             while not self._stop.is_set():
-                if self._sends >= self.concurrency:
+                if self.concurrency - self._sends < self._claim_at_least and self._sends:
+                    # Wait for a few slots, then claim them in one transaction: fewer,
+                    # fuller claim transactions for the same sends in flight.
                     await self._slot_or_stop(stop_wait, None)
                     continue
                 if await self._claim_some():
