@@ -186,8 +186,9 @@ def scenario_receiver(folder: Path, n: int, concurrency: int, latency_ms: int) -
         receiver.close()
 
 
-def scenario_history(folder: Path, finished: int, probes: int) -> dict:
-    """claim + finish latency with `finished` done rows behind the live ones."""
+def scenario_history(folder: Path, finished: int, probes: int, waiting: int = 0) -> dict:
+    """claim + finish latency with `finished` done rows behind the live ones, and
+    `waiting` pending rows queued after them."""
     path = folder / "q.db"
     worker.open_queue(path).close()
     raw = sqlite3.connect(path)
@@ -201,6 +202,10 @@ def scenario_history(folder: Path, finished: int, probes: int) -> dict:
     con = worker.open_queue(path)
     worker.enqueue_many(con, [{"id": f"live-{i}", "qty": 1} for i in range(probes)], _now(),
                         60_000)
+    for start in range(0, waiting, 5000):
+        worker.enqueue_many(con, [{"id": f"wait-{i}", "qty": 1}
+                                  for i in range(start, min(waiting, start + 5000))], _now(),
+                            60_000)
     claims, finishes = [], []
     for _ in range(probes):
         begun = time.perf_counter()
@@ -386,6 +391,13 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None) -> l
                  "finish_small": small["finish_ms"], "finish_big": big["finish_ms"],
                  "ratio": big["claim_ms"] / small["claim_ms"], "limit_label": "target <= 1.5",
                  "rss_mb": big["rss_mb"]})
+    long_queue = run_child("history", {"finished": 0, "probes": size(300, 30),
+                                       "waiting": size(100_000, 5000)})
+    rows.append({"scenario": f"claim latency, 1,000 vs {size(100_000, 5000):,} pending rows",
+                 "claim_small": small["claim_ms"], "claim_big": long_queue["claim_ms"],
+                 "finish_small": small["finish_ms"], "finish_big": long_queue["finish_ms"],
+                 "ratio": long_queue["claim_ms"] / small["claim_ms"],
+                 "limit_label": "flat as the queue grows", "rss_mb": long_queue["rss_mb"]})
     print("  measured: history", file=sys.stderr, flush=True)
     rss = run_child("async", {"n": size(100_000, 1000), "concurrency": 256, "batch": 64,
                               "send_ms": 2})

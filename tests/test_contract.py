@@ -626,10 +626,25 @@ def test_open_queue_needs_no_write_lock_when_complete(queue_path: Path):
         holder.close()
 
 
-def test_claim_uses_the_live_index(con):
+@pytest.mark.parametrize(("statement", "index"), [
+    (worker._PICK, "jobs_live"), (worker._QUARANTINE[0], "jobs_live_deadline"),
+    (worker._QUARANTINE[1], "jobs_leased_until"), (worker._QUARANTINE[2], "jobs_pending_spent"),
+])
+def test_claim_reads_only_candidates_through_an_index(con, statement, index):
     plan = " ".join(str(r[3]) for r in con.execute(
-        "EXPLAIN QUERY PLAN " + worker._PICK, {"now": T0, "limit": 1}))
-    assert "jobs_live" in plan
+        "EXPLAIN QUERY PLAN " + statement, {"now": T0, "limit": 1}))
+    assert f"USING INDEX {index}" in plan
+
+
+def test_quarantine_of_rows_written_by_other_means(con):
+    """A pending row whose budget is already spent (only SQL from outside makes one)
+    is quarantined as exhausted; a missed deadline still wins over the budget."""
+    add(con, "spent", 1, max_attempts=2)
+    add(con, "both", 1, max_attempts=2, ttl=10)
+    con.execute("UPDATE jobs SET attempts = 2")
+    assert worker.claim(con, "o", T0 + 10) is None
+    assert [(r["id"], r["status"], r["reason"]) for r in rows(con)] == [
+        ("spent", "dead", "exhausted"), ("both", "dead", "deadline")]
 
 
 def test_the_returned_connection_is_left_as_sqlite3_makes_it(con):
