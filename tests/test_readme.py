@@ -26,3 +26,11 @@ def test_ci_runs_the_readme_test_command():
     assert len(commands) == 2 and commands[0].endswith("asyncworker demo")
     ci = (README.parent / ".ci" / "run").read_text()
     assert commands[1] in ci
+
+
+def test_every_test_named_in_the_guarantees_exists():
+    docs = (README.parent / "docs" / "guarantees.md").read_text()
+    sources = "".join(p.read_text() for p in (README.parent / "tests").glob("test_*.py"))
+    named = set(re.findall(r"::(test_\w+)", docs))
+    assert len(named) > 20
+    assert sorted(n for n in named if f"def {n}(" not in sources) == []
