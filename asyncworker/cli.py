@@ -127,58 +127,60 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("enqueue", "add jobs: one with --id/--qty, or JSON lines with --file", _enqueue)
     p.add_argument("queue", help="existing queue file")
-    p.add_argument("--id", type=_identifier, help="job id")
-    p.add_argument("--qty", type=_int_in(1, MAX_QTY), help="quantity, 1..1000")
+    p.add_argument("--id", metavar="ID", type=_identifier, help="job id")
+    p.add_argument("--qty", metavar="N", type=_int_in(1, MAX_QTY), help="quantity, 1..1000")
     p.add_argument("--file", help="JSON lines {\"id\", \"qty\"}; '-' reads standard input")
-    p.add_argument("--ttl-ms", type=_int_in(1, MAX_MS), default=60_000,
+    p.add_argument("--ttl-ms", metavar="MS", type=_int_in(1, MAX_MS), default=60_000,
                    help="time to live from now (default 60000)")
-    p.add_argument("--max-attempts", type=_int_in(1, MAX_ATTEMPTS), default=3,
+    p.add_argument("--max-attempts", metavar="N", type=_int_in(1, MAX_ATTEMPTS), default=3,
                    help="attempt budget (default 3)")
 
     p = command("run", "dispatch jobs to a receiver with the async dispatcher", _run)
     p.add_argument("queue", help="existing queue file")
-    p.add_argument("--url", type=_url, required=True, help="receiver URL, http://127.0.0.1:PORT/events")
-    p.add_argument("--concurrency", type=_int_in(1, 10_000), default=16,
+    p.add_argument("--url", metavar="URL", type=_url, required=True, help="receiver URL, http://127.0.0.1:PORT/events")
+    p.add_argument("--concurrency", metavar="N", type=_int_in(1, 10_000), default=16,
                    help="sends in flight (default 16)")
-    p.add_argument("--lease-ms", type=_int_in(1, MAX_MS), default=30_000,
+    p.add_argument("--lease-ms", metavar="MS", type=_int_in(1, MAX_MS), default=30_000,
                    help="lease per claim (default 30000)")
-    p.add_argument("--owner", type=_identifier, default=None,
+    p.add_argument("--owner", metavar="NAME", type=_identifier, default=None,
                    help="this dispatcher's name (default HOST-PID)")
     p.add_argument("--until-idle", action="store_true",
                    help="stop once every job is done or dead")
-    p.add_argument("--poll-ms", type=_int_in(1, 60_000), default=50,
+    p.add_argument("--poll-ms", metavar="MS", type=_int_in(1, 60_000), default=50,
                    help="how long an idle dispatcher waits before looking again (default 50)")
-    p.add_argument("--crash-after-acks", type=_int_in(1, 10**9), default=None,
+    p.add_argument("--crash-after-acks", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="failure drill: die by SIGKILL right after the N-th ACK, before "
                         "recording it")
 
     p = command("serve", "run the receiver (an inbox that deduplicates)", _serve)
     p.add_argument("--inbox", required=True, help="inbox file (created if missing)")
     p.add_argument("--host", default="127.0.0.1", help="loopback address (default 127.0.0.1)")
-    p.add_argument("--port", type=_int_in(0, 65535), default=0, help="port (default 0: any)")
-    p.add_argument("--latency-ms", type=_int_in(0, 60000), default=0,
+    p.add_argument("--port", metavar="PORT", type=_int_in(0, 65535), default=0,
+                   help="port (default 0: any)")
+    p.add_argument("--latency-ms", metavar="MS", type=_int_in(0, 60000), default=0,
                    help="injected delay before each commit")
-    p.add_argument("--p-503", type=_probability, default=0.0,
+    p.add_argument("--p-503", metavar="P", type=_probability, default=0.0,
                    help="probability of answering 503 before commit")
-    p.add_argument("--p-drop", type=_probability, default=0.0,
+    p.add_argument("--p-drop", metavar="P", type=_probability, default=0.0,
                    help="probability of closing the connection after commit, unanswered")
-    p.add_argument("--seed", type=_int_in(0, 2**63), default=None,
+    p.add_argument("--seed", metavar="N", type=_int_in(0, 2**63), default=None,
                    help="seed of the injected faults")
-    p.add_argument("--group", type=_int_in(1, 10000), default=64,
+    p.add_argument("--group", metavar="N", type=_int_in(1, 10000), default=64,
                    help="most requests in one commit (1 turns grouping off)")
 
     p = command("stats", "counts by status, oldest unfinished age, attempts, dead, redrives",
                 _stats)
     p.add_argument("queue", help="existing queue file")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--receiver", type=_url, default=None,
+    p.add_argument("--receiver", metavar="URL", type=_url, default=None,
                    help="also show this receiver's counters (its /events URL)")
 
     p = command("dead", "list dead jobs", _dead)
     p.add_argument("queue", help="existing queue file")
-    p.add_argument("--reason", type=_identifier, default=None,
+    p.add_argument("--reason", metavar="REASON", type=_identifier, default=None,
                    help="only this reason (deadline, exhausted, permanent)")
-    p.add_argument("--limit", type=_int_in(1, 10**9), default=None, help="at most N jobs")
+    p.add_argument("--limit", metavar="N", type=_int_in(1, 10**9), default=None,
+                   help="at most N jobs")
 
     p = command("inspect", "a job's row and its redrive history", _inspect)
     p.add_argument("queue", help="existing queue file")
@@ -188,13 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
                 _redrive)
     p.add_argument("queue", help="existing queue file")
     p.add_argument("id", nargs="?", type=_identifier, default=None, help="one dead job's id")
-    p.add_argument("--reason", type=_identifier, default=None,
+    p.add_argument("--reason", metavar="REASON", type=_identifier, default=None,
                    help="bulk: every dead job of this reason")
-    p.add_argument("--note", type=_identifier, required=True,
+    p.add_argument("--note", metavar="NOTE", type=_identifier, required=True,
                    help="audit note (an identifier, e.g. fixed-address)")
-    p.add_argument("--ttl-ms", type=_int_in(1, MAX_MS), default=60_000,
+    p.add_argument("--ttl-ms", metavar="MS", type=_int_in(1, MAX_MS), default=60_000,
                    help="time to live from now (default 60000)")
-    p.add_argument("--limit", type=_int_in(1, 10**9), default=None,
+    p.add_argument("--limit", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="bulk: at most N jobs")
     p.add_argument("--dry-run", action="store_true", help="bulk: list, change nothing")
 
@@ -204,9 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also measure huey, persist-queue and litequeue, where installed")
 
     p = command("demo", "the crash-after-ACK story, end to end, on loopback", _demo)
-    p.add_argument("--jobs", type=_int_in(10, 100_000), default=300,
+    p.add_argument("--jobs", metavar="N", type=_int_in(10, 100_000), default=300,
                    help="snack orders (default 300)")
-    p.add_argument("--concurrency", type=_int_in(1, 1000), default=16,
+    p.add_argument("--concurrency", metavar="N", type=_int_in(1, 1000), default=16,
                    help="sends in flight per dispatcher (default 16)")
     p.add_argument("--keep", default=None,
                    help="keep the files in this folder (new or empty)")
