@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import math
 import re
 import shutil
@@ -67,6 +68,7 @@ def fresh_queue() -> Path:
     """A copy of a queue with a job in each state (made once, copied per example)."""
     if "path" not in _TEMPLATE:
         folder = Path(tempfile.mkdtemp())
+        atexit.register(shutil.rmtree, folder, True)
         con = worker.open_queue(folder / "t.db")
         for job_id, qty in (("p", 1), ("l", 2), ("d", 3), ("x", 4)):
             worker.enqueue(con, {"id": job_id, "qty": qty}, T0, 60_000)
