@@ -146,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="this dispatcher's name (default HOST-PID)")
     p.add_argument("--until-idle", action="store_true",
                    help="stop once every job is done or dead")
+    p.add_argument("--batch-size", metavar="N", type=_int_in(1, 10_000), default=64,
+                   help="most jobs per claim or finish transaction (default 64; 1: one each)")
     p.add_argument("--poll-ms", metavar="MS", type=_int_in(1, 60_000), default=50,
                    help="how long an idle dispatcher waits before looking again (default 50)")
     p.add_argument("--crash-after-acks", metavar="N", type=_int_in(1, 10**9), default=None,
@@ -308,7 +310,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         dispatcher = Dispatcher(args.queue, owner, url=None if send else args.url, send=send,
                                 concurrency=args.concurrency, lease_ms=args.lease_ms,
-                                poll_interval=args.poll_ms / 1000)
+                                poll_interval=args.poll_ms / 1000, batch_size=args.batch_size)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     banner = (f"run: owner {owner}, queue {args.queue}, url {args.url}, concurrency "

@@ -119,6 +119,8 @@ BAD_USAGE = [
     (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--lease-ms", "0"], "--lease-ms"),
     (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--owner", "no way"], "--owner"),
     (["run", "{queue}"], "--url"),
+    (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--batch-size", "0"],
+     "--batch-size"),
     (["stats", "{missing}"], "queue file not found"),
     (["dead", "{queue}", "--reason", "bad reason"], "--reason"),
     (["inspect", "{queue}", "bad id!"], "id"),
@@ -200,7 +202,7 @@ def test_run_until_idle_stats_dead_inspect_redrive(queue: Path, tmp_path: Path):
         assert [(r["note"], r["token"]) for r in history["redrives"]] == [("fixed", 0)]
         assert cli("inspect", str(queue), "nope").returncode == 1
 
-        out = cli("run", str(queue), "--url", rx.url, "--until-idle")
+        out = cli("run", str(queue), "--url", rx.url, "--until-idle", "--batch-size", "1")
         assert out.returncode == 0 and json.loads(out.stdout)["ok"] == 1
     assert job_rows(queue)["late"]["status"] == "done"
 
