@@ -562,21 +562,11 @@ def claim(
     First, in the same transaction, move pending and expired-leased rows past
     their deadline or budget to dead; that move is committed even when no job
     is handed out. A live lease (lease_until > now_ms) is never touched.
+    Hooks: fault("after-claim") after the update, fault("after-commit") after
+    COMMIT, neither when None is returned. This is claim_many with a limit of 1.
     """
-    _check_connection(con)
-    check_identifier("owner", owner)
-    check_now(now_ms)
-    _check_int("lease_ms", lease_ms, 1, MAX_MS)
-    _check_fault(fault)
-    with _immediate(con):
-        _quarantine(con, now_ms)
-        picked = _select(con, _PICK, {"now": now_ms, "limit": 1}).fetchall()
-        if not picked:
-            return None
-        [ticket] = _lease_rows(con, picked, owner, now_ms, lease_ms)
-        _call(fault, "after-claim")
-    _call(fault, "after-commit")
-    return ticket
+    tickets = claim_many(con, owner, now_ms, lease_ms, 1, fault)
+    return tickets[0] if tickets else None
 
 
 def claim_many(
@@ -656,20 +646,11 @@ def finish(
 
     False, changing nothing, when the job is missing or not leased, when any
     field of the marker differs, or when now_ms has reached lease_until or
-    the deadline: a late result never overwrites the current work.
+    the deadline: a late result never overwrites the current work. Hooks:
+    fault("after-finish") after the update, fault("after-commit") after
+    COMMIT, neither when False is returned. This is finish_many of one item.
     """
-    _check_connection(con)
-    _check_ticket(ticket)
-    _check_outcome(outcome)
-    check_now(now_ms)
-    _check_int("delay_ms", delay_ms, 0, MAX_MS)
-    _check_fault(fault)
-    with _immediate(con):
-        [status] = _finish_marked(con, [(ticket, outcome, delay_ms)], now_ms)
-        if status is False:
-            return False
-        _call(fault, "after-finish")
-    _call(fault, "after-commit")
+    [status] = finish_many(con, [(ticket, outcome, delay_ms)], now_ms, fault)
     return status
 
 
