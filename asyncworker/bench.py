@@ -236,7 +236,6 @@ def scenario_peer(folder: Path, n: int, peer: str) -> dict:
 
         for i in range(n):
             job(i)
-        started = time.perf_counter() - (time.perf_counter() - started)
         consumed = 0
         while (task := huey.dequeue()) is not None:
             huey.execute(task)

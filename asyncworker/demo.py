@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from asyncworker.cli import receiver_stats
 from asyncworker.inbox import read_inbox
 from lease import observe
 from lease.worker import enqueue_many, open_queue, redrive
@@ -139,7 +140,7 @@ def tell_the_story(folder: Path, jobs: int, concurrency: int, children: list) ->
     _say(f"5. operator redrove {redriven} expired order(s); dispatcher-2 delivered "
          f"{json.loads(third_out.strip().splitlines()[-1])['ok']}")
 
-    received = _receiver_stats(url)
+    received = receiver_stats(url)
     receiver.send_signal(signal.SIGTERM)
     receiver_exit = receiver.wait(timeout=30)
     _say("6. evidence, read from the queue file, the inbox file and the receiver:\n")
@@ -186,12 +187,6 @@ def _redrive_expired(queue: Path) -> int:
         for job in expired:
             redrive(con, job["id"], int(time.time() * 1000), 60_000, "demo-redrive")
     return len(expired)
-
-
-def _receiver_stats(url: str) -> dict:
-    from asyncworker.cli import receiver_stats
-
-    return receiver_stats(url)
 
 
 def gather_evidence(queue: Path, inbox: Path, orders: dict[str, int], received: dict,

@@ -116,7 +116,11 @@ class Dispatcher:
     token) and ``send`` (a coroutine function ``send(event, token)``).
     ``clock`` returns milliseconds; ``jitter`` returns a ratio in 0..1 for
     each retry delay. ``poll_interval`` (seconds) is how long an idle
-    dispatcher waits before it looks for work again.
+    dispatcher waits before it looks for work again. ``concurrency`` bounds
+    the sends in flight; ``batch_size`` bounds the jobs one claim or finish
+    transaction handles. ``create`` makes a missing queue file (by default a
+    missing queue is FileNotFoundError, as for ``run_file``). ``latencies``,
+    when a list, receives each job's claim-to-finish time in seconds.
     """
 
     def __init__(

@@ -31,7 +31,16 @@ from urllib.parse import urlsplit
 
 from lease.worker import MAX_TOKEN, BadAck, Permanent, Retryable, check_event
 
-__all__ = ["ACK_LIMIT", "TOKEN_HEADER", "ack_verdict", "check_url", "check_timeout", "send_http"]
+__all__ = [
+    "ACK_LIMIT",
+    "TOKEN_HEADER",
+    "ack_verdict",
+    "check_timeout",
+    "check_token",
+    "check_url",
+    "request_parts",
+    "send_http",
+]
 
 ACK_LIMIT = 4096  # bytes of an answer we read; anything longer is not an ACK
 TOKEN_HEADER = "X-Lease-Token"

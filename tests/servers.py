@@ -23,7 +23,7 @@ from typing import Callable, Optional
 class ReceiverProcess:
     def __init__(self, inbox: Path, *args: str) -> None:
         self.inbox = inbox
-        self.stderr = ""
+        self.stdout = self.stderr = ""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "asyncworker", "serve", "--inbox", str(inbox), *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -34,6 +34,7 @@ class ReceiverProcess:
             self.stop()
             raise RuntimeError(f"receiver did not start: {self.url!r} {self.stderr}")
         self.base = self.url.rsplit("/", 1)[0]
+        self.port = int(self.base.rsplit(":", 1)[1])
 
     def stats(self) -> dict:
         import urllib.request
@@ -43,14 +44,21 @@ class ReceiverProcess:
             return json.loads(answer.read())
 
     def stop(self, signum: int = signal.SIGTERM) -> int:
+        if self.proc.stdout is not None and self.proc.stdout.closed:
+            return self.proc.returncode  # stopped and read already
         if self.proc.poll() is None:
             self.proc.send_signal(signum)
         try:
-            _, self.stderr = self.proc.communicate(timeout=15)
+            self.stdout, self.stderr = self.proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            _, self.stderr = self.proc.communicate()
+            self.stdout, self.stderr = self.proc.communicate()
         return self.proc.returncode
+
+    def final_counters(self) -> dict:
+        """Stop gracefully; the counters it printed on its way out (its last line)."""
+        assert self.stop() == 0 and "Traceback" not in self.stderr, self.stderr
+        return dict(json.loads(self.stdout.strip().splitlines()[-1]))
 
     def __enter__(self) -> ReceiverProcess:
         return self

@@ -20,28 +20,16 @@ import pytest
 
 from lease import observe, worker
 
+from .servers import ReceiverProcess
+
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(900)]
 
 DISPATCHERS = 3
 
 
-class Receiver:
-    def __init__(self, inbox: Path, port: int, seed: int) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncworker", "serve", "--inbox", str(inbox), "--port",
-             str(port), "--latency-ms", "2", "--p-503", "0.05", "--p-drop", "0.05", "--seed",
-             str(seed)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        self.url = self.proc.stdout.readline().strip()
-        assert self.url.startswith("http://127.0.0.1:"), self.proc.stderr.read()
-        self.port = int(self.url.rsplit(":", 1)[1].split("/")[0])
-
-    def stop(self) -> dict:
-        """Graceful stop; its final counters (the last line it prints)."""
-        self.proc.send_signal(signal.SIGTERM)
-        out, err = self.proc.communicate(timeout=60)
-        assert self.proc.returncode == 0 and "Traceback" not in err, err
-        return json.loads(out.strip().splitlines()[-1])
+def start_receiver(inbox: Path, port: int, seed: int) -> ReceiverProcess:
+    return ReceiverProcess(inbox, "--port", str(port), "--latency-ms", "2", "--p-503", "0.05",
+                           "--p-drop", "0.05", "--seed", str(seed))
 
 
 def start_dispatcher(queue: Path, url: str, name: str) -> subprocess.Popen:
@@ -80,7 +68,7 @@ def test_chaos_soak(tmp_path: Path, request: pytest.FixtureRequest):
                         int(time.time() * 1000), 60_000, 16)
     con.close()
 
-    receiver = Receiver(inbox, 0, rng.randrange(10**6))
+    receiver = start_receiver(inbox, 0, rng.randrange(10**6))
     lifetimes: list[dict] = []
     names = [f"d{n}-0" for n in range(DISPATCHERS)]
     procs = [start_dispatcher(queue, receiver.url, name) for name in names]
@@ -100,15 +88,15 @@ def test_chaos_soak(tmp_path: Path, request: pytest.FixtureRequest):
                 procs[n] = start_dispatcher(queue, receiver.url, names[n])
                 faults["dispatcher SIGKILLs"] += 1
             elif roll < 0.8:
-                lifetimes.append(receiver.stop())
-                receiver = Receiver(inbox, receiver.port, rng.randrange(10**6))
+                lifetimes.append(receiver.final_counters())
+                receiver = start_receiver(inbox, receiver.port, rng.randrange(10**6))
                 faults["receiver restarts"] += 1
         for name in names:  # one restarted just now may still be starting up
             wait_until_ready(queue, name)
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         assert [proc.wait(timeout=60) for proc in procs] == [0] * DISPATCHERS
-        lifetimes.append(receiver.stop())
+        lifetimes.append(receiver.final_counters())
     finally:
         for proc in [*procs, receiver.proc]:
             if proc.poll() is None:
