@@ -457,3 +457,15 @@ async def test_queue_calls_wait_out_a_short_lock(queue_path: Path):
     finally:
         released.join()
         holder.close()
+
+
+async def test_create_makes_a_missing_queue_and_latencies_are_recorded(tmp_path: Path):
+    path = tmp_path / "new.db"
+    latencies: list[float] = []
+    async with Dispatcher(path, "d1", send=_ok, create=True, latencies=latencies) as d:
+        now = int(time.time() * 1000)  # the dispatcher runs on the wall clock
+        assert await d.queue.enqueue_many([{"id": "a", "qty": 1}, {"id": "b", "qty": 2}], now,
+                                          60_000) == [True, True]
+        stats = await d.run(until_idle=True)
+    assert path.is_file() and stats.ok == 2
+    assert len(latencies) == 2 and all(0 <= s < 60 for s in latencies)
