@@ -1,71 +1,11 @@
 """The synchronous lease queue: ``from lease import claim, finish, ...``.
 
 Everything lives in :mod:`lease.worker`, which stands alone on the standard
-library; this package only re-exports it.
+library; this package only re-exports it. The list of names is kept once,
+in ``lease.worker.__all__``.
 """
 
-from lease.worker import (
-    MAX_NOW_MS,
-    MAX_TOKEN,
-    RETRY_BASE_MS,
-    RETRY_CAP_MS,
-    BadAck,
-    Conflict,
-    LeaseError,
-    Permanent,
-    Retryable,
-    check_event,
-    check_identifier,
-    check_jitter,
-    check_now,
-    check_run_args,
-    check_second_clock,
-    claim,
-    claim_many,
-    classify_error,
-    classify_result,
-    enqueue,
-    enqueue_many,
-    extend,
-    finish,
-    finish_decision,
-    finish_many,
-    open_queue,
-    redrive,
-    retry_delay,
-    run_file,
-    run_once,
-)
+from lease import worker as _worker
+from lease.worker import *  # noqa: F403
 
-__all__ = [
-    "MAX_NOW_MS",
-    "MAX_TOKEN",
-    "RETRY_BASE_MS",
-    "RETRY_CAP_MS",
-    "BadAck",
-    "Conflict",
-    "LeaseError",
-    "Permanent",
-    "Retryable",
-    "check_event",
-    "check_identifier",
-    "check_jitter",
-    "check_now",
-    "check_run_args",
-    "check_second_clock",
-    "claim",
-    "claim_many",
-    "classify_error",
-    "classify_result",
-    "enqueue",
-    "enqueue_many",
-    "extend",
-    "finish",
-    "finish_decision",
-    "finish_many",
-    "open_queue",
-    "redrive",
-    "retry_delay",
-    "run_file",
-    "run_once",
-]
+__all__ = list(_worker.__all__)

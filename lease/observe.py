@@ -8,14 +8,61 @@ redrives.
 
 from __future__ import annotations
 
+import os
 import sqlite3
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Optional, Union
 
-from lease.worker import check_identifier, check_now
+from lease.worker import _check_path, _check_schema, check_identifier, check_now
 
-__all__ = ["snapshot", "counts", "is_drained", "job_history", "dead_jobs", "jobs_with_status"]
+__all__ = ["open_readonly", "snapshot", "counts", "is_drained", "job_history", "dead_jobs",
+           "jobs_with_status"]
 
 STATUSES = ("pending", "leased", "done", "dead")
+
+# Byte 18 of a SQLite file's header is its read format version: 2 in WAL mode.
+_HEADER = b"SQLite format 3\x00"
+_WAL_READ_VERSION = 2
+
+
+def open_readonly(path: Union[str, os.PathLike[str]]) -> sqlite3.Connection:
+    """Open an existing queue file for reading only: for the commands that look.
+
+    Never creates, writes or repairs anything: no journal mode switched, no
+    missing index made (``open_queue`` does both). A missing file is
+    FileNotFoundError; a directory, a file that is not SQLite, or one that
+    holds something other than a queue is ValueError, the file untouched.
+    """
+    text = _check_path(path)
+    if not os.path.exists(text):
+        raise FileNotFoundError(f"queue file not found: {text}")
+    if not os.path.isfile(text):
+        raise ValueError(f"not a file: {text}")
+    with open(text, "rb") as file:
+        header = file.read(100)
+    if len(header) < 100 or not header.startswith(_HEADER):
+        raise ValueError("not a queue file: not a SQLite database" if header
+                         else "not a queue file: it is empty")
+    uri = Path(text).resolve().as_uri() + "?mode=ro"
+    if header[18] == _WAL_READ_VERSION and not os.path.exists(text + "-wal"):
+        # A read-only connection to a WAL file would leave -wal and -shm files
+        # behind. With no -wal file there is no writer and nothing unmerged:
+        # read the file as it is.
+        uri += "&immutable=1"
+    con = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=1.0)
+    try:
+        _check_schema(con)  # a foreign file: ValueError
+        if not con.execute(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'jobs')"
+        ).fetchone()[0]:
+            raise ValueError("not a queue file yet: it has no tables (asyncworker init makes them)")
+    except sqlite3.DatabaseError as exc:
+        con.close()
+        raise ValueError(f"not a queue file: {exc}") from None
+    except BaseException:
+        con.close()
+        raise
+    return con
 
 
 def counts(con: sqlite3.Connection) -> dict[str, int]:

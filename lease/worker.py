@@ -57,10 +57,12 @@ __all__ = [
     "enqueue_many",
     "claim",
     "claim_many",
+    "claim_batch",
     "extend",
     "finish",
     "finish_many",
     "redrive",
+    "redrive_many",
     "run_once",
     "run_file",
 ]
@@ -502,13 +504,16 @@ def enqueue_many(
 # their candidates through an index. The first runs first: a missed deadline
 # is the reason even when the budget is spent too.
 _QUARANTINE = (
-    """UPDATE jobs SET status = 'dead', reason = 'deadline', owner = NULL, lease_until = NULL
+    ("deadline", """UPDATE jobs SET status = 'dead', reason = 'deadline', owner = NULL,
+  lease_until = NULL
 WHERE status IN ('pending', 'leased') AND deadline <= :now
-  AND (status = 'pending' OR lease_until <= :now)""",
-    """UPDATE jobs SET status = 'dead', reason = 'exhausted', owner = NULL, lease_until = NULL
-WHERE status = 'leased' AND lease_until <= :now AND attempts >= max_attempts""",
-    """UPDATE jobs SET status = 'dead', reason = 'exhausted', owner = NULL, lease_until = NULL
-WHERE status = 'pending' AND attempts >= max_attempts""",
+  AND (status = 'pending' OR lease_until <= :now)"""),
+    ("exhausted", """UPDATE jobs SET status = 'dead', reason = 'exhausted', owner = NULL,
+  lease_until = NULL
+WHERE status = 'leased' AND lease_until <= :now AND attempts >= max_attempts"""),
+    ("exhausted", """UPDATE jobs SET status = 'dead', reason = 'exhausted', owner = NULL,
+  lease_until = NULL
+WHERE status = 'pending' AND attempts >= max_attempts"""),
 )
 
 _PICK = """
@@ -520,9 +525,12 @@ ORDER BY seq LIMIT :limit
 """
 
 
-def _quarantine(con: sqlite3.Connection, now_ms: int) -> None:
-    for statement in _QUARANTINE:
-        con.execute(statement, {"now": now_ms})
+def _quarantine(con: sqlite3.Connection, now_ms: int) -> dict:
+    """Inside a transaction: the contract's quarantine; the rows moved, by reason."""
+    moved = {"deadline": 0, "exhausted": 0}
+    for reason, statement in _QUARANTINE:
+        moved[reason] += con.execute(statement, {"now": now_ms}).rowcount
+    return moved
 
 
 def _lease_rows(
@@ -582,6 +590,21 @@ def claim_many(
     first None). The quarantine moves are committed even when the list is
     empty; the hooks run only when something was leased.
     """
+    tickets, _ = claim_batch(con, owner, now_ms, lease_ms, limit, fault)
+    return tickets
+
+
+def claim_batch(
+    con: sqlite3.Connection,
+    owner: str,
+    now_ms: int,
+    lease_ms: int = 1000,
+    limit: int = 1,
+    fault: Fault = None,
+) -> Tuple[list, dict]:
+    """claim_many, and what its quarantine moved: ``(tickets, {"deadline": n,
+    "exhausted": m})``, so a dispatcher can count every job that ended in its
+    run, the ones its claims moved to dead included."""
     _check_connection(con)
     check_identifier("owner", owner)
     check_now(now_ms)
@@ -589,14 +612,14 @@ def claim_many(
     _check_int("limit", limit, 1, MAX_BATCH)
     _check_fault(fault)
     with _immediate(con):
-        _quarantine(con, now_ms)
+        moved = _quarantine(con, now_ms)
         picked = _select(con, _PICK, {"now": now_ms, "limit": limit}).fetchall()
         tickets = _lease_rows(con, picked, owner, now_ms, lease_ms)
         if tickets:
             _call(fault, "after-claim")
     if tickets:
         _call(fault, "after-commit")
-    return tickets
+    return tickets, moved
 
 
 def _load_marked(con: sqlite3.Connection, ticket: dict, now_ms: int) -> Optional[sqlite3.Row]:
@@ -728,33 +751,82 @@ def redrive(
     """Release a dead job with a fresh budget, and its audit row, together.
 
     The token is kept, so a ticket from before the quarantine stays stale.
-    A missing or not-dead job is a ValueError.
+    A missing or not-dead job is a ValueError. This is redrive_many of one.
+    """
+    check_identifier("job_id", job_id)
+    [result] = redrive_many(con, [job_id], now_ms, ttl_ms, note, fault)
+    if isinstance(result, ValueError):
+        raise result
+    return True
+
+
+def redrive_many(
+    con: sqlite3.Connection,
+    job_ids: list,
+    now_ms: int,
+    ttl_ms: int,
+    note: str,
+    fault: Fault = None,
+) -> list:
+    """Many redrives in one transaction, each job atomic with its audit row.
+
+    The result per id is True, or the ValueError that redrive would have
+    raised (missing, or not dead: an id given twice is no longer dead the
+    second time); a refusal does not stop the others. Hooks, only when
+    something was redriven: fault("after-audit") after the audit rows,
+    fault("after-redrive") after the releases, fault("after-commit").
     """
     _check_connection(con)
-    check_identifier("job_id", job_id)
+    if type(job_ids) is not list or len(job_ids) > MAX_BATCH:
+        raise ValueError(f"job_ids must be a list of at most {MAX_BATCH}")
+    for job_id in job_ids:
+        check_identifier("job_id", job_id)
     check_now(now_ms)
     _check_int("ttl_ms", ttl_ms, 1, MAX_MS)
     check_identifier("note", note)
     _check_fault(fault)
     with _immediate(con):
-        row = _select(con, "SELECT seq, status, token FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        results, audits, releases = _redrive_decisions(con, job_ids)
+        if audits:
+            con.executemany(
+                "INSERT INTO redrives (id, token, at_ms, note) VALUES (?, ?, ?, ?)",
+                [(job_id, token, now_ms, note) for job_id, token in audits],
+            )
+            _call(fault, "after-audit")
+            con.executemany(
+                "UPDATE jobs SET status = 'pending', attempts = 0, available_at = ?,"
+                " deadline = ?, owner = NULL, lease_until = NULL, reason = NULL WHERE seq = ?",
+                [(now_ms, now_ms + ttl_ms, seq) for seq in releases],
+            )
+            _call(fault, "after-redrive")
+    if audits:
+        _call(fault, "after-commit")
+    return results
+
+
+def _redrive_decisions(con: sqlite3.Connection, job_ids: list) -> Tuple[list, list, list]:
+    """Inside a transaction: per id True or its ValueError, in order; the audit
+    rows (id, token) and the seqs to release."""
+    unique = sorted(set(job_ids))
+    marks = ", ".join("?" * len(unique))
+    sql = f"SELECT seq, id, status, token FROM jobs WHERE id IN ({marks})"
+    rows = {row["id"]: row for row in _select(con, sql, unique)} if unique else {}
+    released: set = set()
+    results: list = []
+    audits, releases = [], []
+    for job_id in job_ids:
+        row = rows.get(job_id)
         if row is None:
-            raise ValueError(f"job {job_id!r} does not exist")
-        if row["status"] != "dead":
-            raise ValueError(f"job {job_id!r} is {row['status']}, not dead")
-        con.execute(
-            "INSERT INTO redrives (id, token, at_ms, note) VALUES (?, ?, ?, ?)",
-            (job_id, row["token"], now_ms, note),
-        )
-        _call(fault, "after-audit")
-        con.execute(
-            "UPDATE jobs SET status = 'pending', attempts = 0, available_at = ?,"
-            " deadline = ?, owner = NULL, lease_until = NULL, reason = NULL WHERE seq = ?",
-            (now_ms, now_ms + ttl_ms, row["seq"]),
-        )
-        _call(fault, "after-redrive")
-    _call(fault, "after-commit")
-    return True
+            results.append(ValueError(f"job {job_id!r} does not exist"))
+        elif row["status"] != "dead" or job_id in released:
+            status = "pending" if job_id in released else row["status"]
+            results.append(ValueError(f"job {job_id!r} is {status}, not dead"))
+        else:
+            released.add(job_id)
+            audits.append((job_id, row["token"]))
+            releases.append(row["seq"])
+            results.append(True)
+    return results, audits, releases
 
 
 # ---------------------------------------------------------------------------

@@ -138,6 +138,43 @@ def test_enqueue_many_equals_enqueues_in_sequence(jobs, events, ttl, max_attempt
         twin.close()
 
 
+@settings(max_examples=150, deadline=None)
+@given(jobs=job_rows(), now=st.integers(T0 - 100, T0 + 500), limit=st.integers(1, 12))
+def test_claim_batch_reports_exactly_the_quarantine_moves(jobs, now, limit):
+    twin = Twin(jobs)
+    try:
+        before = {r["id"]: r["status"] for r in rows(twin.a)}
+        tickets, moved = worker.claim_batch(twin.a, "owner-a", now, 100, limit)
+        assert tickets == worker.claim_many(twin.b, "owner-a", now, 100, limit)
+        assert twin.same_rows()
+        newly_dead = [r["reason"] for r in rows(twin.a)
+                      if r["status"] == "dead" and before[r["id"]] != "dead"]
+        assert moved == {"deadline": newly_dead.count("deadline"),
+                         "exhausted": newly_dead.count("exhausted")}
+    finally:
+        twin.close()
+
+
+@settings(max_examples=150, deadline=None)
+@given(jobs=job_rows(), ids=st.lists(st.sampled_from([f"j{n}" for n in range(12)]), max_size=12),
+       now=st.integers(T0, T0 + 500), ttl=st.integers(1, 60_000))
+def test_redrive_many_equals_redrives_in_sequence(jobs, ids, now, ttl):
+    twin = Twin(jobs)
+    try:
+        batch = worker.redrive_many(twin.a, ids, now, ttl, "bulk")
+        single: list = []
+        for job_id in ids:
+            try:
+                single.append(worker.redrive(twin.b, job_id, now, ttl, "bulk"))
+            except ValueError as exc:
+                single.append(exc)
+        assert [type(r) for r in batch] == [type(r) for r in single]
+        assert [str(r) for r in batch] == [str(r) for r in single]
+        assert twin.same_rows()
+    finally:
+        twin.close()
+
+
 # ----------------------------------------------------------------- the batch contract
 
 
@@ -158,6 +195,12 @@ def test_batches_validate_everything_first(con, queue_path):
         lambda: worker.finish_many(con, [(ticket, "ok", 0)], True),
         lambda: worker.enqueue_many(con, [{"id": "c", "qty": 1}, {"id": "d", "qty": 0}], T0, 9),
         lambda: worker.enqueue_many(con, ({"id": "c", "qty": 1},), T0, 9),
+        lambda: worker.redrive_many(con, ("a",), T0, 9, "n"),
+        lambda: worker.redrive_many(con, ["a", "bad id"], T0, 9, "n"),
+        lambda: worker.redrive_many(con, ["a"] * 10_001, T0, 9, "n"),
+        lambda: worker.redrive_many(con, ["a"], T0, 0, "n"),
+        lambda: worker.redrive_many(con, ["a"], T0, 9, "bad note"),
+        lambda: worker.claim_batch(con, "o", T0, 1000, 0),
     ]
     for call in bad_calls:
         with pytest.raises(ValueError):
@@ -203,9 +246,45 @@ def test_finish_many_fault_points(con, point):
         "done"] * 3
 
 
+@pytest.mark.parametrize("point", ["after-audit", "after-redrive", "after-commit"])
+def test_redrive_many_fault_points(con, point):
+    for n in range(3):
+        add(con, f"j{n}", 1, ttl=5)
+    worker.claim_many(con, "o", T0 + 5, 1000, 4)  # the quarantine: all three dead
+    before = (rows(con), rows(con, "redrives"))
+
+    def fault(where: str) -> None:
+        if where == point:
+            raise KeyError(where)
+
+    with pytest.raises(KeyError):
+        worker.redrive_many(con, ["j0", "j1", "j2"], T0 + 6, 1000, "n", fault=fault)
+    if point == "after-commit":
+        assert [r["status"] for r in rows(con)] == ["pending"] * 3
+        assert len(rows(con, "redrives")) == 3
+    else:
+        assert (rows(con), rows(con, "redrives")) == before
+    assert not con.in_transaction
+
+
+def test_redrive_many_of_many_jobs_is_one_transaction_per_call(con):
+    worker.enqueue_many(con, [{"id": f"j{n}", "qty": 1} for n in range(5000)], T0, 5)
+    worker.claim_many(con, "o", T0 + 5, 1000, 1)
+    statements: list[str] = []
+    con.set_trace_callback(statements.append)
+    results = worker.redrive_many(con, [f"j{n}" for n in range(5000)], T0 + 6, 1000, "bulk")
+    con.set_trace_callback(None)
+    assert results == [True] * 5000
+    assert statements.count("BEGIN IMMEDIATE") == 1 and statements.count("COMMIT") == 1
+    assert len(rows(con, "redrives")) == 5000
+
+
 def test_no_hooks_when_a_batch_changes_nothing(con):
     calls: list[str] = []
     add(con, "gone", 1, ttl=5)
     assert worker.claim_many(con, "o", T0 + 5, 1000, 4, fault=calls.append) == []
     assert worker.finish_many(con, [], T0 + 5, fault=calls.append) == []
+    assert isinstance(worker.redrive_many(con, ["nope"], T0 + 5, 9, "n", fault=calls.append)[0],
+                      ValueError)
+    assert worker.redrive_many(con, [], T0 + 5, 9, "n", fault=calls.append) == []
     assert calls == [] and rows(con)[0]["status"] == "dead"  # the quarantine was committed
