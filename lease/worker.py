@@ -24,6 +24,7 @@ the public functions in lifecycle order.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -49,6 +50,7 @@ __all__ = [
     "check_run_args",
     "check_identifier",
     "check_event",
+    "parse_event",
     "classify_result",
     "classify_error",
     "finish_decision",
@@ -198,6 +200,33 @@ def check_event(event: object) -> dict:
     check_identifier("event id", event["id"])
     _check_int("event qty", event["qty"], 1, MAX_QTY)
     return event
+
+
+def parse_event(data: Union[str, bytes]) -> dict:
+    """An event from its JSON text, strictly: one object, no duplicate keys (a
+    parser that keeps the last one would read another event than a parser
+    that keeps the first), no NaN or Infinity, then check_event. ValueError
+    naming the problem otherwise."""
+    if not isinstance(data, (str, bytes)):
+        raise ValueError(f"event JSON must be str or bytes, got {type(data).__name__}")
+    try:
+        event = json.loads(data, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except UnicodeDecodeError:
+        raise ValueError("event JSON is not UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+    return check_event(event)
+
+
+def _unique_keys(pairs: list) -> dict:
+    keys = [key for key, _ in pairs]
+    if len(keys) != len(set(keys)):
+        raise ValueError(f"duplicate key in JSON object: {sorted(keys)!r:.80}")
+    return dict(pairs)
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not valid JSON")
 
 
 def _check_ticket(ticket: object) -> dict:

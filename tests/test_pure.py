@@ -17,6 +17,7 @@ from lease.worker import (
     classify_error,
     classify_result,
     finish_decision,
+    parse_event,
     retry_delay,
 )
 
@@ -135,3 +136,35 @@ def test_second_clock():
     for bad in (9, -1, True, 10.0, None, "11", 10**15):
         with pytest.raises(ValueError):
             check_second_clock(10, bad)
+
+
+# ----------------------------------------------------------------- parse_event
+
+
+@pytest.mark.parametrize(("data", "event"), [
+    ('{"id": "a", "qty": 1}', {"id": "a", "qty": 1}),
+    (b'{"qty": 1000, "id": "snack-7"}', {"id": "snack-7", "qty": 1000}),
+    (' {"id": "a", "qty": 1}\n', {"id": "a", "qty": 1}),
+])
+def test_parse_event_reads_strict_json(data, event):
+    assert parse_event(data) == event
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ('{"id": "a", "qty": 1, "qty": 2}', "duplicate key"),
+    ('{"id": "a", "id": "b", "qty": 1}', "duplicate key"),
+    ('{"id": "a", "qty": NaN}', "NaN is not valid JSON"),
+    ('{"id": "a", "qty": Infinity}', "Infinity is not valid JSON"),
+    ('{"id": "a", "qty": 1', "not valid JSON"),
+    ('[{"id": "a", "qty": 1}]', "event must be"),
+    ('{"id": "a", "qty": 1.0}', "qty"),
+    ('{"id": "a", "qty": true}', "qty"),
+    ('{"id": "a b", "qty": 1}', "event id"),
+    (b'{"id": "\xff", "qty": 1}', "not UTF-8"),
+    ("", "not valid JSON"),
+    (None, "str or bytes"),
+    ({"id": "a", "qty": 1}, "str or bytes"),
+])
+def test_parse_event_refuses_with_a_clear_error(data, message):
+    with pytest.raises(ValueError, match=message):
+        parse_event(data)
