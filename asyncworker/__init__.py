@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         DispatcherStats,
         LeaseLost,
         dispatcher_context,
+        health_handler,
         run_once,
         run_until_signalled,
     )
@@ -28,6 +29,7 @@ _HOMES = {
     "DispatcherStats": "dispatcher",
     "LeaseLost": "dispatcher",
     "dispatcher_context": "dispatcher",
+    "health_handler": "dispatcher",
     "run_once": "dispatcher",
     "run_until_signalled": "dispatcher",
     "Faults": "receiver",
@@ -45,6 +47,7 @@ __all__ = [
     "LeaseLost",
     "QueueThread",
     "dispatcher_context",
+    "health_handler",
     "make_app",
     "new_session",
     "run_once",

@@ -9,11 +9,18 @@ The outcome and delay come from ``lease.worker.classify_result`` /
 A bad ACK or an unclassified error is logged with the job's id and token,
 counted, and leaves the job leased: the lease expiry and the attempt budget
 recover it. The dispatcher never dies of one job.
+
+A Dispatcher runs once: ``state`` goes new -> running -> stopping -> stopped,
+or to failed (``failure`` holds the exception) when ``run()`` itself dies, for
+example of a bad clock value or a database error. ``stop()`` is final, even
+before ``run()`` starts. ``health()`` and ``health_handler`` tell an
+application which of these it is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import random
@@ -24,9 +31,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Union
 
 import aiohttp
+from aiohttp import web
 
 from asyncworker.sender import new_session, send_http
 from asyncworker.store import QueueThread, is_locked
+from lease import observe
 from lease.http import check_url
 from lease.worker import (
     MAX_BATCH,
@@ -39,11 +48,12 @@ from lease.worker import (
     check_run_args,
     check_second_clock,
     claim,
-    claim_many,
+    claim_batch,
     classify_error,
     classify_result,
     extend,
     finish,
+    finish_decision,
     finish_many,
 )
 
@@ -52,6 +62,7 @@ __all__ = [
     "DispatcherStats",
     "LeaseLost",
     "dispatcher_context",
+    "health_handler",
     "run_once",
     "run_until_signalled",
 ]
@@ -70,6 +81,13 @@ class LeaseLost(Exception):
     """An extension found the marker changed: someone else owns the job now."""
 
 
+DEATH_REASONS = ("deadline", "exhausted", "permanent")
+
+
+def _no_deaths() -> dict[str, int]:
+    return dict.fromkeys(DEATH_REASONS, 0)
+
+
 @dataclass
 class DispatcherStats:
     """Counters an embedding service can read at any time."""
@@ -80,18 +98,28 @@ class DispatcherStats:
     finish_batches: int = 0  # finish transactions (group commits)
     ok: int = 0  # finished done
     retried: int = 0  # finished pending again, after a Retryable
-    permanent: int = 0  # finished dead/permanent
-    dead: int = 0  # a retry that met the attempt budget or the deadline
+    # Every job this dispatcher moved to dead: by its finishes, and by its
+    # claims' quarantine (past the deadline or out of attempts while pending,
+    # or while leased with the lease run out).
+    dead: int = 0
+    dead_by_reason: dict[str, int] = field(default_factory=_no_deaths)  # all three keys
+    quarantined: int = 0  # the moves to dead made by this dispatcher's claims (part of dead)
     stale: int = 0  # a finish (or an extension) that found the lease gone
     bad_acks: int = 0  # answers that were no evidence: the job stays leased
-    errors: int = 0  # unclassified send errors and failed jobs: the job stays leased
+    errors: int = 0  # jobs that failed (send or finish unclassified): the job stays leased
     lock_retries: int = 0  # another process held the write lock: waited and retried
     extended: int = 0  # leases pushed forward for sends still running
-    in_flight: int = 0  # jobs claimed and not yet finished
-    peak_in_flight: int = 0
+    in_flight: int = 0  # jobs claimed and not yet recorded (a finish may wait for its group)
+    sending: int = 0  # send slots in use: claimed jobs whose send has not ended (<= concurrency)
+    peak_sending: int = 0  # the most send slots in use at once (<= concurrency)
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
+        """Every counter, JSON-serialisable (``dead_by_reason`` a nested dict)."""
         return asdict(self)
+
+    def count_dead(self, reason: str, n: int = 1) -> None:
+        self.dead += n
+        self.dead_by_reason[reason] += n
 
 
 @dataclass(eq=False)  # identity: a job in flight is itself, whatever its ticket says
@@ -107,6 +135,7 @@ class _Held:
     cut: Optional[str] = None  # why the lease keeper cancelled the send: timeout | lost
     can_extend: bool = True
     send_over: bool = False  # its send slot has been given back
+    handed_over: bool = False  # its finish is queued: the flusher records it
 
 
 class Dispatcher:
@@ -121,6 +150,10 @@ class Dispatcher:
     transaction handles. ``create`` makes a missing queue file (by default a
     missing queue is FileNotFoundError, as for ``run_file``). ``latencies``,
     when a list, receives each job's claim-to-finish time in seconds.
+
+    It runs once: after ``stop()`` (even one that came before ``run()``
+    started), after ``run()`` returned or after a failure, ``run()`` does not
+    dispatch again.
     """
 
     def __init__(
@@ -173,12 +206,14 @@ class Dispatcher:
         self._session: Optional[aiohttp.ClientSession] = None
         self._tasks: set[asyncio.Task] = set()
         self._sending: set[_Held] = set()
-        self._sends = 0  # claimed jobs whose send has not ended: the slots in use
         self._slot_freed = asyncio.Event()
         self._claim_at_least = max(1, min(batch_size, concurrency // 8))
         self._to_finish: list[tuple[_Held, Verdict, asyncio.Future]] = []
         self._flusher: Optional[asyncio.Task] = None
-        self._stop = asyncio.Event()
+        self._stop = asyncio.Event()  # set once, never cleared: a stop is final
+        self._running = False
+        self._failure: Optional[BaseException] = None
+        self._last_claim_ms: Optional[int] = None
 
     # --------------------------------------------------------------- lifecycle
 
@@ -203,10 +238,38 @@ class Dispatcher:
 
     @property
     def stopping(self) -> bool:
+        """A stop was asked for, or run() is over: nothing more will be claimed."""
         return self._stop.is_set()
 
+    @property
+    def state(self) -> str:
+        """new, running, stopping (sends in flight finish), stopped, or failed."""
+        if self._failure is not None:
+            return "failed"
+        if self._running:
+            return "stopping" if self._stop.is_set() else "running"
+        return "stopped" if self._stop.is_set() else "new"
+
+    @property
+    def failure(self) -> Optional[BaseException]:
+        """What made run() fail, or None."""
+        return self._failure
+
+    def health(self) -> dict[str, Any]:
+        """The answer to "is it dispatching?", JSON-serialisable. ``last_claim_ms``
+        is the clock value of the last claim transaction that committed."""
+        failure = self._failure
+        return {
+            "state": self.state,
+            "failure": None if failure is None else f"{type(failure).__name__}: {failure}",
+            "last_claim_ms": self._last_claim_ms,
+            "sending": self.stats.sending,
+            "in_flight": self.stats.in_flight,
+        }
+
     def stop(self) -> None:
-        """Claim nothing more; sends in flight finish within their leases."""
+        """Claim nothing more; sends in flight finish within their leases.
+        Final: a stop that comes before run() starts makes run() return at once."""
         self._stop.set()
 
     def abort(self) -> None:
@@ -219,15 +282,39 @@ class Dispatcher:
         """Dispatch until stop() (or, with until_idle, until every job is done or dead).
 
         Drained means nothing pending and nothing leased: retry delays and the
-        leases of a dispatcher that died are waited out, not skipped.
+        leases of a dispatcher that died are waited out, not skipped. Once only:
+        after a stop (even one before this call) or a previous run it returns
+        the stats at once; after a failure it raises RuntimeError. Whatever
+        makes it fail (the lease keeper's death included) is raised, once every
+        queued finish is written, and ``state`` says "failed" from that moment.
         """
-        self._stop.clear()
+        if self._running:
+            raise RuntimeError("this dispatcher is already running")
+        if self._failure is not None:
+            raise RuntimeError(f"this dispatcher failed: {self._failure!r}") from self._failure
+        if self._stop.is_set():
+            return self.stats
+        self._running = True
+        try:
+            await self._dispatch(until_idle)
+        except Exception as exc:
+            self._failure = self._failure or exc
+            raise
+        finally:
+            self._stop.set()  # it runs once
+            self._running = False
+        if self._failure is not None:  # the lease keeper died and aborted the run
+            raise self._failure
+        return self.stats
+
+    async def _dispatch(self, until_idle: bool) -> None:
         stop_wait = asyncio.ensure_future(self._stop.wait())
         keeper = asyncio.create_task(self._keep_leases(), name="lease keeper")
         keeper.add_done_callback(self._keeper_died)
         try:
             while not self._stop.is_set():
-                if self.concurrency - self._sends < self._claim_at_least and self._sends:
+                free = self.concurrency - self.stats.sending
+                if free < self._claim_at_least and self.stats.sending:
                     # Wait for a few slots, then claim them in one transaction: fewer,
                     # fuller claim transactions for the same sends in flight.
                     await self._slot_or_stop(stop_wait, None)
@@ -241,12 +328,11 @@ class Dispatcher:
                 await asyncio.wait(self._tasks)
         finally:
             stop_wait.cancel()
-            if self._tasks:  # run() itself was cancelled: abort what is in flight
+            if self._tasks:  # cancelled or failed: abort what is in flight
                 self.abort()
             await self._settle()
             keeper.remove_done_callback(self._keeper_died)
             keeper.cancel()
-        return self.stats
 
     async def _slot_or_stop(self, stop_wait: asyncio.Future, timeout: Optional[float]) -> None:
         """Wait until a send ends (a slot is free), a job ends, stop(), or the timeout."""
@@ -259,10 +345,12 @@ class Dispatcher:
             slot.cancel()
 
     def _keeper_died(self, keeper: asyncio.Task) -> None:
-        """Without its lease keeper no send is cut off in time: stop loudly."""
-        if not keeper.cancelled() and keeper.exception() is not None:
-            log.error("lease keeper failed: %r; aborting", keeper.exception())
-            self.stats.errors += 1
+        """Without its lease keeper no send is cut off in time: the run fails at
+        once (``state``), and run() raises the keeper's error once it has unwound.
+        Not logged here: whoever awaits run() (or dispatcher_context) reports it once."""
+        error = None if keeper.cancelled() else keeper.exception()
+        if error is not None:
+            self._failure = self._failure or error
             self.abort()
 
     async def _settle(self) -> None:
@@ -286,33 +374,48 @@ class Dispatcher:
         transaction; start a task for each. False when there was nothing to claim."""
         while not self._stop.is_set():
             first_ms = self._now()
-            limit = min(self.concurrency - self._sends, self.batch_size)
+            limit = min(self.concurrency - self.stats.sending, self.batch_size)
             try:
-                tickets = await self._queue.try_call(claim_many, self.owner, first_ms,
-                                                     self.lease_ms, limit)
+                tickets, moved = await self._queue.try_call(claim_batch, self.owner, first_ms,
+                                                            self.lease_ms, limit)
             except sqlite3.OperationalError as exc:
                 if not is_locked(exc):
                     raise
                 self.stats.lock_retries += 1
                 await asyncio.sleep(self._backoff())
                 continue
-            self.stats.claim_calls += 1
-            if not tickets:
-                return False
-            self.stats.claimed += len(tickets)
-            self.stats.claim_batches += 1
-            for ticket in tickets:
-                held = _Held(ticket, first_ms, _half_way(first_ms, ticket["lease_until"]))
-                held.task = asyncio.create_task(
-                    self._work(held), name=f"job {ticket['id']} token {ticket['token']}")
-                self._tasks.add(held.task)
-                held.task.add_done_callback(self._job_done)
-            self._sends += len(tickets)
-            return True
+            self._claimed(first_ms, tickets, moved)
+            return bool(tickets)
         return False
 
-    def _job_done(self, task: asyncio.Task) -> None:
+    def _claimed(self, first_ms: int, tickets: list[dict], moved: dict[str, int]) -> None:
+        """Count a committed claim (its quarantine moves too) and start its jobs."""
+        stats = self.stats
+        stats.claim_calls += 1
+        self._last_claim_ms = first_ms
+        for reason, n in moved.items():
+            stats.count_dead(reason, n)
+            stats.quarantined += n
+        if not tickets:
+            return
+        stats.claimed += len(tickets)
+        stats.claim_batches += 1
+        stats.in_flight += len(tickets)
+        stats.sending += len(tickets)  # a slot per job from its claim to its send's end
+        stats.peak_sending = max(stats.peak_sending, stats.sending)
+        for ticket in tickets:
+            held = _Held(ticket, first_ms, _half_way(first_ms, ticket["lease_until"]))
+            held.task = asyncio.create_task(
+                self._work(held), name=f"job {ticket['id']} token {ticket['token']}")
+            self._tasks.add(held.task)
+            held.task.add_done_callback(functools.partial(self._job_done, held))
+
+    def _job_done(self, held: _Held, task: asyncio.Task) -> None:
+        # A done callback, so it runs even for a task cancelled before its first step.
         self._tasks.discard(task)
+        self._send_done(held)
+        if not held.handed_over:  # no finish queued: the job ends here, left leased
+            self.stats.in_flight -= 1
         self._slot_freed.set()
 
     def _send_done(self, held: _Held) -> None:
@@ -320,26 +423,20 @@ class Dispatcher:
         # by the flusher, in a group, while the next sends already run.
         if not held.send_over:
             held.send_over = True
-            self._sends -= 1
+            self.stats.sending -= 1
             self._slot_freed.set()
 
     async def _work(self, held: _Held) -> None:
-        stats = self.stats
-        stats.in_flight += 1
-        stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
         try:
             verdict = await self._judged_send(held)
             if verdict is not None:
                 await self._finish(held, verdict)
         except LeaseLost:
-            stats.stale += 1
+            self.stats.stale += 1
             log.info("lease lost id=%s token=%s", held.ticket["id"], held.ticket["token"])
         except Exception:
-            stats.errors += 1
+            self.stats.errors += 1
             log.exception("job failed id=%s token=%s", held.ticket["id"], held.ticket["token"])
-        finally:
-            stats.in_flight -= 1
-            self._send_done(held)  # cancelled before its send began
 
     async def _judged_send(self, held: _Held) -> Optional[Verdict]:
         """The send's (outcome, delay), or None when the job must stay leased.
@@ -439,10 +536,11 @@ class Dispatcher:
         group: one transaction for all of them, started as soon as the queue's
         thread is free, never held back waiting for more. The flusher task
         owns the outcome once it is queued: cancelling this job (an abort)
-        cannot lose it.
+        cannot lose it, and the flusher counts it, written or failed.
         """
         result: asyncio.Future = asyncio.get_running_loop().create_future()
         self._to_finish.append((held, verdict, result))
+        held.handed_over = True
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_finishes(), name="finish flusher")
         await result
@@ -451,23 +549,25 @@ class Dispatcher:
         while self._to_finish:
             group = self._to_finish[: self.batch_size]
             del self._to_finish[: self.batch_size]
+            results: list[Optional[_Recorded]]
             try:
-                statuses = await self._finish_group(group)
-            except Exception as exc:
-                log.exception("finish failed for %d jobs", len(group))
+                results = list(await self._finish_group(group))
+            except Exception:
+                # Counted and logged here, once: the jobs' own tasks only wait.
                 self.stats.errors += len(group)
-                for _, _, result in group:
-                    if not result.done():
-                        result.set_exception(exc)
-                continue
-            for (held, (outcome, _), result), status in zip(group, statuses, strict=True):
-                self._count(outcome, status)
-                if self.latencies is not None:
-                    self.latencies.append(time.perf_counter() - held.claimed_at)
+                log.exception("finish failed, %d jobs left leased: %s", len(group),
+                              _some_ids([held for held, _, _ in group]))
+                results = [None] * len(group)
+            for (held, _, result), status in zip(group, results, strict=True):
+                self.stats.in_flight -= 1
+                if status is not None:
+                    self._count(*status)
+                    if self.latencies is not None:
+                        self.latencies.append(time.perf_counter() - held.claimed_at)
                 if not result.done():
                     result.set_result(status)
 
-    async def _finish_group(self, group: list) -> list:
+    async def _finish_group(self, group: list) -> list[_Recorded]:
         """finish_many with a fresh clock value; a locked database is retried while
         any lease in the group is still live (a finish after it would be False)."""
         helds = [held for held, _, _ in group]
@@ -483,13 +583,13 @@ class Dispatcher:
                     raise
                 self.stats.lock_retries += 1
                 if all(now >= held.ticket["lease_until"] for held in helds):
-                    return [False] * len(group)
+                    return [(False, None)] * len(group)
                 await asyncio.sleep(self._backoff())
                 continue
             self.stats.finish_batches += 1
             return statuses
 
-    def _count(self, outcome: str, status: Union[str, bool]) -> None:
+    def _count(self, status: Union[str, bool], reason: Optional[str]) -> None:
         stats = self.stats
         if status is False:
             stats.stale += 1
@@ -497,10 +597,15 @@ class Dispatcher:
             stats.ok += 1
         elif status == "pending":
             stats.retried += 1
-        elif outcome == "permanent":
-            stats.permanent += 1
         else:
-            stats.dead += 1
+            assert reason is not None
+            stats.count_dead(reason)
+
+
+def _some_ids(helds: list[_Held], most: int = 20) -> str:
+    """id/token of the first few jobs, for a log line that stays one line."""
+    named = " ".join(f"{held.ticket['id']}/{held.ticket['token']}" for held in helds[:most])
+    return named if len(helds) <= most else f"{named} and {len(helds) - most} more"
 
 
 def _half_way(now_ms: int, lease_until: int) -> int:
@@ -529,12 +634,43 @@ def _extend_held(con: sqlite3.Connection, held: _Held, now_ms: int,
     return moved
 
 
+_Recorded = tuple[Union[str, bool], Optional[str]]  # (finish's status, reason if dead)
+
+
 def _finish_helds(con: sqlite3.Connection, helds: list[_Held], verdicts: list[Verdict],
-                  now_ms: int) -> list:
-    """On the queue's thread: finish_many with each job's current ticket."""
+                  now_ms: int) -> list[_Recorded]:
+    """On the queue's thread: finish_many with each job's current ticket; each
+    result with the reason a dead one got.
+
+    finish returns the status alone, and a retry dies "exhausted" or
+    "deadline" by the row's budget, which the ticket does not carry. So each
+    retry's row is read first. A finish that succeeds proves that row was
+    unchanged in between: the job was leased under the same token all along,
+    and nothing changes a leased row's budget. finish_decision, the rule
+    itself, then names the reason.
+    """
     items = [(held.ticket, outcome, delay) for held, (outcome, delay) in
              zip(helds, verdicts, strict=True)]
-    return finish_many(con, items, now_ms)
+    budgets = {ticket["id"]: _budget(con, ticket["id"]) for ticket, outcome, _ in items
+               if outcome == "retry"}
+    statuses = finish_many(con, items, now_ms)
+    recorded: list[_Recorded] = []
+    for (ticket, outcome, delay), status in zip(items, statuses, strict=True):
+        reason = None
+        if status == "dead":
+            max_attempts, deadline = budgets.get(ticket["id"], (0, 0))
+            reason = finish_decision(outcome, ticket["attempt"], max_attempts, deadline,
+                                     now_ms, delay)[1]
+        recorded.append((status, reason))
+    return recorded
+
+
+def _budget(con: sqlite3.Connection, job_id: str) -> tuple[int, int]:
+    """(max_attempts, deadline) of a job, read before its finish."""
+    history = observe.job_history(con, job_id)
+    if history is None:  # gone: its finish will be False
+        return (0, 0)
+    return (history["job"]["max_attempts"], history["job"]["deadline"])
 
 
 async def run_once(
@@ -604,14 +740,36 @@ def dispatcher_context(
     """An aiohttp cleanup context: the application owns the dispatcher.
 
     ``app.cleanup_ctx.append(dispatcher_context(d))`` starts it with the
-    application and stops it gracefully on cleanup.
+    application and stops it gracefully on cleanup. If run() fails while the
+    application serves, the error is logged with its traceback at once,
+    ``dispatcher.state`` is "failed" (``health_handler`` answers 503), and
+    the error is raised again at cleanup.
     """
 
     async def context(app: Any) -> AsyncIterator[None]:
         async with dispatcher:
             task = asyncio.create_task(dispatcher.run(until_idle=until_idle), name="dispatcher")
+            task.add_done_callback(_log_failure)
             yield
             dispatcher.stop()
             await task
 
     return context
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    """Nobody awaits the run task until cleanup: say at once that it died."""
+    error = None if task.cancelled() else task.exception()
+    if error is not None:
+        log.error("dispatcher failed; it claims nothing more", exc_info=error)
+
+
+def health_handler(dispatcher: Dispatcher) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """An aiohttp handler: ``dispatcher.health()`` as JSON, 200 while it is
+    running, 503 otherwise (new, stopping, stopped or failed)."""
+
+    async def health(request: web.Request) -> web.Response:
+        answer = dispatcher.health()
+        return web.json_response(answer, status=200 if answer["state"] == "running" else 503)
+
+    return health

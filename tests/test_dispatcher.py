@@ -79,7 +79,7 @@ async def test_sends_really_overlap(queue_path: Path):
                               lease_ms=30_000) as d:
             stats = await d.run(until_idle=True)
     assert not barrier.broken
-    assert (stats.ok, stats.peak_in_flight, stats.claimed) == (n, n, n)
+    assert (stats.ok, stats.peak_sending, stats.claimed) == (n, n, n)
     assert statuses(queue_path)["done"] == n
 
 
@@ -214,7 +214,8 @@ async def test_retry_permanent_and_budget_are_counted(queue_path: Path):
     async with Dispatcher(queue_path, "d1", send=send, jitter=lambda: 0.0,
                           poll_interval=0.01) as d:
         stats = await d.run(until_idle=True)
-    assert (stats.ok, stats.retried, stats.permanent, stats.dead) == (1, 2, 1, 1)
+    assert (stats.ok, stats.retried, stats.dead, stats.quarantined) == (1, 2, 2, 0)
+    assert stats.dead_by_reason == {"deadline": 0, "exhausted": 1, "permanent": 1}
     con = worker.open_queue(queue_path)
     assert [(r["status"], r["reason"]) for r in rows(con)] == [
         ("done", None), ("dead", "permanent"), ("dead", "exhausted")]
@@ -355,7 +356,7 @@ def test_crash_after_ack_across_two_dispatcher_processes(queue_path: Path, tmp_p
         code, stats = _result(second)
         assert code == 0 and stats["ok"] == 1
         received = rx.stats()
-    assert (received["requests"], received["applied"], received["duplicates"]) == (2, 1, 1)
+    assert (received["process_requests"], received["applied"], received["duplicates"]) == (2, 1, 1)
     assert inbox_rows(tmp_path / "inbox.db") == [("job-0", 1, 2)]
     con = worker.open_queue(queue_path)
     row = job(con, "job-0")
@@ -388,7 +389,7 @@ def test_two_dispatcher_processes_share_one_file(queue_path: Path, tmp_path: Pat
     claimed = [stats["claimed"] for _, stats in results]
     print(f"fairness: claimed {claimed}, lock retries "
           f"{[s['lock_retries'] for _, s in results]}, peak in flight at receiver "
-          f"{received['peak_in_flight']}")
+          f"{received['process_peak_in_flight']}")
     assert sum(claimed) == 500 and sum(s["ok"] for _, s in results) == 500
     assert min(claimed) > 0, "one process never got in"
     assert statuses(queue_path) == {"pending": 0, "leased": 0, "done": 500, "dead": 0}
