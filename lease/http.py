@@ -17,19 +17,20 @@ this; the async sender in ``asyncworker`` calls it too.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import http.client
 import ipaddress
 import json
 import math
 import socket
-import threading
 import time
-from typing import Literal, Optional, Tuple
+from typing import TYPE_CHECKING, Literal, Optional, Tuple
 from urllib.parse import urlsplit
 
 from lease.worker import MAX_TOKEN, BadAck, Permanent, Retryable, check_event
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, WriteableBuffer
 
 __all__ = [
     "ACK_LIMIT",
@@ -136,8 +137,8 @@ def send_http(url: str, event: dict, *, timeout: float, token: Optional[int] = N
     """POST one event; True only for a verifiable ACK (see the module's table).
 
     ``timeout`` bounds the whole exchange, from connecting to the last byte of
-    the answer: a watchdog shuts the socket down when it runs out, so a server
-    that trickles its answer cannot hold the call longer. One request per
+    the answer, whatever the server's pacing: every connect, send and receive
+    is given only the time left before one absolute deadline. One request per
     call; this function never retries. http.client reads no proxy settings.
     """
     host, port = check_url(url)
@@ -145,21 +146,16 @@ def send_http(url: str, event: dict, *, timeout: float, token: Optional[int] = N
     seconds = check_timeout(timeout)
     body, headers = request_parts(event, check_token(token))
     deadline = time.monotonic() + seconds
-    conn = http.client.HTTPConnection(host, port, timeout=seconds)
-    watchdog = threading.Timer(seconds, _shut, (conn,))
-    watchdog.daemon = True
-    watchdog.start()
+    conn = _DeadlineConnection(host, port, deadline)
     try:
         conn.request("POST", EVENTS_PATH, body=body, headers=headers)
         response = conn.getresponse()
-        answer = response.read(ACK_LIMIT + 1)
+        with response:  # closes the socket now, even with the answer unread past the cap
+            answer = response.read(ACK_LIMIT + 1)
     except (OSError, http.client.HTTPException) as exc:
         raise _transport_error(exc, seconds, time.monotonic() >= deadline) from exc
     finally:
-        watchdog.cancel()
         conn.close()
-    if time.monotonic() >= deadline:  # the watchdog may have cut the answer short
-        raise Retryable(f"timed out after {seconds}s")
     if response.length and len(answer) <= ACK_LIMIT:  # fewer bytes than announced
         raise Retryable("connection closed in the middle of the answer")
     return ack_verdict(response.status, answer, event["id"])
@@ -167,7 +163,7 @@ def send_http(url: str, event: dict, *, timeout: float, token: Optional[int] = N
 
 def _transport_error(exc: BaseException, seconds: float, late: bool) -> Exception:
     """What a failed exchange means. Past the deadline it is a timeout, whatever
-    the watchdog's shutdown made the socket say."""
+    the socket said on the way."""
     if late or isinstance(exc, (TimeoutError, socket.timeout)):
         return Retryable(f"timed out after {seconds}s")
     if isinstance(exc, (OSError, http.client.IncompleteRead)):
@@ -175,8 +171,56 @@ def _transport_error(exc: BaseException, seconds: float, late: bool) -> Exceptio
     return BadAck(f"malformed answer: {exc!r:.200}")
 
 
-def _shut(conn: http.client.HTTPConnection) -> None:
-    sock = conn.sock
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+class _DeadlineSocket(socket.socket):
+    """A socket whose every send and receive waits only for the time left.
+
+    A socket timeout alone restarts with each call, so a server that sends one
+    byte just inside it, over and over, holds the reader for ever. http.client
+    reads through ``makefile``, whose reads all come down to ``recv_into``.
+    """
+
+    def __init__(self, family: int, kind: int, proto: int, deadline: float) -> None:
+        super().__init__(family, kind, proto)
+        self.deadline = deadline  # a time.monotonic() value
+
+    def time_left(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the exchange's deadline has passed")
+        return left
+
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int = 0, flags: int = 0) -> int:
+        self.settimeout(self.time_left())
+        return super().recv_into(buffer, nbytes, flags)
+
+    def sendall(self, data: ReadableBuffer, flags: int = 0) -> None:
+        self.settimeout(self.time_left())  # sendall's timeout bounds the whole call
+        super().sendall(data, flags)
+
+
+class _DeadlineConnection(http.client.HTTPConnection):
+    """http.client's request writing and answer parsing over a _DeadlineSocket."""
+
+    def __init__(self, host: str, port: int, deadline: float) -> None:
+        super().__init__(host, port)
+        self.deadline = deadline
+
+    def connect(self) -> None:
+        self.sock = _connect(self.host, self.port, self.deadline)
+
+
+def _connect(host: str, port: int, deadline: float) -> _DeadlineSocket:
+    """Connect to the first address of ``host`` that answers before ``deadline``."""
+    error: OSError = ConnectionRefusedError(f"no address for {host!r}")
+    for family, kind, proto, _name, address in socket.getaddrinfo(
+            host, port, 0, socket.SOCK_STREAM):
+        sock = _DeadlineSocket(family, kind, proto, deadline)
+        try:
+            sock.settimeout(sock.time_left())
+            sock.connect(address)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as http.client does
+            return sock
+        except OSError as exc:  # TimeoutError included: the deadline is the same for all
+            sock.close()
+            error = exc
+    raise error
