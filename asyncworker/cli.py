@@ -1,14 +1,27 @@
 """The ``asyncworker`` command line (also ``python -m asyncworker``).
 
-Exit codes: 0 ok, 1 the work failed, 2 bad usage or a missing file (a
-one-line error, no traceback, nothing created or changed). Every argument is
-checked before a file is opened.
+Every argument is checked before a file is opened. An error is one line on
+stderr, never a traceback, and leaves every file as it was.
+
+Exit codes (the same text is in ``--help`` and in the README):
+
+- 0: done; for ``run``, no job went dead in this run.
+- 1: the work failed: a conflict (``enqueue``), a refused redrive, no such
+  job (``inspect``), a receiver that did not answer (``stats``), evidence
+  that contradicts itself (``demo``), a database or file error such as a
+  read-only or damaged queue (any command). Standard output closed early
+  (``| head``): 1 as well, quietly.
+- 2: bad usage, or a missing, foreign or unusable file or folder; for
+  ``serve`` also an inbox it cannot open or a port it cannot bind.
+- 3: ``run`` only: some jobs went dead in this run (its summary counts them
+  by reason).
+- 130: interrupted by Ctrl-C (``run`` and ``serve`` stop gracefully instead).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import io
 import json
 import os
 import re
@@ -16,7 +29,6 @@ import socket
 import sqlite3
 import sys
 import time
-import urllib.request
 from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Sequence, TextIO
@@ -25,6 +37,7 @@ from lease import observe
 from lease.http import check_url
 from lease.worker import (
     MAX_ATTEMPTS,
+    MAX_BATCH,
     MAX_MS,
     MAX_QTY,
     Conflict,
@@ -32,17 +45,55 @@ from lease.worker import (
     check_identifier,
     enqueue_many,
     open_queue,
-    redrive,
+    parse_event,
+    redrive_many,
 )
 
-if TYPE_CHECKING:  # aiohttp is imported only by the commands that use it: a faster CLI
+# asyncio, aiohttp and urllib are imported only by the commands that use them: every
+# other command starts in half the time.
+if TYPE_CHECKING:
     from asyncworker.dispatcher import Dispatcher, DispatcherStats
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DEAD = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES = """\
+exit codes:
+  0    done (run: and no job went dead in this run)
+  1    the work failed: a conflict, a refused redrive, no such job, no answer
+       from the receiver, a database or file error (read-only, damaged);
+       also, quietly, when standard output is closed early (| head)
+  2    bad usage, or a missing, foreign or unusable file or folder
+       (serve: also an inbox it cannot open or a port it cannot bind)
+  3    run: some jobs went dead in this run (the summary counts them by reason)
+  130  interrupted (run and serve stop gracefully on SIGINT/SIGTERM instead)"""
+
+DEAD_REASONS = ("deadline", "exhausted", "permanent")
+MAX_LINE_BYTES = 1 << 16  # far above any valid event; a longer line is not one
+SHOW_EACH = 20  # per-job lines up to this many jobs (or with --verbose), a count always
+_BOM = b"\xef\xbb\xbf"
 
 
 def wall_clock_ms() -> int:
     return int(time.time() * 1000)
+
+
+def package_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("lease-dispatcher")
+    except metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown (not installed)"
+
+
+class _Version(argparse.Action):
+    """--version, reading the package metadata only when asked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
+        print(f"asyncworker {package_version()}")
+        sys.stdout.flush()
+        parser.exit()
 
 
 class UsageError(Exception):
@@ -54,10 +105,20 @@ class WorkFailed(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with its errors on one line."""
+    """argparse, with its errors on one line and the exit codes in every --help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("epilog", EXIT_CODES)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)}\n")
+
+
+def one_line(text: str) -> str:
+    """Control characters (a newline in a file name, say) shown escaped: one line."""
+    return re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], text)
 
 
 # ------------------------------------------------------------------ argument types
@@ -94,6 +155,13 @@ def _identifier(text: str) -> str:
             f"must be 1-64 ASCII letters, digits, '_' or '-': {text!r}") from None
 
 
+def _reason(text: str) -> str:
+    if text not in DEAD_REASONS:
+        raise argparse.ArgumentTypeError(
+            f"must be one of {', '.join(DEAD_REASONS)}: {text!r}")
+    return text
+
+
 def _url(text: str) -> str:
     try:
         check_url(text)
@@ -113,6 +181,7 @@ def _default_owner() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="asyncworker",
                     description="A durable job dispatcher on one SQLite file.")
+    parser.add_argument("--version", action=_Version, nargs=0, help="print the version")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      parser_class=Parser)
 
@@ -129,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("queue", help="existing queue file")
     p.add_argument("--id", metavar="ID", type=_identifier, help="job id")
     p.add_argument("--qty", metavar="N", type=_int_in(1, MAX_QTY), help="quantity, 1..1000")
-    p.add_argument("--file", help="JSON lines {\"id\", \"qty\"}; '-' reads standard input")
+    p.add_argument("--file", metavar="PATH",
+                   help="UTF-8 JSON lines {\"id\", \"qty\"} (a file, pipe or FIFO); "
+                        "'-' reads standard input")
     p.add_argument("--ttl-ms", metavar="MS", type=_int_in(1, MAX_MS), default=60_000,
                    help="time to live from now (default 60000)")
     p.add_argument("--max-attempts", metavar="N", type=_int_in(1, MAX_ATTEMPTS), default=3,
@@ -155,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "recording it")
 
     p = command("serve", "run the receiver (an inbox that deduplicates)", _serve)
-    p.add_argument("--inbox", required=True, help="inbox file (created if missing)")
+    p.add_argument("--inbox", metavar="PATH", required=True,
+                   help="inbox file (created if missing, in an existing folder)")
     p.add_argument("--host", default="127.0.0.1", help="loopback address (default 127.0.0.1)")
     p.add_argument("--port", metavar="PORT", type=_int_in(0, 65535), default=0,
                    help="port (default 0: any)")
@@ -170,21 +242,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", metavar="N", type=_int_in(1, 10000), default=64,
                    help="most requests in one commit (1 turns grouping off)")
 
-    p = command("stats", "counts by status, oldest unfinished age, attempts, dead, redrives",
-                _stats)
+    p = command("stats", "counts by status, oldest unfinished age, attempts, dead, redrives "
+                "(reads only)", _stats)
     p.add_argument("queue", help="existing queue file")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--receiver", metavar="URL", type=_url, default=None,
                    help="also show this receiver's counters (its /events URL)")
 
-    p = command("dead", "list dead jobs", _dead)
+    p = command("dead", "list dead jobs (reads only)", _dead)
     p.add_argument("queue", help="existing queue file")
-    p.add_argument("--reason", metavar="REASON", type=_identifier, default=None,
-                   help="only this reason (deadline, exhausted, permanent)")
+    p.add_argument("--reason", metavar="REASON", type=_reason, default=None,
+                   help=f"only this reason ({', '.join(DEAD_REASONS)})")
     p.add_argument("--limit", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="at most N jobs")
 
-    p = command("inspect", "a job's row and its redrive history", _inspect)
+    p = command("inspect", "a job's row and its redrive history (reads only)", _inspect)
     p.add_argument("queue", help="existing queue file")
     p.add_argument("id", type=_identifier, help="job id")
 
@@ -192,8 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
                 _redrive)
     p.add_argument("queue", help="existing queue file")
     p.add_argument("id", nargs="?", type=_identifier, default=None, help="one dead job's id")
-    p.add_argument("--reason", metavar="REASON", type=_identifier, default=None,
-                   help="bulk: every dead job of this reason")
+    p.add_argument("--reason", metavar="REASON", type=_reason, default=None,
+                   help=f"bulk: every dead job of this reason ({', '.join(DEAD_REASONS)})")
     p.add_argument("--note", metavar="NOTE", type=_identifier, required=True,
                    help="audit note (an identifier, e.g. fixed-address)")
     p.add_argument("--ttl-ms", metavar="MS", type=_int_in(1, MAX_MS), default=60_000,
@@ -201,6 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="bulk: at most N jobs")
     p.add_argument("--dry-run", action="store_true", help="bulk: list, change nothing")
+    p.add_argument("--verbose", action="store_true",
+                   help=f"a line per job however many (by default only up to {SHOW_EACH})")
 
     p = command("bench", "measure throughput and latency against their limits", _bench)
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not figures")
@@ -220,12 +294,29 @@ def build_parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------ helpers
 
 
-def _existing_queue(path: str) -> sqlite3.Connection:
-    """Open an existing queue; a missing or foreign file is a usage error."""
-    if not os.path.isfile(path):
+def _check_queue_path(path: str) -> None:
+    if not os.path.exists(path):
         raise UsageError(f"queue file not found: {path}")
+    if not os.path.isfile(path):
+        raise UsageError(f"not a file: {path}")
+
+
+def _existing_queue(path: str) -> sqlite3.Connection:
+    """Open an existing queue to change it; a missing or foreign file is a usage error."""
+    _check_queue_path(path)
+    if os.path.getsize(path) == 0:  # SQLite would take it for an empty queue and fill it
+        raise UsageError(f"{path}: not a queue file: it is empty (init makes one)")
     try:
         return open_queue(path, create=False)
+    except (ValueError, sqlite3.DatabaseError) as exc:
+        raise UsageError(f"{path}: {exc}") from None
+
+
+def _readonly_queue(path: str) -> sqlite3.Connection:
+    """Open an existing queue only to look: nothing is written, not even the journal mode."""
+    _check_queue_path(path)
+    try:
+        return observe.open_readonly(path)
     except (ValueError, sqlite3.DatabaseError) as exc:
         raise UsageError(f"{path}: {exc}") from None
 
@@ -235,6 +326,15 @@ def _print_table(rows: list[tuple], out: TextIO = sys.stdout) -> None:
     for row in rows:
         cells = (str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
         out.write("  ".join(cells).rstrip() + "\n")
+
+
+def _print_bounded(lines: list[str], verbose: bool, file: TextIO) -> None:
+    """Every line when few or asked for; else the first SHOW_EACH and how many more."""
+    shown = lines if verbose or len(lines) <= SHOW_EACH else lines[:SHOW_EACH]
+    for line in shown:
+        print(line, file=file)
+    if len(shown) < len(lines):
+        print(f"... and {len(lines) - len(shown)} more (--verbose lists them all)", file=file)
 
 
 # ------------------------------------------------------------------ commands
@@ -254,22 +354,49 @@ def _init(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _read_events(source: str) -> list[dict]:
-    """Every line parsed and checked before anything goes in: all or nothing."""
+def _read_bytes(source: str) -> bytes:
+    """The whole input: a file, a pipe or FIFO (/dev/fd/N, mkfifo), or '-' for stdin."""
     if source == "-":
-        lines = sys.stdin.read().splitlines()
-    else:
-        if not os.path.isfile(source):
-            raise UsageError(f"file not found: {source}")
-        lines = Path(source).read_text(encoding="utf-8").splitlines()
+        return sys.stdin.buffer.read()
+    try:
+        with open(source, "rb") as file:
+            return file.read()
+    except FileNotFoundError:
+        raise UsageError(f"file not found: {source}") from None
+    except IsADirectoryError:
+        raise UsageError(f"not a file: {source}") from None
+    except OSError as exc:  # permission denied, an unreadable device, ...
+        raise UsageError(f"cannot read {source}: {exc.strerror or exc}") from None
+
+
+def parse_event_line(raw: bytes) -> Optional[dict]:
+    """One JSON line as a checked event; None for a blank line; ValueError names the fault.
+
+    The JSON rules are the receiver's (``parse_event``: no duplicate keys, no NaN)."""
+    if len(raw) > MAX_LINE_BYTES:
+        raise ValueError(f"longer than {MAX_LINE_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
+                         ) from None
+    return parse_event(text) if text.strip() else None
+
+
+def read_events(data: bytes) -> list[dict]:
+    """Every line parsed and checked before anything goes in: all or nothing.
+
+    A UTF-8 byte order mark at the start is skipped (editors write one)."""
+    if data.startswith(_BOM):
+        data = data[len(_BOM):]
     events = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, raw in enumerate(data.split(b"\n"), 1):
         try:
-            events.append(check_event(json.loads(line)))
+            event = parse_event_line(raw)
         except ValueError as exc:
             raise UsageError(f"line {number}: {exc}; nothing was enqueued") from None
+        if event is not None:
+            events.append(event)
     return events
 
 
@@ -279,13 +406,14 @@ def _enqueue(args: argparse.Namespace) -> int:
         raise UsageError("give either --id and --qty, or --file")
     if single and (args.id is None or args.qty is None):
         raise UsageError("--id and --qty go together")
+    _check_queue_path(args.queue)  # before a FIFO is read: a missing queue fails at once
     if single:
         try:  # argparse has its quirks ("--qty=--"): the event is checked again, whole
             events = [check_event({"id": args.id, "qty": args.qty})]
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     else:
-        events = _read_events(args.file)
+        events = read_events(_read_bytes(args.file))
     counts = {"new": 0, "duplicate": 0, "conflicting": 0}
     with closing(_existing_queue(args.queue)) as con:
         results = enqueue_many(con, events, wall_clock_ms(), args.ttl_ms, args.max_attempts)
@@ -300,9 +428,9 @@ def _enqueue(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    _existing_queue(args.queue).close()  # missing or foreign: exit 2 before anything runs
     from asyncworker.dispatcher import Dispatcher
 
-    _existing_queue(args.queue).close()  # missing or foreign: exit 2 before anything runs
     owner = args.owner or _default_owner()
     send = None
     if args.crash_after_acks is not None:
@@ -315,12 +443,14 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     banner = (f"run: owner {owner}, queue {args.queue}, url {args.url}, concurrency "
               f"{args.concurrency}, lease {args.lease_ms} ms")
+    import asyncio
+
     try:
         stats = asyncio.run(_dispatch(dispatcher, args.until_idle, banner))
     except sqlite3.DatabaseError as exc:
         raise WorkFailed(f"{args.queue}: {exc}") from None
     print(json.dumps({"owner": owner, **stats.as_dict()}))
-    return EXIT_OK
+    return EXIT_DEAD if stats.dead else EXIT_OK
 
 
 def _crashing_sender(url: str, lease_ms: int, after: int) -> Any:
@@ -343,33 +473,51 @@ def _crashing_sender(url: str, lease_ms: int, after: int) -> Any:
 
 
 async def _dispatch(dispatcher: Dispatcher, until_idle: bool, banner: str) -> DispatcherStats:
+    import asyncio
+
     from asyncworker.dispatcher import run_until_signalled
 
     async with dispatcher:
         progress = asyncio.create_task(_progress(dispatcher.stats), name="progress")
         try:
             return await run_until_signalled(
-                dispatcher, until_idle=until_idle,
-                on_stop=lambda msg: print(msg, file=sys.stderr, flush=True),
+                dispatcher, until_idle=until_idle, on_stop=lambda line: _log(line + "\n"),
                 # printed once a signal means a graceful stop: a supervisor may wait for it
-                on_ready=lambda: print(banner, file=sys.stderr, flush=True))
+                on_ready=lambda: _log(banner + "\n"))
         finally:
             progress.cancel()
             _show_progress(dispatcher.stats, 0.0, final=True)
 
 
+def _log(line: str) -> None:
+    """A line on stderr; a closed stderr (a reader gone) does not stop the work."""
+    try:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    except BrokenPipeError:
+        pass
+
+
+def progress_line(stats: DispatcherStats, rate: float) -> str:
+    reasons = " ".join(f"{reason}:{n}" for reason, n in sorted(stats.dead_by_reason.items())
+                       if n)
+    return (f"done {stats.ok}  retried {stats.retried}  dead {stats.dead}"
+            f"{f' ({reasons})' if reasons else ''}  stale {stats.stale}  "
+            f"bad-acks {stats.bad_acks}  errors {stats.errors}  in flight {stats.in_flight}  "
+            f"sending {stats.sending}  rate {rate:.0f}/s")
+
+
 def _show_progress(stats: DispatcherStats, rate: float, *, final: bool = False) -> None:
-    line = (f"done {stats.ok}  retried {stats.retried}  dead {stats.dead + stats.permanent}  "
-            f"stale {stats.stale}  bad-acks {stats.bad_acks}  errors {stats.errors}  "
-            f"in flight {stats.in_flight}  rate {rate:.0f}/s")
+    line = progress_line(stats, rate)
     if sys.stderr.isatty():  # one live line, redrawn in place
-        sys.stderr.write("\r\x1b[2K" + line + ("\n" if final else ""))
+        _log("\r\x1b[2K" + line + ("\n" if final else ""))
     else:  # plain log lines for files and pipes
-        sys.stderr.write(("summary: " if final else "") + line + "\n")
-    sys.stderr.flush()
+        _log(("summary: " if final else "") + line + "\n")
 
 
 async def _progress(stats: DispatcherStats) -> None:
+    import asyncio
+
     interval = 0.5 if sys.stderr.isatty() else 2.0
     last_ok, last_time = stats.ok, time.monotonic()
     while True:
@@ -379,7 +527,16 @@ async def _progress(stats: DispatcherStats) -> None:
         last_ok, last_time = stats.ok, now
 
 
+def _check_inbox_path(path: str) -> None:
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise UsageError(f"--inbox: not a file: {path}")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise UsageError(f"--inbox: folder not found: {os.path.dirname(path)}")
+
+
 def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
     from asyncworker.receiver import Faults, serve
 
     faults = Faults(latency_ms=args.latency_ms, p_503=args.p_503, p_drop=args.p_drop,
@@ -389,26 +546,43 @@ def _serve(args: argparse.Namespace) -> int:
                   else f"http://[{args.host}]:1/events")
     except ValueError as exc:
         raise UsageError(f"--host: {exc}") from None
-    asyncio.run(serve(args.inbox, args.host, args.port, faults=faults, max_group=args.group))
+    _check_inbox_path(args.inbox)
+    try:
+        asyncio.run(serve(args.inbox, args.host, args.port, faults=faults, max_group=args.group))
+    except BrokenPipeError:
+        raise
+    # The receiver refuses before it prints its URL: a foreign or damaged inbox
+    # (ValueError, or SQLite's own error) or a port it cannot bind (OSError).
+    except (ValueError, sqlite3.DatabaseError) as exc:
+        raise UsageError(f"--inbox {args.inbox}: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"{args.host} port {args.port}: {exc.strerror or exc}") from None
     return EXIT_OK
 
 
 def receiver_stats(events_url: str) -> dict:
     """GET the receiver's /stats (no proxy, loopback only)."""
+    import urllib.request
+
     check_url(events_url)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(events_url.rsplit("/", 1)[0] + "/stats", timeout=10) as answer:
-        return dict(json.loads(answer.read(1 << 20)))
+        found = json.loads(answer.read(1 << 20))
+    if not isinstance(found, dict):
+        raise ValueError(f"a JSON {type(found).__name__}, not an object")
+    return found
 
 
 def _stats(args: argparse.Namespace) -> int:
-    with closing(_existing_queue(args.queue)) as con:
+    with closing(_readonly_queue(args.queue)) as con:
         snap = observe.snapshot(con, wall_clock_ms())
     if args.receiver:
         try:
             snap["receiver"] = receiver_stats(args.receiver)
         except OSError as exc:
             raise WorkFailed(f"receiver at {args.receiver} did not answer: {exc}") from None
+        except ValueError as exc:  # another server on that port, say
+            raise WorkFailed(f"receiver at {args.receiver} answered no stats: {exc}") from None
     if args.json:
         print(json.dumps(snap, indent=2, sort_keys=True))
         return EXIT_OK
@@ -431,21 +605,40 @@ _JOB_COLUMNS = ("id", "qty", "status", "reason", "attempts", "max_attempts", "to
 
 
 def _dead(args: argparse.Namespace) -> int:
-    with closing(_existing_queue(args.queue)) as con:
+    with closing(_readonly_queue(args.queue)) as con:
         jobs = observe.dead_jobs(con, args.reason, args.limit)
     if jobs:
         _print_table([_JOB_COLUMNS] + [tuple(j[c] for c in _JOB_COLUMNS) for j in jobs])
+    sys.stdout.flush()  # the table first, then its count, in a terminal too
     print(f"{len(jobs)} dead", file=sys.stderr)
     return EXIT_OK
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    with closing(_existing_queue(args.queue)) as con:
+    with closing(_readonly_queue(args.queue)) as con:
         history = observe.job_history(con, args.id)
     if history is None:
         raise WorkFailed(f"no job {args.id!r} in {args.queue}")
     print(json.dumps(history, indent=2))
     return EXIT_OK
+
+
+def redrive_in_chunks(con: sqlite3.Connection, ids: list[str], ttl_ms: int,
+                      note: str) -> list[tuple[str, object]]:
+    """(id, True or its ValueError) for each id, MAX_BATCH per transaction.
+
+    A failure part-way (a database error) leaves the chunks before it whole
+    and the rest untouched; it is raised as WorkFailed with that count."""
+    results: list[tuple[str, object]] = []
+    for start in range(0, len(ids), MAX_BATCH):
+        chunk = ids[start:start + MAX_BATCH]
+        try:
+            answers = redrive_many(con, chunk, wall_clock_ms(), ttl_ms, note)
+        except sqlite3.Error as exc:
+            done = sum(answer is True for _, answer in results)
+            raise WorkFailed(f"{exc}; {done} redriven before it, the rest untouched") from None
+        results += zip(chunk, answers, strict=True)
+    return results
 
 
 def _redrive(args: argparse.Namespace) -> int:
@@ -459,20 +652,18 @@ def _redrive(args: argparse.Namespace) -> int:
         else:
             ids = [job["id"] for job in observe.dead_jobs(con, args.reason, args.limit)]
         if args.dry_run:
-            for job_id in ids:
-                print(f"would redrive {job_id}")
+            _print_bounded([f"would redrive {job_id}" for job_id in ids], args.verbose,
+                           sys.stdout)
             print(f"{len(ids)} to redrive (dry run, nothing changed)")
             return EXIT_OK
-        failed = 0
-        for job_id in ids:
-            try:
-                redrive(con, job_id, wall_clock_ms(), args.ttl_ms, args.note)
-                print(f"redrove {job_id}")
-            except ValueError as exc:
-                failed += 1
-                print(f"not redriven: {exc}", file=sys.stderr)
-    print(f"{len(ids) - failed} redriven, {failed} refused")
-    return EXIT_FAILED if failed else EXIT_OK
+        results = redrive_in_chunks(con, ids, args.ttl_ms, args.note)
+    redriven = [f"redrove {job_id}" for job_id, answer in results if answer is True]
+    refused = [f"not redriven: {answer}" for _, answer in results if answer is not True]
+    _print_bounded(redriven, args.verbose, sys.stdout)
+    sys.stdout.flush()
+    _print_bounded(refused, args.verbose, sys.stderr)
+    print(f"{len(redriven)} redriven, {len(refused)} refused")
+    return EXIT_FAILED if refused else EXIT_OK
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -492,16 +683,44 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(jobs=args.jobs, concurrency=args.concurrency, keep=args.keep)
 
 
+def _quiet_exit_on_broken_pipe() -> int:
+    # The Python docs' recipe (library/signal, "Note on SIGPIPE"): the reader
+    # has gone; point stdout at devnull so the interpreter's final flush
+    # cannot fail again, and exit without a word.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_FAILED
+
+
+def _where(args: argparse.Namespace) -> str:
+    path = getattr(args, "queue", None) or getattr(args, "inbox", None)
+    return f"{path}: " if path else ""
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)  # bad arguments: exit 2 with one line
+    if isinstance(sys.stdout, io.TextIOWrapper):  # a file name that is not UTF-8, printed
+        sys.stdout.reconfigure(errors="backslashreplace")
+    args = argparse.Namespace(command=None)
     try:
-        return int(args.handler(args))
+        args = build_parser().parse_args(argv)  # bad arguments: exit 2 with one line
+        code = int(args.handler(args))
+        sys.stdout.flush()  # a reader that left shows here, inside the guard
+        return code
+    except BrokenPipeError:
+        return _quiet_exit_on_broken_pipe()
     except UsageError as exc:
-        print(f"asyncworker {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(args, f"error: {exc}", EXIT_USAGE)
     except WorkFailed as exc:
-        print(f"asyncworker {args.command}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return _fail(args, str(exc), EXIT_FAILED)
+    except sqlite3.Error as exc:  # a read-only, locked or damaged file, whatever the command
+        return _fail(args, f"{_where(args)}{exc}", EXIT_FAILED)
+    except OSError as exc:
+        return _fail(args, str(exc), EXIT_FAILED)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+
+
+def _fail(args: argparse.Namespace, message: str, code: int) -> int:
+    _log(f"asyncworker {args.command}: {one_line(message)}\n")
+    return code

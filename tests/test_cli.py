@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncworker import cli as cli_module
 from asyncworker import demo
 from lease import worker
 
@@ -123,6 +126,13 @@ BAD_USAGE = [
      "--batch-size"),
     (["stats", "{missing}"], "queue file not found"),
     (["dead", "{queue}", "--reason", "bad reason"], "--reason"),
+    (["dead", "{queue}", "--reason", "bogus"], "must be one of deadline, exhausted, permanent"),
+    (["redrive", "{queue}", "--reason", "bogus", "--note", "fix"], "must be one of"),
+    (["enqueue", "{queue}", "--file", "{tmp}"], "not a file"),
+    (["serve", "--inbox", "{tmp}"], "not a file"),
+    (["serve", "--inbox", "{tmp}/no/such/folder/i.db"], "folder not found"),
+    (["serve", "--inbox", "{foreign}"], "--inbox"),
+    (["serve", "--inbox", "{queue}"], "--inbox"),
     (["inspect", "{queue}", "bad id!"], "id"),
     (["redrive", "{queue}", "a", "--note", "bad note"], "--note"),
     (["redrive", "{queue}", "--note", "fix"], "either"),
@@ -171,10 +181,14 @@ def test_run_until_idle_stats_dead_inspect_redrive(queue: Path, tmp_path: Path):
     with ReceiverProcess(tmp_path / "inbox.db") as rx:
         out = cli("run", str(queue), "--url", rx.url, "--until-idle", "--owner", "cli-1",
                   "--concurrency", "4")
-        assert out.returncode == 0, out.stderr
+        assert out.returncode == 3, out.stderr  # 3: some jobs went dead in this run
         summary = json.loads(out.stdout)
         assert (summary["owner"], summary["ok"], summary["claimed"]) == ("cli-1", 20, 20)
-        assert "summary: done 20" in out.stderr  # plain lines when not a terminal
+        assert (summary["dead"], summary["quarantined"]) == (1, 1)
+        assert summary["dead_by_reason"] == {"deadline": 1, "exhausted": 0, "permanent": 0}
+        assert summary["peak_sending"] <= 4 and "peak_in_flight" not in summary
+        # plain lines when not a terminal; every death counted, by reason
+        assert "summary: done 20  retried 0  dead 1 (deadline:1)" in out.stderr
 
         out = cli("stats", str(queue), "--json", "--receiver", rx.url)
         snap = json.loads(out.stdout)
@@ -203,7 +217,8 @@ def test_run_until_idle_stats_dead_inspect_redrive(queue: Path, tmp_path: Path):
         assert cli("inspect", str(queue), "nope").returncode == 1
 
         out = cli("run", str(queue), "--url", rx.url, "--until-idle", "--batch-size", "1")
-        assert out.returncode == 0 and json.loads(out.stdout)["ok"] == 1
+        assert out.returncode == 0 and json.loads(out.stdout)["ok"] == 1  # 0: none went dead
+        assert json.loads(out.stdout)["dead"] == 0
     assert job_rows(queue)["late"]["status"] == "done"
 
 
@@ -260,9 +275,11 @@ def test_demo_keep_keeps_the_files(tmp_path: Path):
 def _consistent_evidence() -> dict:
     return {
         "orders": 3, "qty_enqueued": 6, "inbox_rows": 3, "inbox_seen": 4, "stock": 6,
-        "receiver": {"requests": 4, "applied": 3, "duplicates": 1, "conflicts": 0,
-                     "stale_senders": 0, "rejected": 0, "too_large": 0, "injected_503": 0,
-                     "unavailable": 0, "dropped_after_commit": 1},
+        "receiver": {"process_requests": 4, "applied": 3, "duplicates": 1, "conflicts": 0,
+                     "stale_senders": 0, "process_rejected": 0, "process_too_large": 0,
+                     "process_timed_out": 0, "process_incomplete": 0,
+                     "process_injected_503": 0, "process_unavailable": 0,
+                     "process_dropped_after_commit": 1},
         "by_status": {"pending": 0, "leased": 0, "done": 3, "dead": 0}, "dead_by_reason": {},
         "redrives": 1, "max_token": 2, "done_not_in_inbox": [], "in_inbox_not_done": [],
         "qty_mismatches": [], "dispatcher_1_exit": -9, "dispatcher_2_exit": 0,
@@ -288,7 +305,7 @@ def test_evidence_check_catches_each_contradiction(change, label):
 
 def test_evidence_check_catches_unaccounted_requests():
     evidence = _consistent_evidence()
-    evidence["receiver"] = {**evidence["receiver"], "requests": 5}
+    evidence["receiver"] = {**evidence["receiver"], "process_requests": 5}
     assert [c.label for c in demo.check_evidence(evidence) if not c.ok] == [
         "requests the receiver saw"]
 
@@ -348,3 +365,157 @@ def test_run_refuses_a_foreign_file_before_anything_runs(tmp_path: Path):
     out = cli("run", str(foreign), "--url", "http://127.0.0.1:9/events", "--until-idle")
     assert out.returncode == 2 and "not a queue file" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and foreign.read_bytes() == before
+
+
+# ------------------------------------------------------------------ exit codes, version
+
+
+def test_every_exit_code_is_documented_in_the_module_the_help_and_the_readme():
+    from asyncworker import cli as module
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    helps = [cli("--help").stdout, cli("run", "--help").stdout, cli("stats", "--help").stdout]
+    for text in [module.__doc__ or "", readme, *helps]:
+        for code, words in [("0", "done"), ("1", "failed"), ("2", "bad usage"),
+                            ("3", "went dead")]:
+            assert re.search(rf"\b{code}\b[^\n]*{words}", text), (code, text[:200])
+
+
+def test_version_from_the_package_metadata():
+    from importlib import metadata
+
+    out = cli("--version")
+    version = metadata.version("lease-dispatcher")
+    assert (out.returncode, out.stdout) == (0, f"asyncworker {version}\n")
+
+
+def test_version_falls_back_when_the_package_is_not_installed(tmp_path: Path):
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent
+    for package in ("asyncworker", "lease"):  # a source tree with no installed metadata
+        shutil.copytree(root / package, tmp_path / package)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from asyncworker.cli import main; "
+            "raise SystemExit(main(['--version']))")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout, out.stderr) == (
+        0, "asyncworker unknown (not installed)\n", "")
+
+
+def test_a_file_name_that_is_not_utf8_is_printed_escaped(tmp_path: Path):
+    name = os.fsencode(tmp_path) + b"/caf\xe9.db"
+    out = subprocess.run([sys.executable, "-m", "asyncworker", "init", name],
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0 and out.stderr == b""
+    assert out.stdout.endswith(b"caf\\udce9.db\n") and os.path.isfile(name)
+
+
+# ------------------------------------------------------------------ JSON lines input
+
+
+def test_a_utf8_bom_and_crlf_lines_are_accepted(queue: Path, tmp_path: Path):
+    lines = tmp_path / "orders.jsonl"
+    lines.write_bytes(b'\xef\xbb\xbf{"id": "a", "qty": 1}\r\n{"id": "b", "qty": 2}\r\n')
+    out = cli("enqueue", str(queue), "--file", str(lines))
+    assert (out.returncode, out.stdout.strip()) == (0, "2 new, 0 duplicate, 0 conflicting")
+    assert {k: r["qty"] for k, r in job_rows(queue).items()} == {"a": 1, "b": 2}
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b'{"id": "a", "qty": 1}\n{"id": "b\xff", "qty": 1}\n', "line 2: not UTF-8 (byte 0xff"),
+    (b'{"id": "a", "qty": 1, "qty": 2}\n', "line 1: duplicate key"),
+    (b'{"id": "a", "qty": NaN}\n', "line 1: NaN is not valid JSON"),
+])
+def test_bad_bytes_name_their_line(queue: Path, tmp_path: Path, data: bytes, message: str):
+    lines = tmp_path / "orders.jsonl"
+    lines.write_bytes(data)
+    before = queue.read_bytes()
+    out = cli("enqueue", str(queue), "--file", str(lines))
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert len(out.stderr.splitlines()) == 1 and queue.read_bytes() == before
+
+
+def test_file_from_a_shell_pipe(queue: Path):
+    """`--file <(...)`: bash hands over /dev/fd/63, a pipe, not a regular file."""
+    script = '"$0" -m asyncworker enqueue "$1" --file <(printf "%s\\n" "$2" "$3")'
+    out = subprocess.run(["bash", "-c", script, sys.executable, str(queue),
+                          '{"id": "p-1", "qty": 1}', '{"id": "p-2", "qty": 2}'],
+                         capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout.strip()) == (0, "2 new, 0 duplicate, 0 conflicting")
+    assert sorted(job_rows(queue)) == ["p-1", "p-2"]
+
+
+def test_file_from_a_fifo(queue: Path, tmp_path: Path):
+    import threading
+
+    fifo = tmp_path / "orders.fifo"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with open(fifo, "wb") as pipe:  # blocks until the command opens the other end
+            pipe.write(b"".join(b'{"id": "f-%d", "qty": 1}\n' % n for n in range(500)))
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    out = cli("enqueue", str(queue), "--file", str(fifo), timeout=60)
+    writer.join(timeout=60)
+    assert (out.returncode, out.stdout.strip()) == (0, "500 new, 0 duplicate, 0 conflicting")
+    assert len(job_rows(queue)) == 500
+
+
+# ------------------------------------------------------------------ bulk redrive
+
+
+def _dead_queue(path: Path, jobs: int) -> None:
+    """`jobs` dead/deadline jobs, written in one executemany (not via the CLI)."""
+    worker.open_queue(path).close()
+    con = sqlite3.connect(path)
+    try:
+        con.executemany(
+            "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
+            " deadline, reason) VALUES (?, 1, 'dead', 3, 3, 3, ?, ?, 'deadline')",
+            ((f"d-{n}", T0, T0 + 1) for n in range(jobs)))
+        con.commit()
+    finally:
+        con.close()
+
+
+def _change_counter(path: Path) -> int:
+    """The header's file change counter: one step per committed write transaction
+    (in rollback-journal mode)."""
+    return int.from_bytes(path.read_bytes()[24:28], "big")
+
+
+def test_bulk_redrive_writes_many_jobs_per_transaction(tmp_path: Path):
+    jobs = 20_000
+    path = tmp_path / "queue.db"
+    _dead_queue(path, jobs)
+    before = _change_counter(path)
+    started = time.monotonic()
+    out = cli("redrive", str(path), "--reason", "deadline", "--note", "replay")
+    elapsed = time.monotonic() - started
+    assert out.returncode == 0, out.stderr
+    assert _change_counter(path) - before == -(-jobs // worker.MAX_BATCH)  # 2, not 20,000
+    assert elapsed < 30  # generous: one transaction per job took about 19 s for these
+    lines = out.stdout.splitlines()
+    assert lines[-1] == f"{jobs} redriven, 0 refused"
+    assert len(lines) == cli_module.SHOW_EACH + 2 and "--verbose" in lines[-2]  # bounded
+    con = worker.open_queue(path, create=False)
+    try:
+        assert con.execute("SELECT COUNT(*), COUNT(DISTINCT id) FROM redrives").fetchone() == (
+            jobs, jobs)
+        assert con.execute("SELECT COUNT(*) FROM jobs WHERE status = 'pending'"
+                           " AND attempts = 0 AND reason IS NULL").fetchone()[0] == jobs
+    finally:
+        con.close()
+
+
+def test_bulk_redrive_lists_each_job_when_asked(tmp_path: Path):
+    path = tmp_path / "queue.db"
+    _dead_queue(path, 30)
+    out = cli("redrive", str(path), "--reason", "deadline", "--note", "x", "--dry-run")
+    assert out.stdout.splitlines()[-1] == "30 to redrive (dry run, nothing changed)"
+    assert out.stdout.count("would redrive") == cli_module.SHOW_EACH
+    out = cli("redrive", str(path), "--reason", "deadline", "--note", "x", "--verbose")
+    assert out.returncode == 0 and out.stdout.count("redrove d-") == 30

@@ -10,15 +10,20 @@ from pathlib import Path
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def test_embedding_example_runs(tmp_path: Path):
+def test_embedding_example_runs_and_removes_its_folder(tmp_path: Path):
     text = README.read_text()
     code = re.search(r"<!-- example: embed -->\n```python\n(.*?)```", text, re.S)
     assert code is not None
-    out = subprocess.run([sys.executable, "-c", code.group(1)], cwd=tmp_path,
+    scratch, cwd = tmp_path / "scratch", tmp_path / "cwd"
+    scratch.mkdir()
+    cwd.mkdir()
+    out = subprocess.run([sys.executable, "-c", code.group(1)], cwd=cwd,
                          capture_output=True, text=True, timeout=120,
-                         env={"TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
+                         env={"TMPDIR": str(scratch), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "100 done, 0 retried, 0 stale"
+    assert out.stdout.strip() == "100 done, 0 retried, 0 dead"
+    assert list(scratch.iterdir()) == []  # its temporary folder is gone
+    assert list(cwd.iterdir()) == []
 
 
 def test_ci_runs_the_readme_test_command():

@@ -1,0 +1,419 @@
+"""Tier 4, hostile: every command as a real process against bad files, bad
+bytes, bad permissions and closed pipes.
+
+Each case asserts the exit code, exactly one line on stderr (none for a
+closed pipe: the reader has gone), no traceback anywhere, and every file in
+the folder as it was: the bytes of each, and the folder listing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator, Optional, Union
+
+import pytest
+
+from lease import worker
+
+from .conftest import T0
+
+ROOT = Path(__file__).resolve().parent.parent
+Arg = Union[str, bytes]
+
+
+# ------------------------------------------------------------------ the zoo of files
+
+
+def make_queue(path: Path, jobs: int = 50, dead: int = 5) -> None:
+    """A queue of `jobs` pending jobs j-0.., the first `dead` of them dead/deadline."""
+    con = worker.open_queue(path)
+    try:
+        worker.enqueue_many(con, [{"id": f"j-{n}", "qty": 1} for n in range(jobs)], T0, 60_000)
+        con.execute("UPDATE jobs SET status = 'dead', reason = 'deadline' WHERE seq <= ?",
+                    (dead,))
+    finally:
+        con.close()
+
+
+def _sqlite(path: Path, *statements: str) -> None:
+    con = sqlite3.connect(path)
+    try:
+        for statement in statements:
+            con.execute(statement)
+        con.commit()
+    finally:
+        con.close()
+
+
+BAD_LINES: dict[str, bytes] = {
+    "latin1.jsonl": b'{"id": "a", "qty": 1}\n{"id": "caf\xe9", "qty": 1}\n',
+    "utf16.jsonl": '{"id": "a", "qty": 1}\n'.encode("utf-16"),
+    "nul-line.jsonl": b'{"id": "a", "qty": 1}\n\x00\n',
+    "nul-in-id.jsonl": b'{"id": "a\x00", "qty": 1}\n',
+    "huge-line.jsonl": b'{"id": "a", "qty": 1}\n' + b" " * (1 << 20) + b"\n",
+    "huge-id.jsonl": b'{"id": "' + b"a" * 100_000 + b'", "qty": 1}\n',
+    "dup-keys.jsonl": b'{"id": "a", "qty": 1}\n\n{"id": "b", "qty": 1, "qty": 9}\n',
+    "nan.jsonl": b'{"id": "a", "qty": NaN}\n',
+    "bom-inside.jsonl": b'{"id": "a", "qty": 1}\n\xef\xbb\xbf{"id": "b", "qty": 1}\n',
+    "not-json.jsonl": b'{"id": "a", "qty": 1}\nid,qty\n',
+    "binary.jsonl": bytes(range(256)) * 4,
+}
+
+
+def build_zoo(folder: Path) -> None:
+    make_queue(folder / "queue.db")
+    (folder / "dir.db").mkdir()
+    (folder / "garbage.db").write_bytes(bytes((n * 37 + 11) % 256 for n in range(8192)))
+    _sqlite(folder / "foreign.db", "CREATE TABLE users (name TEXT)",
+            "INSERT INTO users VALUES ('ada')")
+    make_queue(folder / "big.db", 600)
+    data = (folder / "big.db").read_bytes()
+    (folder / "truncated.db").write_bytes(data[: len(data) // 2])
+    (folder / "big.db").unlink()
+    header = bytearray((folder / "queue.db").read_bytes())
+    header[:16] = b"NOT A DATABASE!!"
+    (folder / "header.db").write_bytes(bytes(header))
+    (folder / "empty.db").touch()
+    shutil.copy(folder / "queue.db", folder / "wal.db")
+    _sqlite(folder / "wal.db", "PRAGMA journal_mode=WAL")
+    shutil.copy(folder / "queue.db", folder / "noindex.db")
+    _sqlite(folder / "noindex.db", "DROP INDEX jobs_live")
+    (folder / "ok.jsonl").write_bytes(b'{"id": "new-1", "qty": 2}\n')
+    for name, data in BAD_LINES.items():
+        (folder / name).write_bytes(data)
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("zoo")
+    build_zoo(folder)
+    return folder
+
+
+@pytest.fixture
+def work(zoo: Path, tmp_path: Path) -> Path:
+    """A fresh copy of the zoo for one case."""
+    folder = tmp_path / "w"
+    shutil.copytree(zoo, folder)
+    assert not (folder / "wal.db-wal").exists()  # a WAL copy with nothing unmerged
+    return folder
+
+
+def state(folder: Path) -> dict[str, object]:
+    """Every entry under the folder: a file's bytes, or what else it is."""
+    found: dict[str, object] = {}
+    for path in sorted(folder.rglob("*")):
+        name = str(path.relative_to(folder))
+        try:
+            found[name] = path.read_bytes() if path.is_file() else (
+                "<dir>" if path.is_dir() else "<other>")
+        except PermissionError:  # not root: a mode-000 file is not ours to read
+            found[name] = "<unreadable>"
+    return found
+
+
+def changes(before: dict, after: dict) -> list[str]:
+    return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+
+
+def run_cli(args: list[Arg], *, stdin: bytes = b"", stdout: Optional[int] = None,
+            stderr: Optional[int] = None, python: str = sys.executable, user: bool = False,
+            cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [python, "-m", "asyncworker", *args], input=stdin, timeout=60, cwd=cwd,
+        stdout=subprocess.PIPE if stdout is None else stdout,
+        stderr=subprocess.PIPE if stderr is None else stderr,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        preexec_fn=_not_root if user else None)
+
+
+def expand(args: list[Arg], folder: Path, **more: str) -> list[Arg]:
+    names = {"w": str(folder), **more}
+    return [a.format(**names) if isinstance(a, str) else a.replace(b"{w}", os.fsencode(folder))
+            for a in args]
+
+
+def assert_one_line_error(out: subprocess.CompletedProcess, code: int, message: str) -> None:
+    err = out.stderr.decode(errors="replace")
+    assert out.returncode == code, err
+    assert "Traceback" not in err and b"Traceback" not in out.stdout
+    assert len(err.strip().splitlines()) == 1, err
+    assert message in err, err
+
+
+# ------------------------------------------------------------------ bad queue files
+
+# Every command that takes a queue, once each: the variants of one command (stats
+# --json, redrive of one ID) open the file the same way.
+COMMANDS: dict[str, list[Arg]] = {
+    "init": ["init", "{f}"],
+    "enqueue": ["enqueue", "{f}", "--id", "zz", "--qty", "1"],
+    "run": ["run", "{f}", "--url", "http://127.0.0.1:9/events", "--until-idle"],
+    "stats": ["stats", "{f}", "--json"],
+    "dead": ["dead", "{f}"],
+    "inspect": ["inspect", "{f}", "j-1"],
+    "redrive": ["redrive", "{f}", "--reason", "deadline", "--note", "fix"],
+}
+
+BAD_QUEUES = {
+    "missing.db": "queue file not found",
+    "dir.db": "not a file",
+    "garbage.db": "database",
+    "foreign.db": "not a queue file",
+    "truncated.db": "malformed",
+    "header.db": "database",
+    "empty.db": "empty",
+}
+# init's own work: it creates a missing queue and fills an empty file with one.
+NOT_HOSTILE = {("init", "missing.db"), ("init", "empty.db")}
+QUEUE_CASES = [(c, f) for f in BAD_QUEUES for c in COMMANDS if (c, f) not in NOT_HOSTILE]
+
+
+@pytest.mark.parametrize(("command", "name"), QUEUE_CASES,
+                         ids=[f"{c}-{f}" for c, f in QUEUE_CASES])
+def test_a_bad_queue_file_is_one_line_and_untouched(work: Path, command: str, name: str):
+    before = state(work)
+    out = run_cli(expand(COMMANDS[command], work, f=str(work / name)))
+    assert_one_line_error(out, 2, BAD_QUEUES[name])
+    assert changes(before, state(work)) == []
+
+
+ODD_PATHS: list[tuple[list[Arg], str]] = [
+    (["stats", "/dev/null"], "not a file"),
+    (["enqueue", "/dev/null", "--id", "a", "--qty", "1"], "not a file"),
+    (["stats", "{w}/new\nline.db"], "new\\nline.db"),  # one line, the newline shown
+    (["dead", b"{w}/\xff\xfe.db"], "queue file not found"),  # a name that is not UTF-8
+    (["init", "{w}/no\nfolder/q.db"], "folder not found"),
+    (["enqueue", "{w}/queue.db", "--file", "{w}/missing.jsonl"], "file not found"),
+    (["enqueue", "{w}/queue.db", "--file", "{w}/dir.db"], "not a file"),
+    (["enqueue", "{w}/missing.db", "--file", "{w}/ok.jsonl"], "queue file not found"),
+    (["inspect", "{w}/queue.db", "nope"], "no job 'nope'"),
+    (["dead", "{w}/queue.db", "--reason", "bogus"], "--reason"),
+    (["redrive", "{w}/queue.db", "--reason", "bogus", "--note", "x"], "--reason"),
+    (["redrive", "{w}/queue.db", "--reason", "deadline", "--note", "x\ny"], "--note"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), ODD_PATHS,
+                         ids=[f"{n}-{a[0]}" for n, (a, _) in enumerate(ODD_PATHS)])
+def test_odd_paths_and_arguments(work: Path, args: list[Arg], message: str):
+    before = state(work)
+    out = run_cli(expand(args, work))
+    assert_one_line_error(out, 1 if message.startswith("no job") else 2, message)
+    assert changes(before, state(work)) == []
+
+
+# ------------------------------------------------------------------ read-only by nature
+
+LOOKING = ["stats", "dead", "inspect"]
+DELICATE = ["queue.db", "wal.db", "noindex.db"]
+
+
+@pytest.mark.parametrize("name", DELICATE)
+@pytest.mark.parametrize("command", LOOKING)
+def test_commands_that_look_change_nothing(work: Path, command: str, name: str):
+    """A WAL copy stays WAL, a dropped index stays dropped, no -journal/-wal/-shm appears."""
+    before = state(work)
+    out = run_cli(expand(COMMANDS[command], work, f=str(work / name)))
+    assert out.returncode == 0, out.stderr
+    assert b"Traceback" not in out.stderr
+    assert (b'"jobs": 50' if command == "stats" else b"j-1") in out.stdout
+    assert changes(before, state(work)) == []
+
+
+# ------------------------------------------------------------------ bad bytes
+
+
+@pytest.mark.parametrize("name", sorted(BAD_LINES))
+def test_bad_bytes_in_a_jsonl_file_are_one_line_and_nothing_enqueued(work: Path, name: str):
+    before = state(work)
+    out = run_cli(["enqueue", str(work / "queue.db"), "--file", str(work / name)])
+    assert_one_line_error(out, 2, "nothing was enqueued")
+    assert "line " in out.stderr.decode()
+    assert changes(before, state(work)) == []
+
+
+@pytest.mark.parametrize("name", ["latin1.jsonl", "dup-keys.jsonl", "huge-line.jsonl"])
+def test_bad_bytes_on_standard_input(work: Path, name: str):
+    before = state(work)
+    out = run_cli(["enqueue", str(work / "queue.db"), "--file", "-"], stdin=BAD_LINES[name])
+    assert_one_line_error(out, 2, "nothing was enqueued")
+    assert changes(before, state(work)) == []
+
+
+# ------------------------------------------------------------------ closed pipes
+
+CLOSED_STDOUT: list[list[Arg]] = [
+    ["--version"],
+    ["init", "{w}/queue.db"],
+    ["stats", "{w}/queue.db"],
+    ["stats", "{w}/queue.db", "--json"],
+    ["dead", "{w}/queue.db"],
+    ["inspect", "{w}/queue.db", "j-1"],
+    ["redrive", "{w}/queue.db", "--reason", "deadline", "--note", "x", "--dry-run"],
+    ["enqueue", "{w}/queue.db", "--id", "j-9", "--qty", "1"],  # a duplicate: no change
+]
+
+
+@pytest.fixture
+def closed_pipe() -> Iterator[int]:
+    """The write end of a pipe whose reader has already gone (``| head -0``)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        yield write
+    finally:
+        os.close(write)
+
+
+@pytest.mark.parametrize("args", CLOSED_STDOUT,
+                         ids=[f"{n}-{a[0]}" for n, a in enumerate(CLOSED_STDOUT)])
+def test_a_reader_that_left_gets_a_quiet_exit(work: Path, closed_pipe: int, args: list[Arg]):
+    before = state(work)
+    out = run_cli(expand(args, work), stdout=closed_pipe)
+    assert (out.returncode, out.stderr) == (1, b"")  # the Python docs' recipe: quiet, 1
+    assert changes(before, state(work)) == []
+
+
+def test_a_long_listing_into_head(work: Path):
+    """`dead queue.db | head -3` with more output than a pipe holds."""
+    make_queue(work / "many.db", 3000, 3000)
+    before = state(work)
+    proc = subprocess.Popen([sys.executable, "-m", "asyncworker", "dead", str(work / "many.db")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        head = [proc.stdout.readline() for _ in range(3)]
+        proc.stdout.close()
+        err = proc.stderr.read()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    assert head[0].startswith(b"id ") and head[2].startswith(b"j-1 ")
+    assert (proc.returncode, err) == (1, b"")
+    assert changes(before, state(work)) == []
+
+
+@pytest.mark.parametrize("args", [["--help"], ["stats", "--help"]])
+def test_help_into_a_closed_pipe(closed_pipe: int, args: list[Arg]):
+    out = run_cli(args, stdout=closed_pipe)
+    assert (out.returncode, out.stderr) == (0, b"")  # argparse ignores a failed help write
+
+
+def test_an_error_with_stderr_closed_too(work: Path, closed_pipe: int):
+    out = run_cli(["stats", str(work / "missing.db")], stdout=closed_pipe, stderr=closed_pipe)
+    assert out.returncode == 2
+
+
+# ------------------------------------------------------------------ serve
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+SERVE_CASES = {
+    "dir.db": "not a file",
+    "no/such/folder/inbox.db": "folder not found",
+    "garbage.db": "inbox",
+    "foreign.db": "inbox",
+    "queue.db": "inbox",
+    "truncated.db": "inbox",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SERVE_CASES))
+def test_serve_refuses_what_is_not_an_inbox(work: Path, name: str):
+    before = state(work)
+    out = run_cli(["serve", "--inbox", str(work / name)])
+    assert_one_line_error(out, 2, SERVE_CASES[name])
+    assert out.stdout == b""  # no URL: nothing listened
+    assert changes(before, state(work)) == []
+
+
+def test_serve_on_a_port_in_use(work: Path, busy_port: int):
+    before = state(work)
+    out = run_cli(["serve", "--inbox", str(work / "inbox.db"), "--port", str(busy_port)])
+    assert_one_line_error(out, 2, str(busy_port))
+    assert out.stdout == b""
+    assert changes(before, state(work)) == []
+
+
+# ------------------------------------------------------------------ read-only, unprivileged
+
+
+def _not_root() -> None:
+    os.setgid(65534)
+    os.setuid(65534)  # as root, file modes do not bind; "nobody" is bound by them
+
+
+@pytest.fixture
+def locked(zoo: Path) -> Iterator[tuple[Path, str, bool]]:
+    """A read-only copy of the zoo's queues in a read-only folder that "nobody" can
+    enter (/tmp, not root's pytest folder), and a python that "nobody" can run."""
+    as_root = os.geteuid() == 0
+    # nobody cannot enter root's home, where this interpreter may live; the
+    # commands that write and look need the standard library only.
+    python = shutil.which("python3", path="/usr/bin:/bin") if as_root else sys.executable
+    assert python, "a python3 that an unprivileged user can run"
+    folder = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        for name in ("queue.db", "wal.db", "noindex.db", "ok.jsonl"):
+            shutil.copy(zoo / name, folder / name)
+            (folder / name).chmod(0o444)
+        shutil.copy(zoo / "ok.jsonl", folder / "secret.jsonl")
+        (folder / "secret.jsonl").chmod(0o000)
+        folder.chmod(0o555)  # no journal can be created beside them either
+        yield folder, python, as_root
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(folder)
+
+
+READ_ONLY_CASES: list[tuple[list[Arg], int, str]] = [
+    (["enqueue", "{w}/queue.db", "--id", "zz", "--qty", "1"], 1, "readonly"),
+    (["enqueue", "{w}/queue.db", "--file", "{w}/ok.jsonl"], 1, "readonly"),
+    (["enqueue", "{w}/queue.db", "--file", "{w}/secret.jsonl"], 2, "ermission denied"),
+    (["redrive", "{w}/queue.db", "j-1", "--note", "fix"], 1, "readonly"),
+    (["redrive", "{w}/queue.db", "--reason", "deadline", "--note", "fix"], 1, "readonly"),
+    (["init", "{w}/new.db"], 2, "unable to open"),  # a folder it cannot write in
+]
+
+
+@pytest.mark.parametrize(("args", "code", "message"), READ_ONLY_CASES,
+                         ids=[f"{a[0]}-{a[-1]}" for a, _, _ in READ_ONLY_CASES])
+def test_a_read_only_queue_is_one_line_and_untouched(locked, args, code, message):
+    folder, python, as_root = locked
+    before = state(folder)
+    out = run_cli(expand(args, folder), python=python, user=as_root, cwd=Path("/"))
+    assert_one_line_error(out, code, message)
+    assert changes(before, state(folder)) == []
+
+
+# init on a WAL copy or a missing index repairs it (its work): only on a whole queue
+LOOKS = [(c, f) for c in LOOKING for f in DELICATE] + [("init", "queue.db")]
+
+
+@pytest.mark.parametrize(("command", "name"), LOOKS, ids=[f"{c}-{f}" for c, f in LOOKS])
+def test_a_read_only_queue_can_still_be_looked_at(locked, command: str, name: str):
+    folder, python, as_root = locked
+    before = state(folder)
+    args = COMMANDS[command]
+    out = run_cli(expand(args, folder, f=str(folder / name)), python=python, user=as_root,
+                  cwd=Path("/"))
+    assert out.returncode == 0, out.stderr
+    assert b"Traceback" not in out.stderr
+    assert changes(before, state(folder)) == []
