@@ -8,8 +8,16 @@
 | ``X-Lease-Token`` lower than one already seen | 409 ``{"error": "stale token ..."}``        |
 | bad JSON, content type, keys, types, token | 400 ``{"error": ...}``                     |
 | a body over 4 KiB                          | 413 ``{"error": ...}``                     |
+| a body not received within the read time  | 408 ``{"error": ...}``, connection closed  |
+| a connection past the connection limit    | 503, connection closed                   |
 
-``GET /stats`` (JSON) and ``GET /metrics`` (Prometheus text) show the counters.
+A client that sends no complete request head within the read time is
+disconnected; so a slow or half-open client holds a connection for a bounded
+time, and never more than ``max_connections`` of them at once.
+
+``GET /stats`` (JSON) and ``GET /metrics`` (Prometheus text) show the figures:
+those of the inbox file (durable, the same across restarts) by their plain
+names, those of this process prefixed ``process_``.
 Fault injection (latency, 503 before commit, a dropped connection after
 commit) is off unless asked for, and seeded.
 """
@@ -18,20 +26,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from asyncworker.inbox import APPLIED, CONFLICT, DUPLICATE, STALE, Inbox, InboxClosed
+from asyncworker.inbox import CONFLICT, STALE, Inbox, InboxClosed, check_max_group, probe_inbox
 from lease.http import TOKEN_HEADER, check_url
-from lease.worker import MAX_TOKEN, check_event
+from lease.worker import MAX_TOKEN
+from lease.worker import parse_event as parse_json_event
 
 BODY_LIMIT = 4096
 
@@ -54,11 +66,30 @@ class Faults:
                 raise ValueError(f"{name} must be a probability in 0..1, got {value!r}")
 
 
-class Counters:
-    """Request counters of this process (the inbox's own totals are durable)."""
+@dataclass(frozen=True)
+class Limits:
+    """What one client may hold: each bound keeps a slow one from starving the rest."""
 
-    NAMES = ("requests", "rejected", "too_large", "injected_503", "dropped_after_commit",
-             "unavailable", "in_flight", "peak_in_flight")
+    read_timeout: float = 10.0  # seconds for a request's head, and again for its body
+    max_connections: int = 1024  # open at once; one more is answered 503 and closed
+
+    def __post_init__(self) -> None:
+        if type(self.read_timeout) not in (int, float) or not 0 < self.read_timeout <= 3600:
+            raise ValueError(f"read_timeout must be seconds in (0, 3600], "
+                             f"got {self.read_timeout!r}")
+        if type(self.max_connections) is not int or not 1 <= self.max_connections <= 100_000:
+            raise ValueError(f"max_connections must be an int in 1..100000, "
+                             f"got {self.max_connections!r}")
+
+
+class Counters:
+    """Counts of this process alone (they start at 0 on each start); the inbox's
+    totals are durable and live in the inbox file."""
+
+    NAMES = ("requests", "rejected", "too_large", "timed_out", "incomplete", "injected_503",
+             "dropped_after_commit", "unavailable", "bad_http", "refused_connections",
+             "in_flight", "peak_in_flight", "open_connections")
+    GAUGES = ("in_flight", "peak_in_flight", "open_connections")
 
     def __init__(self) -> None:
         self.values = dict.fromkeys(self.NAMES, 0)
@@ -78,6 +109,7 @@ class Counters:
 INBOX = web.AppKey("inbox", Inbox)
 COUNTERS = web.AppKey("counters", Counters)
 FAULTS = web.AppKey("faults", Faults)
+LIMITS = web.AppKey("limits", Limits)
 RANDOM = web.AppKey("random", random.Random)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 
@@ -90,43 +122,65 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-def _no_duplicate_keys(pairs: list) -> dict:
-    keys = [key for key, _ in pairs]
-    if len(keys) != len(set(keys)):
-        raise BadRequest(f"duplicate key in JSON object: {keys}")
-    return dict(pairs)
+def parse_event(content_type: str, body: bytes, token_headers: list[str]) -> tuple:
+    """(id, qty, token) of a valid request, else BadRequest naming the problem.
 
-
-def parse_event(content_type: str, body: bytes, token_header: Optional[str]) -> tuple:
-    """(id, qty, token) of a valid request, else BadRequest naming the problem."""
+    The JSON rules are the contract's (``lease.worker.parse_event``), on a body
+    that must be UTF-8, as JSON on the wire must be (bytes alone would also be
+    read as UTF-16, UTF-32 or with a byte order mark). ``token_headers`` holds
+    every X-Lease-Token header: none, or one; two are refused, since which one
+    fences would be a guess.
+    """
     if content_type != "application/json":
         raise BadRequest(f"content type must be application/json, got {content_type!r}")
     try:
-        event = json.loads(body, object_pairs_hook=_no_duplicate_keys,
-                           parse_constant=_reject_constant)
-    except BadRequest:
-        raise
-    except ValueError as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from None
-    try:
-        check_event(event)
+        event = parse_json_event(body.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"body is not UTF-8: {exc.reason} at byte {exc.start}") from None
+    except RecursionError:  # 4 KiB of "[" nest deeper than the parser's stack
+        raise BadRequest("body is not valid JSON: nested too deeply") from None
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
-    return event["id"], event["qty"], _parse_token(token_header)
+    return event["id"], event["qty"], _parse_token(token_headers)
 
 
-def _reject_constant(name: str) -> Any:
-    raise BadRequest(f"{name} is not valid JSON")
-
-
-def _parse_token(header: Optional[str]) -> Optional[int]:
-    if header is None:
+def _parse_token(headers: list[str]) -> Optional[int]:
+    if not headers:
         return None
+    if len(headers) > 1:
+        raise BadRequest(f"{TOKEN_HEADER} must be sent once, got {len(headers)}")
+    header = headers[0]
     # length first: int() of thousands of digits is slow, and refused past 4300
     if not (len(header) <= 16 and header.isascii() and header.isdigit()) or not (
             1 <= int(header) <= MAX_TOKEN):
         raise BadRequest(f"{TOKEN_HEADER} must be an integer in 1..{MAX_TOKEN}, got {header!r:.40}")
     return int(header)
+
+
+async def _read_body(request: web.Request) -> Union[bytes, web.Response]:
+    """The body, or the answer for one too large (413) or too slow (408)."""
+    counters, timeout = request.app[COUNTERS], request.app[LIMITS].read_timeout
+    try:
+        return await asyncio.wait_for(request.read(), timeout)
+    except web.HTTPRequestEntityTooLarge:
+        counters.add("too_large")
+        answer = _error(413, f"body is larger than {BODY_LIMIT} bytes")
+        answer.force_close()  # the rest of the body is read only to let the answer arrive
+        return answer
+    except (ConnectionError, HttpProcessingError) as exc:  # gone, or a malformed chunk
+        counters.add("incomplete")
+        answer = _error(400, f"request body is incomplete: {exc}")
+        answer.force_close()
+        return answer
+    except asyncio.TimeoutError:
+        counters.add("timed_out")
+    answer = _error(408, f"request body not received within {timeout:g} s")
+    answer.force_close()
+    await answer.prepare(request)
+    await answer.write_eof()
+    if request.transport is not None:
+        request.transport.close()  # a client this slow is not waited for any longer
+    return answer
 
 
 async def post_event(request: web.Request) -> web.StreamResponse:
@@ -142,14 +196,12 @@ async def post_event(request: web.Request) -> web.StreamResponse:
 async def _handle(request: web.Request) -> web.StreamResponse:
     app = request.app
     counters, faults, rng = app[COUNTERS], app[FAULTS], app[RANDOM]
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        counters.add("too_large")
-        return _error(413, f"body is larger than {BODY_LIMIT} bytes")
+    body = await _read_body(request)
+    if isinstance(body, web.Response):
+        return body
     try:
         event_id, qty, token = parse_event(request.content_type, body,
-                                           request.headers.get(TOKEN_HEADER))
+                                           request.headers.getall(TOKEN_HEADER, []))
     except BadRequest as exc:
         counters.add("rejected")
         return _error(400, str(exc))
@@ -177,20 +229,22 @@ async def _handle(request: web.Request) -> web.StreamResponse:
 
 
 def stats(app: web.Application) -> dict:
-    """Every counter: this process's request counts and the inbox's durable totals."""
-    totals = app[INBOX].totals
-    outcomes = totals.outcomes
+    """Every figure. Those of the inbox file first: durable, they read the same
+    before and after a restart. Then this process's own, named ``process_*``."""
+    inbox = app[INBOX]
+    totals = inbox.totals
+    process = {**app[COUNTERS].values, "commits": inbox.commits,
+               "requests_per_commit": round(inbox.grouped / inbox.commits, 2)
+               if inbox.commits else 0}
     return {
-        **app[COUNTERS].values,
-        "applied": outcomes[APPLIED],
-        "duplicates": outcomes[DUPLICATE],
-        "conflicts": outcomes[CONFLICT],
-        "stale_senders": outcomes[STALE],
-        "commits": totals.commits,
-        "requests_per_commit": round(totals.grouped / totals.commits, 2) if totals.commits else 0,
+        "applied": totals.applied,
+        "duplicates": totals.duplicates,
+        "conflicts": totals.conflicts,
+        "stale_senders": totals.stale,
         "inbox_rows": totals.rows,
         "inbox_seen": totals.seen,
         "stock": totals.stock,
+        **{f"process_{name}": value for name, value in process.items()},
     }
 
 
@@ -206,7 +260,8 @@ async def get_metrics(request: web.Request) -> web.Response:
 class _StatsCollector:
     """Exposes stats() in the Prometheus text format, read at scrape time."""
 
-    GAUGES = {"in_flight", "peak_in_flight", "inbox_rows", "stock", "requests_per_commit"}
+    GAUGES = {"inbox_rows", "stock", "process_requests_per_commit",
+              *(f"process_{name}" for name in Counters.GAUGES)}
 
     def __init__(self, app: web.Application) -> None:
         self._app = app
@@ -222,18 +277,25 @@ class _StatsCollector:
 
 
 def make_app(inbox_path: Union[str, os.PathLike], *, faults: Faults = Faults(),
-             max_group: int = 64) -> web.Application:
-    """The receiver as an aiohttp application; the inbox opens on startup."""
+             max_group: int = 64, limits: Limits = Limits()) -> web.Application:
+    """The receiver as an aiohttp application; the inbox opens on startup.
+
+    ValueError at once, before anything is created or changed, for an inbox
+    path that holds no inbox (see ``asyncworker.inbox.probe_inbox``).
+    """
+    probe_inbox(inbox_path)
+    check_max_group(max_group)
     app = web.Application(client_max_size=BODY_LIMIT)
     app[COUNTERS] = Counters()
     app[FAULTS] = faults
+    app[LIMITS] = limits
     app[RANDOM] = random.Random(faults.seed)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_StatsCollector(app))
     app[REGISTRY] = registry
 
     async def inbox_context(app: web.Application) -> Any:
-        app[INBOX] = await Inbox.open(str(inbox_path), max_group=max_group)
+        app[INBOX] = await Inbox.open(os.fspath(inbox_path), max_group=max_group)
         yield
         await app[INBOX].close()
 
@@ -244,38 +306,175 @@ def make_app(inbox_path: Union[str, os.PathLike], *, faults: Faults = Faults(),
     return app
 
 
+class Listener:
+    """An app served on a socket bound at construction, before the app starts.
+
+    ``Listener(app, host, port)`` raises OSError if the address cannot be
+    bound (a port in use), with nothing else done; ``await start()`` opens the
+    inbox and serves; ``await close()`` answers what is in progress, closes
+    the inbox and the socket. The app's Limits apply to every connection.
+    """
+
+    def __init__(self, app: web.Application, host: str, port: int) -> None:
+        limits = app[LIMITS]
+        self.app = app
+        self._sock = _bind(host, port)
+        bound_host, bound_port = self._sock.getsockname()[:2]
+        self.url = f"http://{_url_host(bound_host)}:{bound_port}/events"
+        # keepalive_timeout bounds the wait for a request head (on a new
+        # connection and between requests); lingering_time the wait for the
+        # unread rest of a body after the answer.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0,
+                                     keepalive_timeout=limits.read_timeout,
+                                     lingering_time=limits.read_timeout,
+                                     logger=_connection_log(app[COUNTERS]))
+        self._server: Optional[asyncio.AbstractServer] = None
+
+    async def start(self) -> None:
+        await self._runner.setup()
+        server = self._runner.server
+        assert server is not None  # set by setup()
+        gate = _ConnectionGate(server, self.app[LIMITS].max_connections, self.app[COUNTERS])
+        self._server = await asyncio.get_running_loop().create_server(gate, sock=self._sock)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()  # closes the socket: no new connections
+        else:
+            self._sock.close()
+        await self._runner.cleanup()  # answers what is in progress, then closes the inbox
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket; else OSError with the address as its filename:
+    ``[Errno 98] Address already in use: '127.0.0.1:8080'``."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICSERV)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, f"{host}:{port}") from None
+    try:
+        # As asyncio does: a restart may bind a port whose last connections linger.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, exc.strerror, f"{host}:{port}") from None
+    return sock
+
+
+class _ClientFaults(logging.Filter):
+    """A malformed request is its client's fault: aiohttp answers it 400 and
+    would log it with a traceback; it is counted instead (process_bad_http)."""
+
+    def __init__(self, counters: Counters) -> None:
+        super().__init__()
+        self._counters = counters
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], HttpProcessingError):
+            self._counters.add("bad_http")
+            return False
+        return True
+
+
+def _connection_log(counters: Counters) -> logging.Logger:
+    """The log of this app's connections: this module's logger, less the client faults."""
+    log = logging.Logger(f"{__name__}.connections")
+    log.parent = logging.getLogger(__name__)
+    log.addFilter(_ClientFaults(counters))
+    return log
+
+
+class _ConnectionGate:
+    """The listening socket's protocol factory: at most ``limit`` connections
+    open at once. One more is answered 503 and closed at once, rather than left
+    to wait unseen: a crowd of slow clients must not lock out the rest."""
+
+    def __init__(self, server: web.Server, limit: int, counters: Counters) -> None:
+        self._server, self._limit, self._counters = server, limit, counters
+
+    def __call__(self) -> asyncio.Protocol:
+        if self._counters.values["open_connections"] >= self._limit:
+            self._counters.add("refused_connections")
+            return _Refused()
+        self._counters.add("open_connections")
+        return _Counted(self._server(), self._counters)
+
+
+class _Counted(asyncio.Protocol):
+    """aiohttp's protocol for one connection, with its end counted."""
+
+    def __init__(self, inner: asyncio.Protocol, counters: Counters) -> None:
+        self._inner, self._counters = inner, counters
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._inner.data_received(data)
+
+    def eof_received(self) -> Optional[bool]:
+        return self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._counters.add("open_connections", -1)
+        self._inner.connection_lost(exc)
+
+
+_BUSY = json.dumps({"error": "too many connections, try again later"}).encode()
+
+
+class _Refused(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+                        % (len(_BUSY), _BUSY))
+        transport.close()
+
 
 async def serve(inbox_path: Union[str, os.PathLike], host: str = "127.0.0.1", port: int = 0, *,
-                faults: Faults = Faults(), max_group: int = 64) -> None:
+                faults: Faults = Faults(), max_group: int = 64,
+                limits: Limits = Limits()) -> None:
     """Run the receiver until SIGINT or SIGTERM; print its URL on the first line
-    and, on the way out, its final counters (JSON) on the last.
+    and, on the way out, its final figures (JSON) on the last.
 
-    The signal handlers are in place before anything else, and the URL is
-    printed (and flushed) only once the inbox is open and the socket listens:
-    a parent that reads the first line can send at once, or stop it at once.
-    On a signal, requests in progress are answered, the inbox is closed
-    cleanly, and the coroutine returns.
+    Before anything is created or printed: ValueError (message ready to print)
+    for a host that is not loopback or an inbox path that holds no inbox;
+    OSError for an address that cannot be bound (a port in use). The signal
+    handlers are in place next, and the URL is printed (and flushed) only once
+    the inbox is open and the socket listens: a parent that reads the first
+    line can send at once, or stop it at once. On a signal, requests in
+    progress are answered, the inbox is closed cleanly, and the coroutine
+    returns.
     """
     check_url(f"http://{_url_host(host)}:{port or 1}/events")  # loopback only
+    app = make_app(inbox_path, faults=faults, max_group=max_group, limits=limits)
+    listener = Listener(app, host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    app = make_app(inbox_path, faults=faults, max_group=max_group)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
     try:
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound_host, bound_port = runner.addresses[0][:2]
-        print(f"http://{_url_host(bound_host)}:{bound_port}/events", flush=True)
+        await listener.start()
+        print(listener.url, flush=True)
         await stop.wait()
     finally:
-        await runner.cleanup()  # answers what is in progress, then closes the inbox
+        await listener.close()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
-    # The counters of this run, as the last line: a supervisor that restarts the
-    # receiver can add up every request it ever answered.
+    # The figures of this run, as the last line: the inbox's are durable, and a
+    # supervisor that restarts the receiver can add up the process_* ones.
     print(json.dumps(stats(app)), flush=True)
     print("receiver stopped", file=sys.stderr, flush=True)
 

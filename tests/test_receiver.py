@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import json
+import os
+import re
 import signal
+import socket
 import sqlite3
 from pathlib import Path
+from typing import Callable
 
 import aiohttp
 import pytest
-from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncworker import Faults, make_app, send_http
-from asyncworker.inbox import Inbox, decide_group
+from asyncworker.inbox import Inbox, decide_group, read_inbox
+from asyncworker.receiver import Limits, Listener, serve
+from asyncworker.receiver import stats as receiver_stats
 from lease import http as sync_http
 from lease.worker import Permanent, Retryable
 
@@ -30,19 +37,17 @@ class Running:
 
     async def __aenter__(self) -> Running:
         self.app = make_app(self.inbox, **self.kwargs)
-        self.runner = web.AppRunner(self.app, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        port = self.runner.addresses[0][1]
-        self.base = f"http://127.0.0.1:{port}"
-        self.url = self.base + "/events"
+        self.listener = Listener(self.app, "127.0.0.1", 0)
+        await self.listener.start()
+        self.url = self.listener.url
+        self.base = self.url.rsplit("/", 1)[0]
+        self.port = int(self.base.rsplit(":", 1)[1])
         self.session = aiohttp.ClientSession()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.session.close()
-        await self.runner.cleanup()
+        await self.listener.close()
 
     async def post(self, body: object, *, content_type: str = "application/json",
                    headers: dict | None = None) -> tuple[int, dict]:
@@ -88,10 +93,10 @@ async def test_apply_duplicate_conflict(tmp_path: Path):
         status, body = await rx.post({"id": "snack-7", "qty": 8})
         assert status == 409 and "qty 7, not 8" in body["error"]
         stats = await rx.stats()
-        assert {k: stats[k] for k in ("requests", "applied", "duplicates", "conflicts", "stock",
-                                      "inbox_rows", "rejected")} == {
-            "requests": 3, "applied": 1, "duplicates": 1, "conflicts": 1, "stock": 7,
-            "inbox_rows": 1, "rejected": 0}
+        assert {k: stats[k] for k in ("process_requests", "applied", "duplicates", "conflicts",
+                                      "stock", "inbox_rows", "process_rejected")} == {
+            "process_requests": 3, "applied": 1, "duplicates": 1, "conflicts": 1, "stock": 7,
+            "inbox_rows": 1, "process_rejected": 0}
     assert inbox_rows(tmp_path / "inbox.db") == [("snack-7", 7, 2, None)]
 
 
@@ -150,7 +155,7 @@ async def test_bad_requests_never_touch_the_inbox(tmp_path: Path):
             assert (got_status, message in got.get("error", "")) == (status, True), (name, got)
             assert snapshot(inbox) == before, name
         stats = await rx.stats()
-        assert stats["rejected"] + stats["too_large"] == len(BAD_REQUESTS)
+        assert stats["process_rejected"] + stats["process_too_large"] == len(BAD_REQUESTS)
         assert (stats["applied"], stats["inbox_rows"], stats["stock"]) == (1, 1, 2)
     assert len(BAD_REQUESTS) >= 20
 
@@ -177,13 +182,13 @@ async def test_group_commit_answers_after_one_commit(tmp_path: Path):
     try:
         results = await asyncio.gather(*(inbox.deliver(f"g-{n % 4}", 1, None) for n in range(12)))
         assert [r.outcome for r in results] == ["applied"] * 4 + ["duplicate"] * 8
-        assert inbox.totals.commits == 1 and inbox.totals.stock == 4
+        assert inbox.commits == 1 and inbox.totals.stock == 4
     finally:
         await inbox.close()
     single = await Inbox.open(tmp_path / "single.db", max_group=1)
     try:
         await asyncio.gather(*(single.deliver(f"g-{n}", 1, None) for n in range(12)))
-        assert single.totals.commits == 12
+        assert single.commits == 12
     finally:
         await single.close()
     # Each answer came only after its COMMIT: the rows are on disk for a new connection.
@@ -212,7 +217,7 @@ async def test_metrics_in_prometheus_text(tmp_path: Path):
     assert "receiver_applied_total 1.0" in lines
     assert "receiver_duplicates_total 1.0" in lines
     assert "receiver_stock 4.0" in lines
-    assert "# TYPE receiver_requests_total counter" in lines
+    assert "# TYPE receiver_process_requests_total counter" in lines
 
 
 async def test_injected_503_is_before_commit(tmp_path: Path):
@@ -221,7 +226,7 @@ async def test_injected_503_is_before_commit(tmp_path: Path):
         with pytest.raises(Retryable):
             await send_http(rx.url, {"id": "x", "qty": 1}, timeout=5)
         stats = await rx.stats()
-        assert (stats["injected_503"], stats["applied"], stats["inbox_rows"]) == (1, 0, 0)
+        assert (stats["process_injected_503"], stats["applied"], stats["inbox_rows"]) == (1, 0, 0)
     assert inbox_rows(inbox) == []
 
 
@@ -244,8 +249,8 @@ def test_fifty_concurrent_posts_apply_once(tmp_path: Path):
 
         assert asyncio.run(fire()) == [True] * 50
         stats = rx.stats()
-        assert (stats["applied"], stats["duplicates"], stats["stock"], stats["requests"]) == (
-            1, 49, 9, 50)
+        assert (stats["applied"], stats["duplicates"], stats["stock"],
+                stats["process_requests"]) == (1, 49, 9, 50)
     assert inbox_rows(tmp_path / "inbox.db") == [("same", 9, 50, None)]
 
 
@@ -254,13 +259,13 @@ def test_drop_after_commit_then_resend_is_a_duplicate(tmp_path: Path):
     with ReceiverProcess(inbox, "--p-drop", "1", "--seed", "3") as rx:
         with pytest.raises(Retryable):
             sync_http.send_http(rx.url, {"id": "snack-7", "qty": 7}, timeout=5, token=1)
-        assert rx.stats()["dropped_after_commit"] == 1
+        assert rx.stats()["process_dropped_after_commit"] == 1
     assert inbox_rows(inbox) == [("snack-7", 7, 1, 1)]  # committed, though never answered
     with ReceiverProcess(inbox) as rx:  # restarted on the same file
         assert sync_http.send_http(rx.url, {"id": "snack-7", "qty": 7}, timeout=5, token=2)
         stats = rx.stats()
-        assert (stats["duplicates"], stats["applied"], stats["stock"], stats["inbox_rows"]) == (
-            1, 0, 7, 1)
+        assert (stats["duplicates"], stats["applied"], stats["stock"], stats["inbox_rows"],
+                stats["process_requests"]) == (1, 1, 7, 1, 1)
     assert inbox_rows(inbox) == [("snack-7", 7, 2, 2)]
 
 
@@ -322,7 +327,7 @@ async def test_grouped_writes_match_the_deliveries(tmp_path: Path):
         results = await asyncio.gather(*(inbox.deliver(*r) for r in requests))
         assert [r.outcome for r in results] == ["applied", "duplicate", "stale", "applied",
                                                 "conflict", "duplicate", "applied"]
-        assert inbox.totals.commits == 1
+        assert inbox.commits == 1
     finally:
         await inbox.close()
     assert inbox_rows(tmp_path / "g.db") == [("x", 2, 2, 3), ("y", 5, 2, 9), ("z", 1, 1, 2)]
@@ -334,5 +339,320 @@ def test_final_counters_are_printed_on_the_way_out(tmp_path: Path):
         for _ in range(3):
             assert sync_http.send_http(rx.url, {"id": "f", "qty": 2}, timeout=5)
         final = rx.final_counters()
-    assert (final["requests"], final["applied"], final["duplicates"], final["stock"]) == (
-        3, 1, 2, 2)
+    assert (final["process_requests"], final["applied"], final["duplicates"],
+            final["stock"]) == (3, 1, 2, 2)
+
+
+# ----------------------------------------------------------------- the inbox file
+
+# The schema of the first inbox version, as it made its files.
+FIRST_SCHEMA = """
+CREATE TABLE inbox (
+  id TEXT PRIMARY KEY, qty INTEGER NOT NULL, first_seen_ms INTEGER NOT NULL,
+  seen INTEGER NOT NULL, max_token INTEGER);
+CREATE TABLE effect (one INTEGER PRIMARY KEY CHECK (one = 1), stock INTEGER NOT NULL);
+INSERT INTO effect (one, stock) VALUES (1, 0);
+"""
+
+
+def folder_state(folder: Path) -> dict[str, bytes]:
+    """Every entry of a folder by name, with its bytes: what 'untouched' means."""
+    return {entry.name: entry.read_bytes() if entry.is_file() else b"<not a file>"
+            for entry in sorted(folder.iterdir())}
+
+
+def sqlite_file(path: Path, script: str, *, wal: bool = False) -> Path:
+    con = sqlite3.connect(path)
+    try:
+        if wal:
+            con.execute("PRAGMA journal_mode=WAL")
+        con.executescript(script)
+        con.commit()
+    finally:
+        con.close()
+    return path
+
+
+def _queue_file(folder: Path) -> Path:
+    from lease.worker import open_queue
+
+    open_queue(folder / "queue.db").close()
+    return folder / "queue.db"
+
+
+def _garbage(folder: Path) -> Path:
+    (folder / "garbage.db").write_bytes(b"\x00\x01 not a database at all " * 40)
+    return folder / "garbage.db"
+
+
+def _damaged(folder: Path) -> Path:
+    (folder / "damaged.db").write_bytes(b"SQLite format 3\x00" + b"\xff" * 4000)
+    return folder / "damaged.db"
+
+
+def _fifo(folder: Path) -> Path:
+    os.mkfifo(folder / "fifo")
+    return folder / "fifo"
+
+
+def _directory(folder: Path) -> Path:
+    (folder / "inbox.db").mkdir()
+    return folder / "inbox.db"
+
+
+FOREIGN = {
+    "a queue file": (_queue_file, "holds the tables ['jobs', 'redrives']"),
+    "another SQLite file": (lambda f: sqlite_file(f / "other.db", "CREATE TABLE t (x);"),
+                            "holds the tables ['t']"),
+    "another SQLite file in WAL mode": (
+        lambda f: sqlite_file(f / "wal.db", "CREATE TABLE t (x); INSERT INTO t VALUES (1);",
+                              wal=True), "holds the tables ['t']"),
+    "an inbox with one more table": (
+        lambda f: sqlite_file(f / "more.db", FIRST_SCHEMA + "CREATE TABLE extra (x);"),
+        "holds the tables ['effect', 'extra', 'inbox']"),
+    "an inbox table of other columns": (
+        lambda f: sqlite_file(f / "cols.db", "CREATE TABLE inbox (id TEXT, qty INTEGER);"
+                                             "CREATE TABLE effect (one, stock);"),
+        "table 'inbox' has columns ['id', 'qty']"),
+    "a SQLite file with no tables": (
+        lambda f: sqlite_file(f / "empty.db", "PRAGMA user_version = 7;"), "no tables"),
+    "bytes that are not SQLite": (_garbage, "is not a SQLite database"),
+    "a damaged SQLite file": (_damaged, "cannot be read as SQLite"),
+    "a directory": (_directory, "is a directory"),
+    "a FIFO": (_fifo, "is not a regular file"),
+    "a missing folder": (lambda f: f / "missing" / "inbox.db", "folder does not exist"),
+}
+
+
+@pytest.mark.parametrize("case", FOREIGN)
+async def test_what_is_not_an_inbox_is_refused_untouched(tmp_path: Path, case: str, capsys):
+    """Refused before anything is opened, created or bound: a ValueError that
+    names the file, from every way in, with bytes and folder listing unchanged."""
+    build, message = FOREIGN[case]
+    folder = tmp_path / "files"
+    folder.mkdir()
+    path = build(folder)
+    before = folder_state(folder)
+    for attempt in (lambda: make_app(path), lambda: read_inbox(path)):
+        with pytest.raises(ValueError, match=re.escape(message)) as refused:
+            attempt()
+        assert str(path) in str(refused.value) or str(path.parent) in str(refused.value)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        await Inbox.open(path)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        await serve(path)
+    assert capsys.readouterr().out == ""  # no URL line
+    assert folder_state(folder) == before
+
+
+def test_read_inbox_writes_nothing(tmp_path: Path):
+    """Evidence is read without a write: no file made for a missing inbox, no
+    -wal or -shm left beside a WAL inbox."""
+    with pytest.raises(ValueError, match="inbox file not found"):
+        read_inbox(tmp_path / "missing.db")
+    assert list(tmp_path.iterdir()) == []
+
+    async def fill() -> None:
+        inbox = await Inbox.open(tmp_path / "inbox.db")
+        try:
+            await asyncio.gather(inbox.deliver("a", 2, 1), inbox.deliver("a", 2, 1),
+                                 inbox.deliver("a", 3, 1), inbox.deliver("b", 1, None))
+        finally:
+            await inbox.close()
+
+    asyncio.run(fill())
+    before = folder_state(tmp_path)
+    assert sorted(before) == ["inbox.db"]
+    contents = read_inbox(tmp_path / "inbox.db")
+    assert (contents.applied, contents.seen, contents.stock, contents.conflicts,
+            contents.stale) == ({"a": 2, "b": 1}, 3, 3, 1, 0)
+    assert folder_state(tmp_path) == before
+
+
+async def test_read_inbox_sees_a_live_inbox(tmp_path: Path):
+    async with Running(tmp_path / "inbox.db") as rx:
+        assert (await rx.post({"id": "live", "qty": 4}))[0] == 200
+        assert read_inbox(tmp_path / "inbox.db").applied == {"live": 4}
+
+
+async def test_a_new_inbox_in_an_empty_file(tmp_path: Path):
+    (tmp_path / "inbox.db").touch()
+    async with Running(tmp_path / "inbox.db") as rx:
+        assert (await rx.post({"id": "e", "qty": 1}))[0] == 200
+    assert inbox_rows(tmp_path / "inbox.db") == [("e", 1, 1, None)]
+
+
+async def test_a_first_version_inbox_is_migrated_forward(tmp_path: Path):
+    """Its rows and stock are kept; applied and duplicates come from the rows
+    (seen - 1 duplicates each); its past conflicts and stale senders left no
+    trace, so they start at 0, and are counted from now on."""
+    path = sqlite_file(tmp_path / "old.db", FIRST_SCHEMA + """
+        INSERT INTO inbox VALUES ('a', 2, 1, 3, 5), ('b', 4, 1, 1, NULL);
+        UPDATE effect SET stock = 6;""", wal=True)
+    assert read_inbox(path).conflicts == 0  # readable before the migration, unchanged
+    inbox = await Inbox.open(path)
+    try:
+        totals = inbox.totals
+        assert (totals.applied, totals.duplicates, totals.stock, totals.conflicts,
+                totals.stale) == (2, 2, 6, 0, 0)
+        outcomes = await asyncio.gather(inbox.deliver("a", 3, None), inbox.deliver("a", 2, 1))
+        assert [d.outcome for d in outcomes] == ["conflict", "stale"]
+    finally:
+        await inbox.close()
+    assert inbox_rows(path) == [("a", 2, 3, 5), ("b", 4, 1, None)]
+    again = await Inbox.open(path)
+    try:
+        assert (again.totals.conflicts, again.totals.stale, again.totals.stock) == (1, 1, 6)
+    finally:
+        await again.close()
+
+
+def test_inbox_figures_read_the_same_after_a_restart(tmp_path: Path):
+    """/stats, /metrics and the final line: the inbox's figures are the file's,
+    before and after a restart; only the process_* figures start again at 0."""
+    inbox = tmp_path / "inbox.db"
+    durable = ("applied", "duplicates", "conflicts", "stale_senders", "inbox_rows",
+               "inbox_seen", "stock")
+    with ReceiverProcess(inbox) as rx:
+        for n in range(3):
+            assert sync_http.send_http(rx.url, {"id": f"d-{n}", "qty": n + 2}, timeout=5,
+                                       token=2)
+        assert sync_http.send_http(rx.url, {"id": "d-0", "qty": 2}, timeout=5, token=2)
+        with pytest.raises(Permanent):
+            sync_http.send_http(rx.url, {"id": "d-0", "qty": 9}, timeout=5)
+        with pytest.raises(Permanent):
+            sync_http.send_http(rx.url, {"id": "d-1", "qty": 3}, timeout=5, token=1)
+        first = rx.final_counters()
+    assert {k: first[k] for k in durable} == {
+        "applied": 3, "duplicates": 1, "conflicts": 1, "stale_senders": 1, "inbox_rows": 3,
+        "inbox_seen": 4, "stock": 9}
+    assert first["process_requests"] == 6
+    with ReceiverProcess(inbox) as again:
+        after = again.stats()
+        metrics = _metrics(again.base)
+        last = again.final_counters()
+    assert {k: after[k] for k in durable} == {k: first[k] for k in durable}
+    assert {k: last[k] for k in durable} == {k: first[k] for k in durable}
+    assert after["process_requests"] == 0 and after["process_commits"] == 0
+    assert {"receiver_applied_total 3.0", "receiver_duplicates_total 1.0",
+            "receiver_conflicts_total 1.0", "receiver_stale_senders_total 1.0",
+            "receiver_stock 9.0", "receiver_process_requests_total 0.0"} <= metrics
+
+
+def _metrics(base: str) -> set[str]:
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(base + "/metrics", timeout=10) as answer:
+        return set(answer.read().decode().splitlines())
+
+
+async def test_serve_refuses_a_port_in_use_before_creating_the_inbox(tmp_path: Path, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match="Address already in use") as refused:
+            await serve(tmp_path / "inbox.db", port=port)
+    assert refused.value.errno == errno.EADDRINUSE
+    assert refused.value.filename == f"127.0.0.1:{port}"
+    assert capsys.readouterr().out == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------- slow and many clients
+
+HEAD_PART = b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Le"
+BODY_PART = (b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             b"Content-Length: 100\r\n\r\n{\"id\": ")
+
+
+async def _connect(port: int, first: bytes = b"") -> tuple[asyncio.StreamReader,
+                                                           asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(first)
+    await writer.drain()
+    return reader, writer
+
+
+async def _trickle(writer: asyncio.StreamWriter, data: bytes) -> None:
+    """One byte every 0.1 s, until the data runs out or the server hangs up."""
+    for byte in data:
+        await asyncio.sleep(0.1)
+        if writer.is_closing():
+            return
+        writer.write(bytes([byte]))
+        try:
+            await writer.drain()
+        except ConnectionError:
+            return
+
+
+async def _to_the_end(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    try:
+        return await reader.read()
+    except ConnectionError:
+        return b""
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "gave up waiting"
+        await asyncio.sleep(0.01)
+
+
+async def test_slow_clients_are_cut_off_while_others_are_served(tmp_path: Path):
+    """Half-open and trickling clients hold a connection for the read time, no
+    longer: a stalled body gets 408, a stalled head is closed; a normal POST
+    is answered meanwhile, and nothing of theirs reaches the inbox."""
+    limits = Limits(read_timeout=0.5, max_connections=200)
+    async with Running(tmp_path / "inbox.db", limits=limits) as rx:
+        heads = [await _connect(rx.port, HEAD_PART) for _ in range(40)]
+        bodies = [await _connect(rx.port, BODY_PART) for _ in range(40)]
+        trickling_head, trickling_body = await _connect(rx.port), await _connect(rx.port, BODY_PART)
+        feeders = [asyncio.ensure_future(_trickle(trickling_head[1], HEAD_PART)),
+                   asyncio.ensure_future(_trickle(trickling_body[1], b"1" * 60))]
+        heads.append(trickling_head)
+        bodies.append(trickling_body)
+        assert await asyncio.wait_for(rx.post({"id": "served", "qty": 1}), 5) == (
+            200, {"id": "served", "qty": 1, "status": "applied"})
+        heads_got, bodies_got = await asyncio.wait_for(asyncio.gather(
+            asyncio.gather(*(_to_the_end(*client) for client in heads)),
+            asyncio.gather(*(_to_the_end(*client) for client in bodies))), 10)
+        await asyncio.gather(*feeders)
+        assert heads_got == [b""] * 41  # closed unanswered: there is no request to answer
+        assert all(got.startswith(b"HTTP/1.1 408 ") and b"not received within 0.5 s" in got
+                   for got in bodies_got), bodies_got
+        await rx.session.close()
+        await _until(lambda: receiver_stats(rx.app)["process_open_connections"] == 0)
+        figures = receiver_stats(rx.app)
+        assert (figures["process_timed_out"], figures["process_requests"]) == (41, 42)
+    assert inbox_rows(tmp_path / "inbox.db") == [("served", 1, 1, None)]
+
+
+async def test_connections_past_the_limit_are_answered_503(tmp_path: Path):
+    limits = Limits(read_timeout=5, max_connections=8)
+    async with Running(tmp_path / "inbox.db", limits=limits) as rx:
+        idle = [await _connect(rx.port) for _ in range(8)]
+        await _until(lambda: receiver_stats(rx.app)["process_open_connections"] == 8)
+        refused = await asyncio.wait_for(_to_the_end(*await _connect(rx.port)), 5)
+        assert refused.startswith(b"HTTP/1.1 503 ") and b"too many connections" in refused
+        for _, writer in idle:
+            writer.close()
+        await _until(lambda: receiver_stats(rx.app)["process_open_connections"] == 0)
+        assert (await rx.post({"id": "after", "qty": 2}))[0] == 200  # room again
+        assert receiver_stats(rx.app)["process_refused_connections"] == 1
+
+
+def test_limits_are_checked():
+    for bad in ({"read_timeout": 0}, {"read_timeout": -1}, {"read_timeout": True},
+                {"read_timeout": float("nan")}, {"max_connections": 0},
+                {"max_connections": 2.0}, {"max_connections": True}):
+        with pytest.raises(ValueError):
+            Limits(**bad)
