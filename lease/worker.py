@@ -63,6 +63,7 @@ __all__ = [
     "extend",
     "finish",
     "finish_many",
+    "finish_batch",
     "redrive",
     "redrive_many",
     "run_once",
@@ -717,6 +718,18 @@ def finish_many(
     return, called in sequence at the same now_ms (a ticket given twice is
     False the second time). Every item is checked before anything changes.
     """
+    return [found and found[0] for found in finish_batch(con, items, now_ms, fault)]
+
+
+def finish_batch(
+    con: sqlite3.Connection,
+    items: list,
+    now_ms: int,
+    fault: Fault = None,
+) -> list:
+    """finish_many, with the reason of each: per item ``(status, reason)``
+    (reason None for done, "retry" for pending, the cause for dead), or False
+    for a stale ticket. A dispatcher counts its dead by reason from this."""
     _check_connection(con)
     if type(items) is not list or len(items) > MAX_BATCH:
         raise ValueError(f"items must be a list of at most {MAX_BATCH}")
@@ -741,7 +754,7 @@ def finish_many(
 def _finish_marked(con: sqlite3.Connection, items: list, now_ms: int) -> list:
     """Inside a transaction: the fenced finish of each (ticket, outcome, delay_ms),
     in order, as single finishes in sequence would do it (a job finished earlier
-    in the list is no longer leased for a later item). Statuses, or False."""
+    in the list is no longer leased for a later item). (status, reason), or False."""
     ids = sorted({ticket["id"] for ticket, _, _ in items})
     found = _select(
         con, f"SELECT * FROM jobs WHERE id IN ({', '.join('?' * len(ids))})", ids
@@ -760,7 +773,7 @@ def _finish_marked(con: sqlite3.Connection, items: list, now_ms: int) -> list:
         row.update(status=status, reason=reason, available_at=available_at, owner=None,
                    lease_until=None)
         updates.append((status, reason, available_at, row["seq"]))
-        results.append(status)
+        results.append((status, reason))
     con.executemany(
         "UPDATE jobs SET status = ?, reason = ?, available_at = ?,"
         " owner = NULL, lease_until = NULL WHERE seq = ?",

@@ -155,6 +155,27 @@ def test_claim_batch_reports_exactly_the_quarantine_moves(jobs, now, limit):
         twin.close()
 
 
+@settings(max_examples=100, deadline=None)
+@given(jobs=job_rows(), now0=st.integers(T0 - 50, T0 + 100), data=st.data())
+def test_finish_batch_names_the_reason_the_row_got(jobs, now0, data):
+    twin = Twin(jobs)
+    try:
+        tickets = worker.claim_many(twin.a, "owner-a", now0, 200, 8)
+        items = [(t, data.draw(st.sampled_from(["ok", "retry", "permanent"])),
+                  data.draw(st.integers(0, 300))) for t in tickets]
+        items += items[:1]  # the same ticket again: stale the second time
+        now1 = data.draw(st.integers(now0, now0 + 250))
+        results = worker.finish_batch(twin.a, items, now1)
+        by_id = {r["id"]: r for r in rows(twin.a)}
+        for (ticket, _, _), found in zip(items, results, strict=True):
+            if found is not False:
+                row = by_id[ticket["id"]]
+                assert found == (row["status"], row["reason"])
+        assert results[len(tickets):] in ([], [False])
+    finally:
+        twin.close()
+
+
 @settings(max_examples=150, deadline=None)
 @given(jobs=job_rows(), ids=st.lists(st.sampled_from([f"j{n}" for n in range(12)]), max_size=12),
        now=st.integers(T0, T0 + 500), ttl=st.integers(1, 60_000))
