@@ -326,6 +326,9 @@ class Dispatcher:
                 await self._slot_or_stop(stop_wait, self.poll_interval)
             if self._tasks:  # graceful: in-flight sends end within their leases
                 await asyncio.wait(self._tasks)
+        except Exception as exc:
+            self._failure = self._failure or exc  # failed from now, not once unwound
+            raise
         finally:
             stop_wait.cancel()
             if self._tasks:  # cancelled or failed: abort what is in flight

@@ -193,6 +193,26 @@ async def test_a_dead_lease_keeper_fails_the_run(queue_path: Path):
     assert statuses(queue_path)["leased"] == 1
 
 
+async def test_a_run_is_failed_from_the_moment_it_fails(queue_path: Path):
+    fill(queue_path, 1)
+    clock = FakeClock(int(time.time() * 1000))
+    seen: list[str] = []
+
+    async def send(event: dict, token: int) -> bool:
+        clock.now = -1  # the next claim (a slot is free) reads a bad clock value
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            seen.append(d.state)  # the run aborts this send while it unwinds
+            raise
+        return True
+
+    async with Dispatcher(queue_path, "d1", send=send, clock=clock, concurrency=2) as d:
+        with pytest.raises(ValueError, match="clock value"):
+            await asyncio.wait_for(d.run(), 20)
+    assert seen == ["failed"]
+
+
 # ---------------------------------------------------------------- deaths (defect 6)
 
 
