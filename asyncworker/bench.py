@@ -129,7 +129,7 @@ async def _dispatch(path: Path, *, url: Optional[str] = None, send: Any = None,
     commits = stats.claim_calls + stats.finish_batches + stats.extended
     return {"rate": stats.ok / elapsed, "ok": stats.ok,
             "commits_per_job": round(commits / max(1, stats.ok), 3),
-            "peak_in_flight": stats.peak_in_flight, **_percentiles(latencies)}
+            "peak_sending": stats.peak_sending, **_percentiles(latencies)}
 
 
 def scenario_async(folder: Path, n: int, concurrency: int, batch: int,
