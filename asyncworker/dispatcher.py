@@ -35,7 +35,6 @@ from aiohttp import web
 
 from asyncworker.sender import new_session, send_http
 from asyncworker.store import QueueThread, is_locked
-from lease import observe
 from lease.http import check_url
 from lease.worker import (
     MAX_BATCH,
@@ -53,8 +52,7 @@ from lease.worker import (
     classify_result,
     extend,
     finish,
-    finish_decision,
-    finish_many,
+    finish_batch,
 )
 
 __all__ = [
@@ -637,43 +635,16 @@ def _extend_held(con: sqlite3.Connection, held: _Held, now_ms: int,
     return moved
 
 
-_Recorded = tuple[Union[str, bool], Optional[str]]  # (finish's status, reason if dead)
+_Recorded = tuple[Union[str, bool], Optional[str]]  # (status or False, reason: the cause if dead)
 
 
 def _finish_helds(con: sqlite3.Connection, helds: list[_Held], verdicts: list[Verdict],
                   now_ms: int) -> list[_Recorded]:
-    """On the queue's thread: finish_many with each job's current ticket; each
-    result with the reason a dead one got.
-
-    finish returns the status alone, and a retry dies "exhausted" or
-    "deadline" by the row's budget, which the ticket does not carry. So each
-    retry's row is read first. A finish that succeeds proves that row was
-    unchanged in between: the job was leased under the same token all along,
-    and nothing changes a leased row's budget. finish_decision, the rule
-    itself, then names the reason.
-    """
+    """On the queue's thread: finish_batch with each job's current ticket; per
+    job its status and reason, (False, None) for a stale one."""
     items = [(held.ticket, outcome, delay) for held, (outcome, delay) in
              zip(helds, verdicts, strict=True)]
-    budgets = {ticket["id"]: _budget(con, ticket["id"]) for ticket, outcome, _ in items
-               if outcome == "retry"}
-    statuses = finish_many(con, items, now_ms)
-    recorded: list[_Recorded] = []
-    for (ticket, outcome, delay), status in zip(items, statuses, strict=True):
-        reason = None
-        if status == "dead":
-            max_attempts, deadline = budgets.get(ticket["id"], (0, 0))
-            reason = finish_decision(outcome, ticket["attempt"], max_attempts, deadline,
-                                     now_ms, delay)[1]
-        recorded.append((status, reason))
-    return recorded
-
-
-def _budget(con: sqlite3.Connection, job_id: str) -> tuple[int, int]:
-    """(max_attempts, deadline) of a job, read before its finish."""
-    history = observe.job_history(con, job_id)
-    if history is None:  # gone: its finish will be False
-        return (0, 0)
-    return (history["job"]["max_attempts"], history["job"]["deadline"])
+    return [result or (False, None) for result in finish_batch(con, items, now_ms)]
 
 
 async def run_once(
