@@ -146,7 +146,7 @@ def test_crash_after_ack_is_recovered_and_applied_once(tmp_path: Path):
                            "clock": [T0, T0 + 10], "lease_ms": 1000, "die_after_ack": True})
         assert first.returncode == 73, first.stderr
         mid = receiver.stats()
-        assert (mid["requests"], mid["applied"], mid["stock"]) == (1, 1, 7)
+        assert (mid["process_requests"], mid["applied"], mid["stock"]) == (1, 1, 7)
         con = worker.open_queue(queue)
         leased = rows(con)[0]
         con.close()
@@ -162,7 +162,7 @@ def test_crash_after_ack_is_recovered_and_applied_once(tmp_path: Path):
         assert second.returncode == 0, second.stderr
         assert json.loads(second.stdout) == {"id": "snack-7", "token": 2, "status": "done"}
         stats = receiver.stats()
-    assert (stats["requests"], stats["applied"], stats["duplicates"]) == (2, 1, 1)
+    assert (stats["process_requests"], stats["applied"], stats["duplicates"]) == (2, 1, 1)
     assert (stats["inbox_rows"], stats["stock"]) == (1, 7)
     con = worker.open_queue(queue)
     done = rows(con)[0]
