@@ -31,7 +31,16 @@ import sys
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Sequence, TextIO
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    BinaryIO,
+    Callable,
+    NoReturn,
+    Optional,
+    Sequence,
+    TextIO,
+)
 
 from lease import observe
 from lease.http import check_url
@@ -308,7 +317,9 @@ def _existing_queue(path: str) -> sqlite3.Connection:
         raise UsageError(f"{path}: not a queue file: it is empty (init makes one)")
     try:
         return open_queue(path, create=False)
-    except (ValueError, sqlite3.DatabaseError) as exc:
+    except sqlite3.OperationalError:  # locked, read-only, I/O: the work failed, exit 1
+        raise
+    except (ValueError, sqlite3.DatabaseError) as exc:  # not a queue: usage, exit 2
         raise UsageError(f"{path}: {exc}") from None
 
 
@@ -317,7 +328,9 @@ def _readonly_queue(path: str) -> sqlite3.Connection:
     _check_queue_path(path)
     try:
         return observe.open_readonly(path)
-    except (ValueError, sqlite3.DatabaseError) as exc:
+    except sqlite3.OperationalError:  # locked, I/O: the work failed, exit 1
+        raise
+    except (ValueError, sqlite3.DatabaseError) as exc:  # not a queue: usage, exit 2
         raise UsageError(f"{path}: {exc}") from None
 
 
@@ -348,19 +361,21 @@ def _init(args: argparse.Namespace) -> int:
     existed = os.path.exists(args.queue)
     try:
         open_queue(args.queue).close()
-    except (ValueError, sqlite3.DatabaseError) as exc:
+    except sqlite3.OperationalError:  # locked, a folder it cannot write in: exit 1
+        raise
+    except (ValueError, sqlite3.DatabaseError) as exc:  # not a queue: usage, exit 2
         raise UsageError(f"{args.queue}: {exc}") from None
     print(f"{'kept existing' if existed else 'created'} queue {args.queue}")
     return EXIT_OK
 
 
-def _read_bytes(source: str) -> bytes:
-    """The whole input: a file, a pipe or FIFO (/dev/fd/N, mkfifo), or '-' for stdin."""
+def _read_source(source: str) -> list[dict]:
+    """The events of a file, a pipe or FIFO (/dev/fd/N, mkfifo), or '-' for stdin."""
     if source == "-":
-        return sys.stdin.buffer.read()
+        return read_events(sys.stdin.buffer)
     try:
         with open(source, "rb") as file:
-            return file.read()
+            return read_events(file)
     except FileNotFoundError:
         raise UsageError(f"file not found: {source}") from None
     except IsADirectoryError:
@@ -383,16 +398,18 @@ def parse_event_line(raw: bytes) -> Optional[dict]:
     return parse_event(text) if text.strip() else None
 
 
-def read_events(data: bytes) -> list[dict]:
+def read_events(file: BinaryIO) -> list[dict]:
     """Every line parsed and checked before anything goes in: all or nothing.
 
-    A UTF-8 byte order mark at the start is skipped (editors write one)."""
-    if data.startswith(_BOM):
-        data = data[len(_BOM):]
+    Read a line at a time, each at most MAX_LINE_BYTES: /dev/zero is a line
+    too long, not a memory exhausted. A UTF-8 byte order mark at the start is
+    skipped (editors write one)."""
     events = []
-    for number, raw in enumerate(data.split(b"\n"), 1):
+    for number, raw in enumerate(iter(lambda: file.readline(MAX_LINE_BYTES + 1), b""), 1):
+        if number == 1 and raw.startswith(_BOM):
+            raw = raw[len(_BOM):]
         try:
-            event = parse_event_line(raw)
+            event = parse_event_line(raw.rstrip(b"\n"))
         except ValueError as exc:
             raise UsageError(f"line {number}: {exc}; nothing was enqueued") from None
         if event is not None:
@@ -413,7 +430,7 @@ def _enqueue(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     else:
-        events = read_events(_read_bytes(args.file))
+        events = _read_source(args.file)
     counts = {"new": 0, "duplicate": 0, "conflicting": 0}
     with closing(_existing_queue(args.queue)) as con:
         results = enqueue_many(con, events, wall_clock_ms(), args.ttl_ms, args.max_attempts)

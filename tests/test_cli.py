@@ -497,7 +497,7 @@ def test_bulk_redrive_writes_many_jobs_per_transaction(tmp_path: Path):
     elapsed = time.monotonic() - started
     assert out.returncode == 0, out.stderr
     assert _change_counter(path) - before == -(-jobs // worker.MAX_BATCH)  # 2, not 20,000
-    assert elapsed < 30  # generous: one transaction per job took about 19 s for these
+    assert elapsed < 30  # generous: one transaction per job took 58 s for these here
     lines = out.stdout.splitlines()
     assert lines[-1] == f"{jobs} redriven, 0 refused"
     assert len(lines) == cli_module.SHOW_EACH + 2 and "--verbose" in lines[-2]  # bounded

@@ -8,6 +8,7 @@ the folder as it was: the bytes of each, and the folder listing.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -194,6 +195,8 @@ ODD_PATHS: list[tuple[list[Arg], str]] = [
     (["enqueue", "{w}/queue.db", "--file", "{w}/missing.jsonl"], "file not found"),
     (["enqueue", "{w}/queue.db", "--file", "{w}/dir.db"], "not a file"),
     (["enqueue", "{w}/missing.db", "--file", "{w}/ok.jsonl"], "queue file not found"),
+    (["enqueue", "{w}/queue.db", "--file", "/dev/zero"], "line 1: longer than"),  # endless
+    (["enqueue", "{w}/queue.db", "--file", "{w}/queue.db"], "line 1: not UTF-8"),
     (["inspect", "{w}/queue.db", "nope"], "no job 'nope'"),
     (["dead", "{w}/queue.db", "--reason", "bogus"], "--reason"),
     (["redrive", "{w}/queue.db", "--reason", "bogus", "--note", "x"], "--reason"),
@@ -389,7 +392,7 @@ READ_ONLY_CASES: list[tuple[list[Arg], int, str]] = [
     (["enqueue", "{w}/queue.db", "--file", "{w}/secret.jsonl"], 2, "ermission denied"),
     (["redrive", "{w}/queue.db", "j-1", "--note", "fix"], 1, "readonly"),
     (["redrive", "{w}/queue.db", "--reason", "deadline", "--note", "fix"], 1, "readonly"),
-    (["init", "{w}/new.db"], 2, "unable to open"),  # a folder it cannot write in
+    (["init", "{w}/new.db"], 1, "unable to open"),  # a folder it cannot write in
 ]
 
 
@@ -417,3 +420,60 @@ def test_a_read_only_queue_can_still_be_looked_at(locked, command: str, name: st
     assert out.returncode == 0, out.stderr
     assert b"Traceback" not in out.stderr
     assert changes(before, state(folder)) == []
+
+
+# ------------------------------------------------------------------ busy files, odd peers
+
+
+def test_a_queue_locked_by_another_writer_is_one_line(work: Path):
+    before = state(work)
+    holder = sqlite3.connect(work / "queue.db", isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")  # a writer mid-commit: no one may read or write
+        for args in (["enqueue", "{w}/queue.db", "--id", "zz", "--qty", "1"],
+                     ["redrive", "{w}/queue.db", "j-1", "--note", "fix"],
+                     ["init", "{w}/queue.db"]):
+            out = run_cli(expand(args, work))
+            assert_one_line_error(out, 1, "database is locked")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert changes(before, state(work)) == []
+
+
+def test_stats_from_a_server_that_is_not_a_receiver(work: Path):
+    import http.server
+    import threading
+
+    class NotAReceiver(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<html>hello</html>" if self.path == "/stats" else b"[]"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotAReceiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/events"
+        out = run_cli(["stats", str(work / "queue.db"), "--receiver", url])
+        assert_one_line_error(out, 1, "answered no stats")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_run_with_its_stderr_closed_still_does_its_work_and_reports(work: Path,
+                                                                     closed_pipe: int):
+    """The zoo's jobs are past their deadline: the first claim quarantines them all."""
+    out = run_cli(["run", str(work / "queue.db"), "--url", "http://127.0.0.1:9/events",
+                   "--until-idle"], stderr=closed_pipe)
+    summary = json.loads(out.stdout)
+    assert out.returncode == 3  # some went dead in this run
+    assert (summary["dead"], summary["dead_by_reason"]["deadline"]) == (45, 45)
