@@ -9,9 +9,9 @@ Exit codes (the same text is in ``--help`` and in the README):
 - 1: the work failed: a conflict (``enqueue``), a refused redrive, no such
   job (``inspect``), a receiver that did not answer (``stats``), evidence
   that contradicts itself (``demo``), a database or file error such as a
-  read-only or damaged queue (any command). Standard output closed early
-  (``| head``): 1 as well, quietly.
-- 2: bad usage, or a missing, foreign or unusable file or folder; for
+  read-only or locked queue, or a folder it cannot write in (any command).
+  Standard output closed early (``| head``): 1 as well, quietly.
+- 2: bad usage, or a missing, foreign or damaged file or folder; for
   ``serve`` also an inbox it cannot open or a port it cannot bind.
 - 3: ``run`` only: some jobs went dead in this run (its summary counts them
   by reason).
@@ -70,9 +70,9 @@ EXIT_CODES = """\
 exit codes:
   0    done (run: and no job went dead in this run)
   1    the work failed: a conflict, a refused redrive, no such job, no answer
-       from the receiver, a database or file error (read-only, damaged);
+       from the receiver, a database or file error (read-only, locked);
        also, quietly, when standard output is closed early (| head)
-  2    bad usage, or a missing, foreign or unusable file or folder
+  2    bad usage, or a missing, foreign or damaged file or folder
        (serve: also an inbox it cannot open or a port it cannot bind)
   3    run: some jobs went dead in this run (the summary counts them by reason)
   130  interrupted (run and serve stop gracefully on SIGINT/SIGTERM instead)"""
@@ -544,13 +544,6 @@ async def _progress(stats: DispatcherStats) -> None:
         last_ok, last_time = stats.ok, now
 
 
-def _check_inbox_path(path: str) -> None:
-    if os.path.exists(path) and not os.path.isfile(path):
-        raise UsageError(f"--inbox: not a file: {path}")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise UsageError(f"--inbox: folder not found: {os.path.dirname(path)}")
-
-
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -563,14 +556,15 @@ def _serve(args: argparse.Namespace) -> int:
                   else f"http://[{args.host}]:1/events")
     except ValueError as exc:
         raise UsageError(f"--host: {exc}") from None
-    _check_inbox_path(args.inbox)
     try:
         asyncio.run(serve(args.inbox, args.host, args.port, faults=faults, max_group=args.group))
     except BrokenPipeError:
         raise
     # The receiver refuses before it prints its URL: a foreign or damaged inbox
     # (ValueError, or SQLite's own error) or a port it cannot bind (OSError).
-    except (ValueError, sqlite3.DatabaseError) as exc:
+    except ValueError as exc:  # the receiver's message names the file
+        raise UsageError(str(exc)) from None
+    except sqlite3.DatabaseError as exc:
         raise UsageError(f"--inbox {args.inbox}: {exc}") from None
     except OSError as exc:
         raise UsageError(f"{args.host} port {args.port}: {exc.strerror or exc}") from None

@@ -329,8 +329,8 @@ def busy_port() -> Iterator[int]:
 
 
 SERVE_CASES = {
-    "dir.db": "not a file",
-    "no/such/folder/inbox.db": "folder not found",
+    "dir.db": "directory",
+    "no/such/folder/inbox.db": "folder does not exist",
     "garbage.db": "inbox",
     "foreign.db": "inbox",
     "queue.db": "inbox",
