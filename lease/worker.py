@@ -31,7 +31,7 @@ import re
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Optional, Tuple, Union
+from typing import Callable, Iterator, Mapping, NamedTuple, Optional, Pattern, Tuple, Union
 
 __all__ = [
     "LeaseError",
@@ -40,6 +40,8 @@ __all__ = [
     "Permanent",
     "BadAck",
     "MAX_NOW_MS",
+    "Limits",
+    "LAB",
     "MAX_TOKEN",
     "RETRY_BASE_MS",
     "RETRY_CAP_MS",
@@ -49,6 +51,7 @@ __all__ = [
     "check_second_clock",
     "check_run_args",
     "check_identifier",
+    "check_job_id",
     "check_event",
     "parse_event",
     "classify_result",
@@ -114,6 +117,25 @@ EVENT_KEYS = frozenset({"id", "qty"})
 # fullmatch, never match(...$): "$" lets a trailing newline through.
 _IDENTIFIER = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
+
+class Limits(NamedTuple):
+    """The ranges a front end accepts. A limit is data: the contract's
+    functions check against LAB; the product's wider policy (lease.policy)
+    passes its own Limits to the very same validators and rules."""
+
+    job_id: Pattern[str]  # what a job id may be (fullmatch)
+    job_id_rule: str  # the same, in words, for the error message
+    min_qty: int
+    max_qty: int
+    max_attempts: int
+    max_ttl_ms: int
+    max_lease_ms: int
+    max_delay_ms: int  # a retry delay and a backoff's base and cap
+
+
+LAB = Limits(_IDENTIFIER, "1-64 ASCII letters, digits, '_' or '-'", 1, MAX_QTY, MAX_ATTEMPTS,
+             MAX_MS, MAX_MS, MAX_MS)
+
 Fault = Optional[Callable[[str], object]]
 Verdict = Tuple[str, int]
 
@@ -132,12 +154,15 @@ def _check_int(name: str, value: object, low: int, high: int) -> int:
 
 
 def check_identifier(name: str, value: object) -> str:
+    """An owner, a note, or a lab job id: 1-64 ASCII letters, digits, '_' or '-'."""
+    return check_job_id(name, value, LAB)
+
+
+def check_job_id(name: str, value: object, limits: Limits = LAB) -> str:
     if type(value) is not str:
         raise ValueError(f"{name} must be a str, got {type(value).__name__}")
-    if not _IDENTIFIER.fullmatch(value):
-        raise ValueError(
-            f"{name} must be 1-64 ASCII letters, digits, '_' or '-', got {value!r:.80}"
-        )
+    if not limits.job_id.fullmatch(value):
+        raise ValueError(f"{name} must be {limits.job_id_rule}, got {value!r:.80}")
     return value
 
 
@@ -230,19 +255,20 @@ def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _check_ticket(ticket: object) -> dict:
+def check_ticket(ticket: object, limits: Limits = LAB) -> dict:
+    """A ticket as claim returns it: exactly its six keys, each in range."""
     _check_exact_dict("ticket", ticket, TICKET_KEYS)
     assert isinstance(ticket, dict)
-    check_identifier("ticket id", ticket["id"])
+    check_job_id("ticket id", ticket["id"], limits)
     check_identifier("ticket owner", ticket["owner"])
-    _check_int("ticket qty", ticket["qty"], 1, MAX_QTY)
+    _check_int("ticket qty", ticket["qty"], limits.min_qty, limits.max_qty)
     _check_int("ticket token", ticket["token"], 1, MAX_TOKEN)
-    _check_int("ticket attempt", ticket["attempt"], 1, MAX_ATTEMPTS)
+    _check_int("ticket attempt", ticket["attempt"], 1, limits.max_attempts)
     _check_int("ticket lease_until", ticket["lease_until"], 1, MAX_TOKEN)
     return ticket
 
 
-def _check_outcome(outcome: object) -> str:
+def check_outcome(outcome: object) -> str:
     if type(outcome) is not str or outcome not in OUTCOMES:
         raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r:.80}")
     return outcome
@@ -290,11 +316,13 @@ def _call(fault: Fault, point: str) -> None:
 # ---------------------------------------------------------------------------
 
 
-def retry_delay(attempt: int, base_ms: int, cap_ms: int, jitter: float) -> int:
+def retry_delay(
+    attempt: int, base_ms: int, cap_ms: int, jitter: float, *, limits: Limits = LAB
+) -> int:
     """floor(min(cap_ms, base_ms * 2**(attempt-1)) * jitter): cap first, then jitter."""
-    _check_int("attempt", attempt, 1, MAX_ATTEMPTS)
-    _check_int("base_ms", base_ms, 1, MAX_MS)
-    _check_int("cap_ms", cap_ms, base_ms, MAX_MS)
+    _check_int("attempt", attempt, 1, limits.max_attempts)
+    _check_int("base_ms", base_ms, 1, limits.max_delay_ms)
+    _check_int("cap_ms", cap_ms, base_ms, limits.max_delay_ms)
     check_jitter(jitter)
     return math.floor(min(cap_ms, base_ms * 2 ** (attempt - 1)) * jitter)
 
@@ -306,15 +334,24 @@ def classify_result(result: object) -> Verdict:
     raise BadAck(f"send returned {result!r:.80}, not True")
 
 
-def classify_error(error: BaseException, attempt: int, jitter: float) -> Optional[Verdict]:
+def classify_error(
+    error: BaseException,
+    attempt: int,
+    jitter: float,
+    *,
+    base_ms: int = RETRY_BASE_MS,
+    cap_ms: int = RETRY_CAP_MS,
+    limits: Limits = LAB,
+) -> Optional[Verdict]:
     """A send's exception as (outcome, delay_ms), or None when it is not ours to classify.
 
-    Permanent is checked first: a refusal for good is never retried.
+    Permanent is checked first: a refusal for good is never retried. The
+    backoff is the lab's (100 ms doubling to 1 s) unless a policy gives its own.
     """
     if isinstance(error, Permanent):
         return ("permanent", 0)
     if isinstance(error, Retryable):
-        return ("retry", retry_delay(attempt, RETRY_BASE_MS, RETRY_CAP_MS, jitter))
+        return ("retry", retry_delay(attempt, base_ms, cap_ms, jitter, limits=limits))
     return None
 
 
@@ -386,7 +423,13 @@ _COLUMNS = {
 
 def _check_schema(con: sqlite3.Connection) -> bool:
     """True if the queue is complete, False if something is still to create;
-    ValueError for a SQLite file that holds something other than a queue."""
+    ValueError for a SQLite file that holds something other than a queue.
+
+    A file the product has migrated (``PRAGMA user_version`` >= 1) keeps these
+    two tables as they are, with more columns after the contract's: the
+    contract's functions work on it unchanged (lease.sqlite checks the rest).
+    """
+    version = con.execute("PRAGMA user_version").fetchone()[0]
     present = {
         name: [col[1] for col in con.execute(f"PRAGMA table_info({name})")] for name in _COLUMNS
     }
@@ -398,8 +441,9 @@ def _check_schema(con: sqlite3.Connection) -> bool:
             raise ValueError(f"not a queue file: it holds other tables ({others[0][0]!r}, ...)")
         return False
     for name, columns in _COLUMNS.items():
-        if present[name] != columns:
-            raise ValueError(f"not a queue file: table {name!r} has columns {present[name]}")
+        found = present[name]
+        if found != columns and not (version >= 1 and found[:len(columns)] == columns):
+            raise ValueError(f"not a queue file: table {name!r} has columns {found}")
     found = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     return found.issuperset(_INDEXES)
 
@@ -547,7 +591,7 @@ WHERE status = 'pending' AND attempts >= max_attempts"""),
 )
 
 _PICK = """
-SELECT seq, id, qty, attempts, token, deadline FROM jobs
+SELECT * FROM jobs
 WHERE status IN ('pending', 'leased')
   AND ((status = 'pending' AND available_at <= :now)
     OR (status = 'leased' AND lease_until <= :now))
@@ -641,6 +685,15 @@ def claim_batch(
     _check_int("lease_ms", lease_ms, 1, MAX_MS)
     _check_int("limit", limit, 1, MAX_BATCH)
     _check_fault(fault)
+    _, tickets, moved = _claim_tx(con, owner, now_ms, lease_ms, limit, fault)
+    return tickets, moved
+
+
+def _claim_tx(
+    con: sqlite3.Connection, owner: str, now_ms: int, lease_ms: int, limit: int, fault: Fault
+) -> Tuple[list, list, dict]:
+    """The claim transaction, arguments already checked: (picked rows, tickets,
+    quarantine moves). Every front end's claim is this one."""
     with _immediate(con):
         moved = _quarantine(con, now_ms)
         picked = _select(con, _PICK, {"now": now_ms, "limit": limit}).fetchall()
@@ -649,7 +702,7 @@ def claim_batch(
             _call(fault, "after-claim")
     if tickets:
         _call(fault, "after-commit")
-    return tickets, moved
+    return picked, tickets, moved
 
 
 def _load_marked(con: sqlite3.Connection, ticket: dict, now_ms: int) -> Optional[sqlite3.Row]:
@@ -672,10 +725,17 @@ def extend(
     lease_until is min(now_ms + lease_ms, deadline) and never moves backwards.
     """
     _check_connection(con)
-    _check_ticket(ticket)
+    check_ticket(ticket)
     check_now(now_ms)
     _check_int("lease_ms", lease_ms, 1, MAX_MS)
     _check_fault(fault)
+    return _extend_tx(con, ticket, now_ms, lease_ms, fault)
+
+
+def _extend_tx(
+    con: sqlite3.Connection, ticket: dict, now_ms: int, lease_ms: int, fault: Fault
+) -> Union[dict, bool]:
+    """The extension transaction, arguments already checked."""
     with _immediate(con):
         row = _load_marked(con, ticket, now_ms)
         if row is None:
@@ -736,13 +796,27 @@ def finish_batch(
     for item in items:
         if type(item) is not tuple or len(item) != 3:
             raise ValueError("each item must be a tuple (ticket, outcome, delay_ms)")
-        _check_ticket(item[0])
-        _check_outcome(item[1])
+        check_ticket(item[0])
+        check_outcome(item[1])
         _check_int("delay_ms", item[2], 0, MAX_MS)
     check_now(now_ms)
     _check_fault(fault)
+    return _finish_tx(con, items, now_ms, fault)
+
+
+Record = Optional[Callable[[sqlite3.Connection, list], None]]
+
+
+def _finish_tx(
+    con: sqlite3.Connection, items: list, now_ms: int, fault: Fault, record: Record = None
+) -> list:
+    """The finish transaction, arguments already checked. ``record(con,
+    results)``, when given, writes more rows in the same transaction (the
+    product's evidence of each attempt) before the hooks."""
     with _immediate(con):
         results = _finish_marked(con, items, now_ms) if items else []
+        if record is not None:
+            record(con, results)
         changed = any(results)
         if changed:
             _call(fault, "after-finish")
@@ -827,6 +901,13 @@ def redrive_many(
     _check_int("ttl_ms", ttl_ms, 1, MAX_MS)
     check_identifier("note", note)
     _check_fault(fault)
+    return _redrive_tx(con, job_ids, now_ms, ttl_ms, note, fault)
+
+
+def _redrive_tx(
+    con: sqlite3.Connection, job_ids: list, now_ms: int, ttl_ms: int, note: str, fault: Fault
+) -> list:
+    """The redrive transaction, arguments already checked."""
     with _immediate(con):
         results, audits, releases = _redrive_decisions(con, job_ids)
         if audits:
