@@ -13,7 +13,9 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from lease.worker import _check_path, _check_schema, check_identifier, check_now
+from lease.policy import PRODUCT
+from lease.sqlite import stale_finishes
+from lease.worker import _check_path, _check_schema, check_identifier, check_job_id, check_now
 
 __all__ = ["open_readonly", "snapshot", "counts", "is_drained", "job_history", "dead_jobs",
            "jobs_with_status"]
@@ -101,6 +103,7 @@ def snapshot(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
         expired = con.execute(
             "SELECT COUNT(*) FROM jobs WHERE status = 'leased' AND lease_until <= ?", (now_ms,)
         ).fetchone()[0]
+        product = _product_figures(con) if _has_table(con, "tallies") else {}
     finally:
         con.execute("COMMIT")
     return {
@@ -112,28 +115,49 @@ def snapshot(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
         "dead_by_reason": dead,
         "redrives": redrives,
         "redriven_jobs": redriven_jobs,
+        **product,
+    }
+
+
+def _product_figures(con: sqlite3.Connection) -> dict[str, Any]:
+    """What only a product queue records: cancels, attempts, stale finishes."""
+    return {
+        "cancels": con.execute("SELECT COUNT(*) FROM cancels").fetchone()[0],
+        "attempts_recorded": con.execute("SELECT COUNT(*) FROM attempts").fetchone()[0],
+        "stale_finishes": stale_finishes(con),
     }
 
 
 def job_history(con: sqlite3.Connection, job_id: str) -> Optional[dict[str, Any]]:
-    """A job's whole row and its redrive audit rows, or None if there is no such job."""
-    check_identifier("job_id", job_id)
+    """A job's whole row, its redrive audit rows and, on a product queue, every
+    attempt's evidence and its cancels; None if there is no such job."""
+    check_job_id("job_id", job_id, PRODUCT)
     con.execute("BEGIN")
     try:
         found = _dicts(con, "SELECT * FROM jobs WHERE id = ?", (job_id,))
-        audits = _dicts(
+        history: dict[str, Any] = {"redrives": _dicts(
             con, "SELECT seq, token, at_ms, note FROM redrives WHERE id = ? ORDER BY seq",
-            (job_id,))
+            (job_id,))}
+        if _has_table(con, "attempts"):
+            history["attempts"] = _dicts(
+                con, "SELECT token, attempt, owner, started_ms, ended_ms, outcome, result,"
+                " reason, http_status, error, latency_ms FROM attempts WHERE id = ?"
+                " ORDER BY seq", (job_id,))
+            history["cancels"] = _dicts(
+                con, "SELECT seq, token, at_ms, note, was FROM cancels WHERE id = ?"
+                " ORDER BY seq", (job_id,))
     finally:
         con.execute("COMMIT")
     if not found:
         return None
-    return {"job": found[0], "redrives": audits}
+    return {"job": found[0], **history}
 
 
 def dead_jobs(con: sqlite3.Connection, reason: Optional[str] = None,
               limit: Optional[int] = None) -> list[dict[str, Any]]:
-    """Dead jobs in seq order, optionally of one reason, at most `limit` of them."""
+    """Dead jobs in seq order, optionally of one reason, at most `limit` of them;
+    on a product queue each with ``last_error``: the error or HTTP status its
+    last recorded attempt saw (None when no attempt recorded one)."""
     if reason is not None:
         check_identifier("reason", reason)
     if limit is not None and (type(limit) is not int or limit < 1):
@@ -147,6 +171,10 @@ def dead_jobs(con: sqlite3.Connection, reason: Optional[str] = None,
     if limit is not None:
         sql += " LIMIT ?"
         args.append(limit)
+    if _has_table(con, "attempts"):
+        sql = f"""SELECT d.*, (SELECT COALESCE(a.error, 'HTTP ' || a.http_status)
+  FROM attempts a WHERE a.id = d.id ORDER BY a.seq DESC LIMIT 1) AS last_error
+FROM ({sql}) d"""
     return _dicts(con, sql, args)
 
 
@@ -155,6 +183,12 @@ def jobs_with_status(con: sqlite3.Connection, status: str) -> list[dict[str, Any
     if status not in STATUSES:
         raise ValueError(f"status must be one of {STATUSES}, got {status!r:.40}")
     return _dicts(con, "SELECT * FROM jobs WHERE status = ? ORDER BY seq", (status,))
+
+
+def _has_table(con: sqlite3.Connection, name: str) -> bool:
+    return bool(con.execute(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?)",
+        (name,)).fetchone()[0])
 
 
 def _dicts(con: sqlite3.Connection, sql: str, args: Any = ()) -> list[dict[str, Any]]:

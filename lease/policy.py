@@ -1,0 +1,184 @@
+"""The product's limits and retry policy: data, not rules.
+
+The contract (``lease.worker``) keeps the lab's limits to the letter: 60 s
+of life, 16 attempts, a backoff capped at 1 s. A service's receiver goes down
+for minutes, so the product path passes wider limits (``PRODUCT``) and a
+``RetryPolicy`` to the very same validators and rules; nothing here decides
+anything on its own.
+
+The defaults ride out an outage of hours, not seconds: 25 attempts (River's
+default), a backoff from 1 s doubling to a cap of 1 h, half of each delay
+random ("equal jitter", so a delay is never less than half its step and a
+run of unlucky draws cannot spend the budget at once), three days to live.
+The smallest total wait before a job runs out of attempts is then about
+6.5 hours; a 10-minute outage spends 12 of its 25 attempts at most.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+from lease.worker import (
+    LAB,
+    MAX_NOW_MS,
+    MAX_QTY,
+    Limits,
+    Verdict,
+    _check_int,
+    check_jitter,
+    check_job_id,
+    classify_error,
+    retry_delay,
+)
+
+__all__ = [
+    "PRODUCT",
+    "MAX_BODY_BYTES",
+    "MAX_NOTE_CHARS",
+    "RetryPolicy",
+    "DEFAULT_POLICY",
+    "LAB_POLICY",
+    "Intake",
+    "check_product_event",
+    "check_note",
+    "canonical_body",
+]
+
+DAY_MS = 86_400_000
+
+# Job ids as services write them: UUIDs, "order:123", "tenant/7", a Standard
+# Webhooks "msg_..." id. Visible ASCII only: an id travels in a header
+# (webhook-id) and in log lines, where a space or a control character would
+# split or forge a field.
+PRODUCT = Limits(
+    job_id=re.compile(r"[\x21-\x7e]{1,255}"),
+    job_id_rule="1-255 visible ASCII characters (no space, no control character)",
+    min_qty=0,  # 0: a payload event, whose content is its body
+    max_qty=MAX_QTY,
+    max_attempts=100,
+    max_ttl_ms=30 * DAY_MS,
+    max_lease_ms=3_600_000,
+    max_delay_ms=DAY_MS,
+)
+
+MAX_BODY_BYTES = 65_536  # a body's canonical UTF-8 text; webhook services cap near this
+MAX_NOTE_CHARS = 500
+_NOTE = re.compile(rf"[^\x00-\x1f\x7f]{{1,{MAX_NOTE_CHARS}}}")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long a job lives and how its retries are spaced (milliseconds).
+
+    ``jitter`` is the share of each delay that is random: 0 waits the whole
+    step, 1 anything from 0 to the step (the lab's full jitter), the default
+    0.5 from half the step to the whole.
+    """
+
+    max_attempts: int = 25
+    backoff_base_ms: int = 1_000
+    backoff_cap_ms: int = 3_600_000
+    jitter: float = 0.5
+    ttl_ms: int = 3 * DAY_MS
+    lease_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        _check_int("max_attempts", self.max_attempts, 1, PRODUCT.max_attempts)
+        _check_int("backoff_base_ms", self.backoff_base_ms, 1, PRODUCT.max_delay_ms)
+        _check_int("backoff_cap_ms", self.backoff_cap_ms, self.backoff_base_ms,
+                   PRODUCT.max_delay_ms)
+        check_jitter(self.jitter)
+        _check_int("ttl_ms", self.ttl_ms, 1, PRODUCT.max_ttl_ms)
+        _check_int("lease_ms", self.lease_ms, 1, PRODUCT.max_lease_ms)
+
+    def ratio(self, random_ratio: float) -> float:
+        """The jitter ratio of the retry rule, from a uniform draw in 0..1."""
+        return min(1.0, 1 - self.jitter + self.jitter * check_jitter(random_ratio))
+
+    def delay_ms(self, attempt: int, random_ratio: float) -> int:
+        """The wait before the next attempt, by the contract's own rule."""
+        return retry_delay(attempt, self.backoff_base_ms, self.backoff_cap_ms,
+                           self.ratio(random_ratio), limits=PRODUCT)
+
+    def classify(self, error: BaseException, attempt: int,
+                 random_ratio: float) -> Optional[Verdict]:
+        """classify_error with this policy's backoff."""
+        return classify_error(error, attempt, self.ratio(random_ratio),
+                              base_ms=self.backoff_base_ms, cap_ms=self.backoff_cap_ms,
+                              limits=PRODUCT)
+
+
+DEFAULT_POLICY = RetryPolicy()
+# The lab's numbers as a policy: what the contract functions do by default.
+LAB_POLICY = RetryPolicy(max_attempts=3, backoff_base_ms=100, backoff_cap_ms=1000,
+                         jitter=1.0, ttl_ms=60_000, lease_ms=LAB.max_lease_ms)
+
+
+@dataclass(frozen=True)
+class Intake:
+    """An event as the store keeps it: qty (0 for a payload event), the body's
+    canonical text and its digest (None for a lab {"id", "qty"} event)."""
+
+    id: str
+    qty: int
+    body: Optional[str]
+    digest: Optional[str]
+
+
+def canonical_body(body: object) -> Tuple[str, str]:
+    """(text, sha256 hex) of a JSON object body: sorted keys, no spaces, UTF-8.
+
+    Two bodies that are equal as JSON get the same text and digest, so a
+    resent event is a duplicate whatever order its keys came in. Only what
+    survives a JSON round trip unchanged is accepted (str keys, no NaN, no
+    tuples), so what is delivered is what was enqueued.
+    """
+    if type(body) is not dict:
+        raise ValueError(f"event body must be a JSON object, got {type(body).__name__}")
+    try:
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"event body is not JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("event body is nested too deeply") from None
+    data = text.encode()
+    if len(data) > MAX_BODY_BYTES:
+        raise ValueError(f"event body is {len(data)} bytes, more than {MAX_BODY_BYTES}")
+    if json.loads(text) != body:
+        raise ValueError("event body does not survive JSON unchanged (keys must be str)")
+    return text, hashlib.sha256(data).hexdigest()
+
+
+def check_product_event(event: object) -> Intake:
+    """{"id", "qty"} (the lab's event, qty 1..1000) or {"id", "body"} (a JSON
+    object); the id by the product's rule. ValueError naming the problem."""
+    if type(event) is not dict:
+        raise ValueError(f"event must be a dict, got {type(event).__name__}")
+    keys = set(event)
+    if keys == {"id", "qty"}:
+        job_id = check_job_id("event id", event["id"], PRODUCT)
+        return Intake(job_id, _check_int("event qty", event["qty"], 1, MAX_QTY), None, None)
+    if keys == {"id", "body"}:
+        job_id = check_job_id("event id", event["id"], PRODUCT)
+        text, digest = canonical_body(event["body"])
+        return Intake(job_id, 0, text, digest)
+    raise ValueError(
+        f"event must have the keys id and qty, or id and body; got {sorted(map(str, keys))}")
+
+
+def check_note(note: object) -> str:
+    """An operator's note: 1-500 characters, no control characters."""
+    if type(note) is not str or not _NOTE.fullmatch(note):
+        raise ValueError(f"note must be 1-{MAX_NOTE_CHARS} characters without control "
+                         f"characters, got {note!r:.80}")
+    return note
+
+
+def check_not_before(value: Any, now_ms: int) -> int:
+    """A delayed delivery's first moment: a clock value, not before now."""
+    return _check_int("not_before_ms", value, now_ms, MAX_NOW_MS)

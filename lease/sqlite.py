@@ -1,0 +1,493 @@
+"""The product's SQLite queue: payloads, wider budgets, the evidence of every
+attempt, cancels, retention, and versioned migrations.
+
+A product file is a contract file migrated forward: the contract's two tables
+stay as they are, with columns added after the contract's and tables added
+beside them, and ``PRAGMA user_version`` says which version it is. So the
+contract's functions (``lease.worker``) still work on it, and every function
+here runs the contract's own transactions (claim, extend, finish, redrive)
+with the product's limits (``lease.policy.PRODUCT``). No rule is written
+twice: what is new here is only what the contract has no column for.
+
+Versions:
+
+- 0: the contract's schema (``lease.worker.open_queue``);
+- 1: ``jobs.body`` and ``jobs.digest``; ``attempts``, the evidence of each
+  attempt; ``cancels``, their audit rows; ``tallies``, durable counters (the
+  stale finishes refused); indexes for pruning done jobs and for a job's
+  audit rows.
+
+Every migration runs in one transaction: a crash leaves the old version
+whole. A file newer than this code is refused untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import Callable, Iterable, NamedTuple, Optional, Tuple, Union
+
+from lease.policy import (
+    DEFAULT_POLICY,
+    PRODUCT,
+    Intake,
+    RetryPolicy,
+    check_not_before,
+    check_note,
+    check_product_event,
+)
+from lease.worker import (
+    MAX_BATCH,
+    Conflict,
+    Fault,
+    _call,
+    _check_connection,
+    _check_fault,
+    _check_int,
+    _claim_tx,
+    _extend_tx,
+    _finish_tx,
+    _immediate,
+    _redrive_tx,
+    _select,
+    check_identifier,
+    check_job_id,
+    check_now,
+    check_outcome,
+    check_ticket,
+    open_queue,
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Attempt",
+    "Leased",
+    "open_store",
+    "migrate",
+    "schema_version",
+    "enqueue_events",
+    "claim_jobs",
+    "extend_lease",
+    "finish_jobs",
+    "redrive_jobs",
+    "cancel_jobs",
+    "prune_done",
+    "stale_finishes",
+]
+
+SCHEMA_VERSION = 1
+MAX_ERROR_CHARS = 500  # an attempt's error text, as kept
+
+_MIGRATIONS: dict[int, Tuple[str, ...]] = {
+    1: (
+        "ALTER TABLE jobs ADD COLUMN body TEXT",  # canonical JSON; NULL for {"id", "qty"}
+        "ALTER TABLE jobs ADD COLUMN digest TEXT",  # sha256 of body; the intake's dedupe key
+        """CREATE TABLE attempts (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL, token INTEGER NOT NULL, attempt INTEGER NOT NULL, owner TEXT NOT NULL,
+  started_ms INTEGER NOT NULL, ended_ms INTEGER NOT NULL, outcome TEXT NOT NULL,
+  result TEXT NOT NULL, reason TEXT, http_status INTEGER, error TEXT, latency_ms INTEGER)""",
+        "CREATE INDEX attempts_by_job ON attempts(id, seq)",
+        """CREATE TABLE cancels (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL, token INTEGER NOT NULL, at_ms INTEGER NOT NULL, note TEXT NOT NULL,
+  was TEXT NOT NULL)""",
+        "CREATE TABLE tallies (name TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID",
+        # finish sets available_at = now for done: the time a done job finished.
+        "CREATE INDEX jobs_done_at ON jobs(available_at) WHERE status = 'done'",
+        # A job's audit rows, read by its history and deleted with it by prune.
+        "CREATE INDEX redrives_by_job ON redrives(id)",
+        "CREATE INDEX cancels_by_job ON cancels(id)",
+    ),
+}
+
+_TABLES_V1 = {
+    "jobs": ["seq", "id", "qty", "status", "attempts", "max_attempts", "token",
+             "available_at", "deadline", "owner", "lease_until", "reason", "body", "digest"],
+    "attempts": ["seq", "id", "token", "attempt", "owner", "started_ms", "ended_ms", "outcome",
+                 "result", "reason", "http_status", "error", "latency_ms"],
+    "cancels": ["seq", "id", "token", "at_ms", "note", "was"],
+    "tallies": ["name", "n"],
+}
+
+
+class Attempt(NamedTuple):
+    """What one attempt saw, recorded with its finish. ``started_ms`` is the
+    clock value of the claim; ``latency_ms`` the send's own duration."""
+
+    started_ms: int
+    latency_ms: Optional[int] = None
+    http_status: Optional[int] = None
+    error: Optional[str] = None
+
+
+class Leased(NamedTuple):
+    """A claimed job: its ticket (the contract's six keys) and its body's
+    canonical JSON text (None for a {"id", "qty"} event)."""
+
+    ticket: dict
+    body: Optional[str]
+
+    @property
+    def event(self) -> dict:
+        """The event as enqueued: {"id", "qty"} or {"id", "body"} (body as text)."""
+        if self.body is None:
+            return {"id": self.ticket["id"], "qty": self.ticket["qty"]}
+        return {"id": self.ticket["id"], "body": self.body}
+
+
+# ------------------------------------------------------------------ opening
+
+
+def schema_version(con: sqlite3.Connection) -> int:
+    return int(con.execute("PRAGMA user_version").fetchone()[0])
+
+
+def open_store(path: Union[str, os.PathLike[str]], *, create: bool = True) -> sqlite3.Connection:
+    """Open a queue for the product: the contract's ``open_queue`` (its
+    settings, its refusal of foreign files), then the migrations up to
+    SCHEMA_VERSION, in one transaction. A newer file is a ValueError."""
+    con = open_queue(path, create=create)
+    try:
+        migrate(con)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def migrate(con: sqlite3.Connection) -> int:
+    """Bring an open queue to SCHEMA_VERSION; the version it had before."""
+    _check_connection(con)
+    before = _check_version(con)
+    if before < SCHEMA_VERSION:
+        with _immediate(con):
+            before = _check_version(con)  # another process may have migrated meanwhile
+            for version in range(before + 1, SCHEMA_VERSION + 1):
+                for statement in _MIGRATIONS[version]:
+                    con.execute(statement)
+            con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    _check_tables(con)
+    return before
+
+
+def _check_version(con: sqlite3.Connection) -> int:
+    version = schema_version(con)
+    if version > SCHEMA_VERSION:
+        raise ValueError(f"queue file has schema version {version}, newer than this code's "
+                         f"{SCHEMA_VERSION}: open it with a newer lease-dispatcher")
+    return version
+
+
+def _check_tables(con: sqlite3.Connection) -> None:
+    for name, columns in _TABLES_V1.items():
+        found = [row[1] for row in con.execute(f"PRAGMA table_info({name})")]
+        if found != columns:
+            raise ValueError(f"not a version {SCHEMA_VERSION} queue: table {name!r} has "
+                             f"columns {found}")
+
+
+# ------------------------------------------------------------------ intake
+
+
+def enqueue_events(
+    con: sqlite3.Connection,
+    events: Iterable[object],
+    now_ms: int,
+    policy: RetryPolicy = DEFAULT_POLICY,
+    *,
+    not_before_ms: Optional[int] = None,
+    on_progress: Optional[Callable[[int], None]] = None,
+) -> list:
+    """Enqueue events in one transaction: all of them or, on a bad event or any
+    error while ``events`` is read, none. ``events`` may be a generator (a
+    large file read line by line): each is checked as it comes, and memory
+    stays bounded by the results list.
+
+    Per event: True (new), False (the same id with the same content: a
+    duplicate, its row and its budget untouched) or a Conflict (the same id
+    with other content; the others go on). The content is the qty of an
+    {"id", "qty"} event and the body's canonical digest of an {"id", "body"}
+    event. ``not_before_ms`` delays the first attempt (delayed delivery).
+    """
+    _check_connection(con)
+    check_now(now_ms)
+    if not isinstance(policy, RetryPolicy):
+        raise ValueError(f"policy must be a RetryPolicy, got {type(policy).__name__}")
+    available_at = now_ms if not_before_ms is None else check_not_before(not_before_ms, now_ms)
+    results: list = []
+    with _immediate(con):
+        for event in events:
+            intake = check_product_event(event)
+            try:
+                results.append(_insert(con, intake, now_ms, available_at, policy))
+            except Conflict as conflict:
+                results.append(conflict)
+            if on_progress is not None and len(results) % 1000 == 0:
+                on_progress(len(results))
+    return results
+
+
+def _insert(con: sqlite3.Connection, intake: Intake, now_ms: int, available_at: int,
+            policy: RetryPolicy) -> bool:
+    """Inside a transaction: a new pending job (True), or the duplicate kept (False)."""
+    row = con.execute("SELECT qty, digest FROM jobs WHERE id = ?", (intake.id,)).fetchone()
+    if row is not None:
+        if (row[0], row[1]) != (intake.qty, intake.digest):
+            raise Conflict(f"job {intake.id!r} exists with other content "
+                           f"({_content(row[0], row[1])}, not "
+                           f"{_content(intake.qty, intake.digest)})")
+        return False
+    con.execute(
+        "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
+        " deadline, owner, lease_until, reason, body, digest)"
+        " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?)",
+        (intake.id, intake.qty, policy.max_attempts, available_at,
+         available_at + policy.ttl_ms, intake.body, intake.digest),
+    )
+    return True
+
+
+def _content(qty: int, digest: Optional[str]) -> str:
+    return f"qty {qty}" if digest is None else f"body sha256 {digest[:12]}..."
+
+
+# ------------------------------------------------------------------ one attempt
+
+
+def claim_jobs(
+    con: sqlite3.Connection,
+    owner: str,
+    now_ms: int,
+    lease_ms: int,
+    limit: int = 1,
+    fault: Fault = None,
+) -> Tuple[list, dict]:
+    """The contract's claim transaction with the product's lease range: up to
+    ``limit`` Leased jobs (ticket and body), and the quarantine's moves by
+    reason ({"deadline": n, "exhausted": m})."""
+    _check_connection(con)
+    check_identifier("owner", owner)
+    check_now(now_ms)
+    _check_int("lease_ms", lease_ms, 1, PRODUCT.max_lease_ms)
+    _check_int("limit", limit, 1, MAX_BATCH)
+    _check_fault(fault)
+    rows, tickets, moved = _claim_tx(con, owner, now_ms, lease_ms, limit, fault)
+    return [Leased(ticket, row["body"]) for row, ticket in zip(rows, tickets, strict=True)], moved
+
+
+def extend_lease(
+    con: sqlite3.Connection,
+    ticket: dict,
+    now_ms: int,
+    lease_ms: int,
+    fault: Fault = None,
+) -> Union[dict, bool]:
+    """The contract's extension (whole-marker check) with the product's ranges."""
+    _check_connection(con)
+    check_ticket(ticket, PRODUCT)
+    check_now(now_ms)
+    _check_int("lease_ms", lease_ms, 1, PRODUCT.max_lease_ms)
+    _check_fault(fault)
+    return _extend_tx(con, ticket, now_ms, lease_ms, fault)
+
+
+def finish_jobs(
+    con: sqlite3.Connection,
+    items: list,
+    now_ms: int,
+    fault: Fault = None,
+) -> list:
+    """Record outcomes and their evidence in one transaction.
+
+    ``items``: (ticket, outcome, delay_ms, Attempt). ``outcome`` is "ok",
+    "retry", "permanent" — the contract's fenced finish — or None: an attempt
+    that proved nothing (a bad ACK, an unclassified error), recorded as
+    evidence while the job stays leased for its lease expiry to recover.
+    Per item: (status, reason) as finish_batch gives it, False for a stale
+    ticket (its attempt recorded, and counted in ``stale_finishes``), or
+    ("leased", None) for an evidence-only item.
+    """
+    _check_connection(con)
+    if type(items) is not list or len(items) > MAX_BATCH:
+        raise ValueError(f"items must be a list of at most {MAX_BATCH}")
+    for item in items:
+        _check_item(item)
+    check_now(now_ms)
+    _check_fault(fault)
+    finishing = [(t, o, d) for t, o, d, _ in items if o is not None]
+    merged: list = []
+
+    def record(con: sqlite3.Connection, results: list) -> None:
+        outcomes = iter(results)
+        merged.extend(next(outcomes) if outcome is not None else ("leased", None)
+                      for _, outcome, _, _ in items)
+        _record_attempts(con, items, merged, now_ms)
+
+    _finish_tx(con, finishing, now_ms, fault, record)
+    return merged
+
+
+def _check_item(item: object) -> None:
+    if type(item) is not tuple or len(item) != 4:
+        raise ValueError("each item must be a tuple (ticket, outcome, delay_ms, Attempt)")
+    ticket, outcome, delay_ms, attempt = item
+    check_ticket(ticket, PRODUCT)
+    if outcome is not None:
+        check_outcome(outcome)
+    _check_int("delay_ms", delay_ms, 0, PRODUCT.max_delay_ms)
+    if not isinstance(attempt, Attempt):
+        raise ValueError(f"evidence must be an Attempt, got {type(attempt).__name__}")
+    check_now(attempt.started_ms, "attempt started_ms")
+    for name in ("latency_ms", "http_status"):
+        value = getattr(attempt, name)
+        if value is not None:
+            _check_int(f"attempt {name}", value, 0, 10**12)
+    if attempt.error is not None and type(attempt.error) is not str:
+        raise ValueError(f"attempt error must be None or a str, got "
+                         f"{type(attempt.error).__name__}")
+
+
+def _record_attempts(con: sqlite3.Connection, items: list, results: list, now_ms: int) -> None:
+    rows = []
+    for (ticket, outcome, _, seen), result in zip(items, results, strict=True):
+        status, reason = ("stale", None) if result is False else result
+        error = None if seen.error is None else seen.error[:MAX_ERROR_CHARS]
+        rows.append((ticket["id"], ticket["token"], ticket["attempt"], ticket["owner"],
+                     seen.started_ms, now_ms, outcome or "none", status, reason,
+                     seen.http_status, error, seen.latency_ms))
+    con.executemany(
+        "INSERT INTO attempts (id, token, attempt, owner, started_ms, ended_ms, outcome,"
+        " result, reason, http_status, error, latency_ms)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    stale = sum(1 for result in results if result is False)
+    if stale:
+        _tally(con, "stale_finishes", stale)
+
+
+def _tally(con: sqlite3.Connection, name: str, n: int) -> None:
+    con.execute("INSERT INTO tallies (name, n) VALUES (?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET n = n + excluded.n", (name, n))
+
+
+def stale_finishes(con: sqlite3.Connection) -> int:
+    """Finishes refused because their lease was gone, all time (pruning keeps it)."""
+    row = con.execute("SELECT n FROM tallies WHERE name = 'stale_finishes'").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+# ------------------------------------------------------------------ the operator
+
+
+def _check_ids(job_ids: object) -> list:
+    if type(job_ids) is not list or len(job_ids) > MAX_BATCH:
+        raise ValueError(f"job_ids must be a list of at most {MAX_BATCH}")
+    for job_id in job_ids:
+        check_job_id("job_id", job_id, PRODUCT)
+    return job_ids
+
+
+def redrive_jobs(
+    con: sqlite3.Connection,
+    job_ids: list,
+    now_ms: int,
+    ttl_ms: int,
+    note: str,
+    fault: Fault = None,
+) -> list:
+    """The contract's redrive (audit row and release together, token kept) with
+    the product's ids, time to live and notes. Per id True or its ValueError."""
+    _check_connection(con)
+    _check_ids(job_ids)
+    check_now(now_ms)
+    _check_int("ttl_ms", ttl_ms, 1, PRODUCT.max_ttl_ms)
+    check_note(note)
+    _check_fault(fault)
+    return _redrive_tx(con, job_ids, now_ms, ttl_ms, note, fault)
+
+
+def cancel_jobs(
+    con: sqlite3.Connection,
+    job_ids: list,
+    now_ms: int,
+    note: str,
+    fault: Fault = None,
+) -> list:
+    """Cancel pending or dead jobs: each becomes dead/cancelled with an audit
+    row in ``cancels`` (what it was, its token, the note), together.
+
+    A leased job is refused (its send may be on the wire: let it finish or
+    its lease run out, then cancel), and so is a done one. Per id True or
+    the ValueError; a refusal does not stop the others. A cancelled job
+    leaves the dead letters only by a redrive, like any dead job.
+    Hooks: fault("after-audit"), fault("after-cancel"), fault("after-commit").
+    """
+    _check_connection(con)
+    _check_ids(job_ids)
+    check_now(now_ms)
+    check_note(note)
+    _check_fault(fault)
+    with _immediate(con):
+        results, audits = _cancel_decisions(con, job_ids)
+        if audits:
+            con.executemany(
+                "INSERT INTO cancels (id, token, at_ms, note, was) VALUES (?, ?, ?, ?, ?)",
+                [(job_id, token, now_ms, note, was) for _, job_id, token, was in audits])
+            _call(fault, "after-audit")
+            con.executemany(
+                "UPDATE jobs SET status = 'dead', reason = 'cancelled', available_at = ?,"
+                " owner = NULL, lease_until = NULL WHERE seq = ?",
+                [(now_ms, seq) for seq, _, _, _ in audits])
+            _call(fault, "after-cancel")
+    if audits:
+        _call(fault, "after-commit")
+    return results
+
+
+def _cancel_decisions(con: sqlite3.Connection, job_ids: list) -> Tuple[list, list]:
+    unique = sorted(set(job_ids))
+    marks = ", ".join("?" * len(unique))
+    sql = f"SELECT seq, id, status, reason, token FROM jobs WHERE id IN ({marks})"
+    rows = {row["id"]: row for row in _select(con, sql, unique)} if unique else {}
+    cancelled: set = set()
+    results: list = []
+    audits: list = []
+    for job_id in job_ids:
+        row = rows.get(job_id)
+        if row is None:
+            results.append(ValueError(f"job {job_id!r} does not exist"))
+        elif job_id in cancelled or row["reason"] == "cancelled":
+            results.append(ValueError(f"job {job_id!r} is already cancelled"))
+        elif row["status"] not in ("pending", "dead"):
+            results.append(ValueError(f"job {job_id!r} is {row['status']}: only a pending "
+                                      f"or dead job can be cancelled"))
+        else:
+            cancelled.add(job_id)
+            was = row["status"] if row["reason"] is None else f"{row['status']}/{row['reason']}"
+            audits.append((row["seq"], job_id, row["token"], was))
+            results.append(True)
+    return results, audits
+
+
+def prune_done(
+    con: sqlite3.Connection,
+    finished_before_ms: int,
+    limit: int = MAX_BATCH,
+) -> int:
+    """Delete up to ``limit`` done jobs that finished before the cutoff, with
+    their attempts and audit rows, in one transaction; how many. Live,
+    dead and cancelled jobs are never touched. Call again until it returns
+    0 for a large backlog: each transaction stays short. An id whose job was
+    pruned is new again: enqueued again, it is a new job.
+    """
+    _check_connection(con)
+    check_now(finished_before_ms, "finished_before_ms")
+    _check_int("limit", limit, 1, MAX_BATCH)
+    with _immediate(con):
+        done = con.execute(
+            "SELECT seq, id FROM jobs WHERE status = 'done' AND available_at < ?"
+            " ORDER BY available_at LIMIT ?", (finished_before_ms, limit)).fetchall()
+        ids = [(job_id,) for _, job_id in done]
+        con.executemany("DELETE FROM attempts WHERE id = ?", ids)
+        con.executemany("DELETE FROM redrives WHERE id = ?", ids)
+        con.executemany("DELETE FROM cancels WHERE id = ?", ids)
+        con.executemany("DELETE FROM jobs WHERE seq = ?", [(seq,) for seq, _ in done])
+    return len(done)
