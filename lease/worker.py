@@ -441,9 +441,9 @@ def _check_schema(con: sqlite3.Connection) -> bool:
             raise ValueError(f"not a queue file: it holds other tables ({others[0][0]!r}, ...)")
         return False
     for name, columns in _COLUMNS.items():
-        found = present[name]
-        if found != columns and not (version >= 1 and found[:len(columns)] == columns):
-            raise ValueError(f"not a queue file: table {name!r} has columns {found}")
+        have = present[name]
+        if have != columns and not (version >= 1 and have[:len(columns)] == columns):
+            raise ValueError(f"not a queue file: table {name!r} has columns {have}")
     found = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     return found.issuperset(_INDEXES)
 
