@@ -124,6 +124,13 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)}\n")
 
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # argparse 3.11 drops a "--" that is a value (--id=--, or "inspect q -- --")
+        # and hands on an empty list; "--" is a valid identifier, so keep it.
+        if action.nargs in (None, "?") and arg_strings == ["--"]:
+            return self._get_value(action, "--")
+        return super()._get_values(action, arg_strings)
+
 
 def one_line(text: str) -> str:
     """Control characters (a newline in a file name, say) shown escaped: one line."""

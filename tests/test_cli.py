@@ -519,3 +519,12 @@ def test_bulk_redrive_lists_each_job_when_asked(tmp_path: Path):
     assert out.stdout.count("would redrive") == cli_module.SHOW_EACH
     out = cli("redrive", str(path), "--reason", "deadline", "--note", "x", "--verbose")
     assert out.returncode == 0 and out.stdout.count("redrove d-") == 30
+
+
+def test_a_job_named_double_dash(queue: Path):
+    """"--" is a valid identifier; argparse 3.11 turned it into an empty list."""
+    out = cli("enqueue", str(queue), "--id=--", "--qty=7")
+    assert (out.returncode, out.stdout.strip()) == (0, "1 new, 0 duplicate, 0 conflicting")
+    out = cli("inspect", str(queue), "--", "--")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["job"]["id"] == "--"
