@@ -58,6 +58,9 @@ def open_readonly(path: Union[str, os.PathLike[str]]) -> sqlite3.Connection:
             "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'jobs')"
         ).fetchone()[0]:
             raise ValueError("not a queue file yet: it has no tables (asyncworker init makes them)")
+    except sqlite3.OperationalError:  # locked, or an I/O error: no verdict on the file
+        con.close()
+        raise
     except sqlite3.DatabaseError as exc:
         con.close()
         raise ValueError(f"not a queue file: {exc}") from None

@@ -236,11 +236,15 @@ def parse_event(data: Union[str, bytes]) -> dict:
     if not isinstance(data, (str, bytes)):
         raise ValueError(f"event JSON must be str or bytes, got {type(data).__name__}")
     try:
-        event = json.loads(data, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        # Decoded here, strictly: json.loads would take UTF-16 and a byte order mark too.
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        event = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
     except UnicodeDecodeError:
         raise ValueError("event JSON is not UTF-8") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("not valid JSON: nested too deeply") from None
     return check_event(event)
 
 

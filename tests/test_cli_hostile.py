@@ -432,7 +432,8 @@ def test_a_queue_locked_by_another_writer_is_one_line(work: Path):
         holder.execute("BEGIN EXCLUSIVE")  # a writer mid-commit: no one may read or write
         for args in (["enqueue", "{w}/queue.db", "--id", "zz", "--qty", "1"],
                      ["redrive", "{w}/queue.db", "j-1", "--note", "fix"],
-                     ["init", "{w}/queue.db"]):
+                     ["init", "{w}/queue.db"],
+                     ["stats", "{w}/queue.db"]):
             out = run_cli(expand(args, work))
             assert_one_line_error(out, 1, "database is locked")
     finally:
