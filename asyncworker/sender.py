@@ -1,4 +1,6 @@
-"""The strict async sender on aiohttp; the verdict comes from ``lease.http``."""
+"""The strict async sender on aiohttp; the request and the verdict come from
+``lease.http`` (``request_parts``, ``ack_verdict``), so both senders put the
+same bytes and headers on the wire and read an answer the same way."""
 
 from __future__ import annotations
 
@@ -9,13 +11,14 @@ import aiohttp
 
 from lease.http import (
     ACK_LIMIT,
+    Outgoing,
     ack_verdict,
     check_timeout,
     check_token,
     check_url,
     request_parts,
 )
-from lease.worker import BadAck, Retryable, check_event
+from lease.worker import BadAck, Retryable
 
 __all__ = ["send_http", "new_session"]
 
@@ -35,7 +38,8 @@ async def send_http(
     token: Optional[int] = None,
     session: Optional[aiohttp.ClientSession] = None,
 ) -> bool:
-    """POST one event; True only for a verifiable ACK (the table in ``lease.http``).
+    """POST one event, lab or payload; True only for a verifiable ACK (the
+    table in ``lease.http``, which also says when an error has ``http_status``).
 
     ``timeout`` (seconds) bounds the whole exchange, from connecting to the
     last byte read. Redirects are never followed; proxy settings are never
@@ -43,36 +47,35 @@ async def send_http(
     retries. Without ``session``, a short-lived one is opened and closed.
     """
     check_url(url)
-    check_event(event)
     seconds = check_timeout(timeout)
-    body, headers = request_parts(event, check_token(token))
+    outgoing = request_parts(event, check_token(token))
     if session is None:
         async with new_session(limit=1) as own:
-            return await _exchange(own, url, body, headers, seconds, event["id"])
+            return await _exchange(own, url, outgoing, seconds)
     if session.trust_env:
         raise ValueError("session must not read proxy settings (trust_env=True)")
-    return await _exchange(session, url, body, headers, seconds, event["id"])
+    return await _exchange(session, url, outgoing, seconds)
 
 
-async def _exchange(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict,
-                    seconds: float, event_id: str) -> bool:
+async def _exchange(session: aiohttp.ClientSession, url: str, outgoing: Outgoing,
+                    seconds: float) -> bool:
     try:
         # aiohttp's total timeout runs from the wait for a pooled connection to
         # the last byte read: the whole exchange, with no extra task per send.
-        status, answer = await _post(session, url, body, headers, seconds)
+        status, answer = await _post(session, url, outgoing, seconds)
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise Retryable(f"timed out after {seconds}s") from exc
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
         raise Retryable(f"connection failed: {exc!r:.200}") from exc
     except aiohttp.ClientResponseError as exc:  # a malformed HTTP answer
         raise BadAck(f"malformed answer: {exc!r:.200}") from exc
-    return ack_verdict(status, answer, event_id)
+    return ack_verdict(status, answer, outgoing.event_id)
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict,
+async def _post(session: aiohttp.ClientSession, url: str, outgoing: Outgoing,
                 seconds: float) -> tuple[int, bytes]:
     async with session.post(
-        url, data=body, headers=headers, allow_redirects=False,
+        url, data=outgoing.body, headers=outgoing.headers, allow_redirects=False,
         timeout=aiohttp.ClientTimeout(total=seconds),
     ) as response:
         answer = bytearray()

@@ -5,14 +5,33 @@ names the very ID that was sent, from a loopback ``/events`` URL, within a
 size cap, without a redirect. ``ack_verdict`` is the one function that decides
 this; the async sender in ``asyncworker`` calls it too.
 
-| what came back                                      | verdict            |
-| --------------------------------------------------- | ------------------ |
-| 2xx, JSON object, ``"id"`` equal to the sent id      | True               |
-| 2xx with a wrong/missing id, not JSON, over the cap | BadAck             |
-| 3xx (redirects are never followed), 1xx             | BadAck             |
-| 400, 409, 413, 422 and every other 4xx but 429      | Permanent          |
-| 429, 5xx                                            | Retryable          |
-| timeout, refused, reset, closed without an answer   | Retryable          |
+| what came back                                      | verdict   | http_status |
+| --------------------------------------------------- | --------- | ----------- |
+| 2xx, JSON object, ``"id"`` equal to the sent id      | True      |             |
+| 2xx with a wrong/missing id, not JSON, over the cap | BadAck    | the status  |
+| 3xx (redirects are never followed), 1xx             | BadAck    | the status  |
+| 400, 409, 413, 422 and every other 4xx but 429      | Permanent | the status  |
+| 429, 5xx                                            | Retryable | the status  |
+| timeout, refused, reset, closed without an answer   | Retryable | absent      |
+| an answer cut off before its announced end          | Retryable | absent      |
+| bytes that are not an HTTP answer                   | BadAck    | absent      |
+
+``http_status`` (an int) is an attribute of the raised exception, set when
+an HTTP answer's status line arrived and decided the verdict: the evidence of
+the attempt (``getattr(error, "http_status", None)``). A transport failure has
+no status, so none is invented.
+
+Two kinds of event travel, both built by ``request_parts``:
+
+- the lab's ``{"id", "qty"}`` (``check_event``: the contract's ids), sent as
+  ``{"id": ..., "qty": ...}`` exactly as before;
+- a payload event ``{"id", "body"}`` (``check_product_event``: the product's
+  ids), its body a JSON object or the canonical text of one (what the store
+  hands back), sent as that canonical text's UTF-8 bytes, byte for byte.
+
+Every request carries the job id in a ``webhook-id`` header (the Standard
+Webhooks name), ``Content-Type: application/json`` and, with a token, the
+``X-Lease-Token`` header.
 """
 
 from __future__ import annotations
@@ -24,17 +43,20 @@ import json
 import math
 import socket
 import time
-from typing import TYPE_CHECKING, Literal, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Literal, NamedTuple, Optional, Tuple, Type
 from urllib.parse import urlsplit
 
-from lease.worker import MAX_TOKEN, BadAck, Permanent, Retryable, check_event
+from lease.policy import MAX_BODY_BYTES, check_product_event
+from lease.worker import MAX_TOKEN, BadAck, LeaseError, Permanent, Retryable, check_event
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, WriteableBuffer
 
 __all__ = [
     "ACK_LIMIT",
+    "ID_HEADER",
     "TOKEN_HEADER",
+    "Outgoing",
     "ack_verdict",
     "check_timeout",
     "check_token",
@@ -45,6 +67,7 @@ __all__ = [
 
 ACK_LIMIT = 4096  # bytes of an answer we read; anything longer is not an ACK
 TOKEN_HEADER = "X-Lease-Token"
+ID_HEADER = "webhook-id"  # the Standard Webhooks name; a signature will cover it
 EVENTS_PATH = "/events"
 
 
@@ -104,37 +127,88 @@ def check_token(token: object) -> Optional[int]:
     return token
 
 
-def request_parts(event: dict, token: Optional[int]) -> Tuple[bytes, dict]:
-    """The request body (exactly id and qty) and headers, for both senders."""
-    body = json.dumps({"id": event["id"], "qty": event["qty"]}).encode()
-    headers = {"Content-Type": "application/json"}
+class Outgoing(NamedTuple):
+    """What both senders put on the wire for one event."""
+
+    event_id: str  # the id an ACK must name
+    body: bytes
+    headers: Dict[str, str]
+
+
+def request_parts(event: object, token: Optional[int]) -> Outgoing:
+    """The checked event's request body and headers, for both senders.
+
+    ValueError, before anything is sent, for an event that is neither a lab
+    event nor a payload event (see the module's docstring).
+    """
+    event_id, body = _event_body(event)
+    headers = {"Content-Type": "application/json", ID_HEADER: event_id}
     if token is not None:
         headers[TOKEN_HEADER] = str(token)
-    return body, headers
+    return Outgoing(event_id, body, headers)
+
+
+def _event_body(event: object) -> Tuple[str, bytes]:
+    if type(event) is dict and event.keys() == {"id", "qty"}:
+        check_event(event)  # the lab's event keeps the lab's rule and its bytes
+        return event["id"], json.dumps({"id": event["id"], "qty": event["qty"]}).encode()
+    text = None
+    if type(event) is dict and event.keys() == {"id", "body"} and type(event["body"]) is str:
+        text = event["body"]
+        event = {"id": event["id"], "body": _parse_body(text)}
+    intake = check_product_event(event)  # every other shape is refused here, by name
+    assert intake.body is not None  # the {"id", "qty"} shape was handled above
+    if text is not None and intake.body != text:
+        # Not what the store writes: what is sent must be the very bytes whose
+        # digest deduplicates the job, at intake and at the receiver.
+        raise ValueError(f"event body is not canonical JSON text: {text!r:.80}")
+    return intake.id, intake.body.encode()
+
+
+def _parse_body(text: str) -> object:
+    if len(text) > MAX_BODY_BYTES:  # a character is at least a byte: too long unparsed
+        raise ValueError(f"event body is more than {MAX_BODY_BYTES} bytes")
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"event body is not JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("event body is nested too deeply") from None
 
 
 def ack_verdict(status: int, body: bytes, event_id: str) -> Literal[True]:
-    """Decide what an HTTP answer proves. ``body`` holds at most ACK_LIMIT + 1 bytes."""
+    """Decide what an HTTP answer proves. ``body`` holds at most ACK_LIMIT + 1 bytes.
+
+    Every error raised carries ``http_status``, the status that decided it.
+    """
     if 200 <= status < 300:
         if len(body) > ACK_LIMIT:
-            raise BadAck(f"answer is larger than {ACK_LIMIT} bytes")
+            raise _answered(BadAck, status, f"answer is larger than {ACK_LIMIT} bytes")
         try:
             ack = json.loads(body)
         except ValueError as exc:  # UnicodeDecodeError is a ValueError too
-            raise BadAck(f"answer is not JSON: {body[:60]!r}") from exc
+            raise _answered(BadAck, status, f"answer is not JSON: {body[:60]!r}") from exc
         if not isinstance(ack, dict) or ack.get("id") != event_id:
             got = ack.get("id") if isinstance(ack, dict) else type(ack).__name__
-            raise BadAck(f"ACK names {got!r:.80}, not {event_id!r}")
+            raise _answered(BadAck, status, f"ACK names {got!r:.80}, not {event_id!r}")
         return True
     if status == 429 or 500 <= status < 600:
-        raise Retryable(f"receiver answered {status}")
+        raise _answered(Retryable, status, f"receiver answered {status}")
     if 400 <= status < 500:
-        raise Permanent(f"receiver refused with {status}: {body[:200]!r}")
-    raise BadAck(f"receiver answered {status}; redirects are not followed")
+        raise _answered(Permanent, status, f"receiver refused with {status}: {body[:200]!r}")
+    raise _answered(BadAck, status, f"receiver answered {status}; redirects are not followed")
+
+
+def _answered(kind: Type[LeaseError], status: int, message: str) -> LeaseError:
+    """``kind(message)`` with the answer's status as evidence of the attempt."""
+    error = kind(message)
+    error.http_status = status  # type: ignore[attr-defined]  # documented in the table
+    return error
 
 
 def send_http(url: str, event: dict, *, timeout: float, token: Optional[int] = None) -> bool:
-    """POST one event; True only for a verifiable ACK (see the module's table).
+    """POST one event, lab or payload; True only for a verifiable ACK (see the
+    module's table).
 
     ``timeout`` bounds the whole exchange, from connecting to the last byte of
     the answer, whatever the server's pacing: every connect, send and receive
@@ -142,13 +216,12 @@ def send_http(url: str, event: dict, *, timeout: float, token: Optional[int] = N
     call; this function never retries. http.client reads no proxy settings.
     """
     host, port = check_url(url)
-    check_event(event)
     seconds = check_timeout(timeout)
-    body, headers = request_parts(event, check_token(token))
+    outgoing = request_parts(event, check_token(token))
     deadline = time.monotonic() + seconds
     conn = _DeadlineConnection(host, port, deadline)
     try:
-        conn.request("POST", EVENTS_PATH, body=body, headers=headers)
+        conn.request("POST", EVENTS_PATH, body=outgoing.body, headers=outgoing.headers)
         response = conn.getresponse()
         with response:  # closes the socket now, even with the answer unread past the cap
             answer = response.read(ACK_LIMIT + 1)
@@ -158,7 +231,7 @@ def send_http(url: str, event: dict, *, timeout: float, token: Optional[int] = N
         conn.close()
     if response.length and len(answer) <= ACK_LIMIT:  # fewer bytes than announced
         raise Retryable("connection closed in the middle of the answer")
-    return ack_verdict(response.status, answer, event["id"])
+    return ack_verdict(response.status, answer, outgoing.event_id)
 
 
 def _transport_error(exc: BaseException, seconds: float, late: bool) -> Exception:

@@ -45,47 +45,53 @@ def send(request):
     return via_thread
 
 
+# (name, server behaviour, verdict, the http_status the error carries)
 VERDICTS = [
-    ("ack", ack_for(), True),
-    ("ack with extra fields", ack_for(status="duplicate", qty=7), True),
-    ("201 ack", lambda r, s: answer(201, json.dumps({"id": "snack-7"}).encode())(r, s), True),
-    ("wrong id", ack_for("snack-8"), BadAck),
-    ("id of another type", ack_for(7), BadAck),
-    ("missing id", answer(200, b'{"ok": true}'), BadAck),
-    ("not json", answer(200, b"yes"), BadAck),
-    ("empty body", answer(200, b""), BadAck),
-    ("json array", answer(200, b'["snack-7"]'), BadAck),
-    ("bytes not utf-8", answer(200, b'{"id": "\xff"}'), BadAck),
+    ("ack", ack_for(), True, None),
+    ("ack with extra fields", ack_for(status="duplicate", qty=7), True, None),
+    ("201 ack", lambda r, s: answer(201, json.dumps({"id": "snack-7"}).encode())(r, s), True,
+     None),
+    ("wrong id", ack_for("snack-8"), BadAck, 200),
+    ("id of another type", ack_for(7), BadAck, 200),
+    ("missing id", answer(200, b'{"ok": true}'), BadAck, 200),
+    ("not json", answer(200, b"yes"), BadAck, 200),
+    ("empty body", answer(200, b""), BadAck, 200),
+    ("json array", answer(200, b'["snack-7"]'), BadAck, 200),
+    ("bytes not utf-8", answer(200, b'{"id": "\xff"}'), BadAck, 200),
     ("oversized ack", answer(200, json.dumps({"id": "snack-7", "pad": "x" * 5000}).encode()),
-     BadAck),
-    ("redirect 302", answer(302, b"", {"Location": "/events"}), BadAck),
-    ("redirect 307", answer(307, b"", {"Location": "/events"}), BadAck),
-    ("400", answer(400, b'{"error": "bad"}'), Permanent),
-    ("404", answer(404, b""), Permanent),
-    ("409", answer(409, b'{"error": "conflict"}'), Permanent),
-    ("413", answer(413, b""), Permanent),
-    ("422", answer(422, b""), Permanent),
-    ("429", answer(429, b""), Retryable),
-    ("500", answer(500, b""), Retryable),
-    ("503", answer(503, b'{"id": "snack-7"}'), Retryable),
-    ("closed without an answer", close_unanswered, Retryable),
-    ("not http", garbage, BadAck),
+     BadAck, 200),
+    ("redirect 302", answer(302, b"", {"Location": "/events"}), BadAck, 302),
+    ("redirect 307", answer(307, b"", {"Location": "/events"}), BadAck, 307),
+    ("400", answer(400, b'{"error": "bad"}'), Permanent, 400),
+    ("404", answer(404, b""), Permanent, 404),
+    ("409", answer(409, b'{"error": "conflict"}'), Permanent, 409),
+    ("413", answer(413, b""), Permanent, 413),
+    ("422", answer(422, b""), Permanent, 422),
+    ("429", answer(429, b""), Retryable, 429),
+    ("500", answer(500, b""), Retryable, 500),
+    ("503", answer(503, b'{"id": "snack-7"}'), Retryable, 503),
+    ("closed without an answer", close_unanswered, Retryable, None),
+    ("not http", garbage, BadAck, None),
 ]
 
 
-@pytest.mark.parametrize(("name", "behaviour", "expected"), VERDICTS, ids=[v[0] for v in VERDICTS])
-async def test_verdict_table(send, name, behaviour, expected):
+@pytest.mark.parametrize(("name", "behaviour", "expected", "status"), VERDICTS,
+                         ids=[v[0] for v in VERDICTS])
+async def test_verdict_table(send, name, behaviour, expected, status):
     with HostileServer(behaviour) as server:
         if expected is True:
             assert await send(server.url, EVENT, timeout=5) is True
         else:
-            with pytest.raises(expected):
+            with pytest.raises(expected) as caught:
                 await send(server.url, EVENT, timeout=5)
+            # The evidence of the attempt: the status that decided, none without an answer.
+            assert getattr(caught.value, "http_status", None) == status
         assert len(server.requests) == 1  # one request, no retry, no redirect followed
         request = server.requests[0]
         assert request.line.startswith("POST /events ")
-        assert json.loads(request.body) == EVENT
+        assert request.body == b'{"id": "snack-7", "qty": 7}'  # the lab's bytes, as ever
         assert request.headers["content-type"] == "application/json"
+        assert request.headers["webhook-id"] == "snack-7"
         assert "x-lease-token" not in request.headers
 
 
