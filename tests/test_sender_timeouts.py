@@ -25,6 +25,7 @@ import pytest
 from asyncworker import new_session
 from asyncworker import send_http as async_send
 from lease import http as sync_http
+from lease.policy import MAX_BODY_BYTES, canonical_body
 from lease.worker import BadAck, Retryable
 
 EVENT = {"id": "snack-7", "qty": 7}
@@ -249,6 +250,18 @@ def test_a_silent_server_times_out(send, serve, script):
     assert timed(send, server.url, TIMEOUT, Retryable, "timed out") < TIMEOUT + MARGIN
     assert server.accepted == 1
     assert sent_once(server) if script.reads_request else server.requests == []
+
+
+def test_a_payload_at_the_cap_is_sent_whole_and_held_to_the_bound(send, serve):
+    """64 KiB of body go out in full; the silence after them ends at the deadline."""
+    text, _ = canonical_body({"pad": "x" * (MAX_BODY_BYTES - len('{"pad":""}'))})
+    assert len(text) == MAX_BODY_BYTES
+    server = serve(Script())
+    started = time.monotonic()
+    with pytest.raises(Retryable, match="timed out"):
+        send(server.url, {"id": "order:1", "body": text}, timeout=TIMEOUT)
+    assert time.monotonic() - started < TIMEOUT + MARGIN
+    assert server.requests == [text.encode()]
 
 
 def test_a_server_that_never_accepts_times_out(send, serve):
