@@ -22,6 +22,8 @@ __all__ = ["open_readonly", "snapshot", "counts", "is_drained", "job_history", "
 
 STATUSES = ("pending", "leased", "done", "dead")
 
+READ_PATIENCE_S = 5.0
+
 # Byte 18 of a SQLite file's header is its read format version: 2 in WAL mode.
 _HEADER = b"SQLite format 3\x00"
 _WAL_READ_VERSION = 2
@@ -51,7 +53,10 @@ def open_readonly(path: Union[str, os.PathLike[str]]) -> sqlite3.Connection:
         # behind. With no -wal file there is no writer and nothing unmerged:
         # read the file as it is.
         uri += "&immutable=1"
-    con = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=1.0)
+    # A reader waits for a commit in progress to end. Busy dispatchers commit
+    # back to back and SQLite's busy handler sleeps in growing steps, so 1 s
+    # (the writers' setting) can run out: a reader holds no lock worth hurrying for.
+    con = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=READ_PATIENCE_S)
     try:
         _check_schema(con)  # a foreign file: ValueError
         if not con.execute(

@@ -429,3 +429,11 @@ def test_prune_leaves_dead_and_live_jobs(db):
     store.enqueue_events(db, [body_event("p")], T0)
     assert store.prune_done(db, worker.MAX_NOW_MS) == 0
     assert len(rows(db)) == 2
+
+
+def test_prune_keeps_a_job_that_finished_exactly_at_the_cutoff(db):
+    store.enqueue_events(db, [body_event("edge")], T0)
+    ticket = claim_one(db)
+    store.finish_jobs(db, [(ticket, "ok", 0, Attempt(T0))], T0 + 100)
+    assert store.prune_done(db, T0 + 100) == 0  # "before the cutoff": strictly
+    assert store.prune_done(db, T0 + 101) == 1
