@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -58,7 +59,7 @@ def open_readonly(path: Union[str, os.PathLike[str]]) -> sqlite3.Connection:
     # (the writers' setting) can run out: a reader holds no lock worth hurrying for.
     con = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=READ_PATIENCE_S)
     try:
-        _check_schema(con)  # a foreign file: ValueError
+        _first_read(con, text)
         if not con.execute(
             "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'jobs')"
         ).fetchone()[0]:
@@ -73,6 +74,30 @@ def open_readonly(path: Union[str, os.PathLike[str]]) -> sqlite3.Connection:
         con.close()
         raise
     return con
+
+
+def _first_read(con: sqlite3.Connection, text: str) -> None:
+    """The schema check; a foreign file is ValueError.
+
+    A process killed inside a transaction leaves a hot journal, which only a
+    writer can roll back; a reader is refused ("attempt to write a readonly
+    database") until one does. A live dispatcher does it at its next
+    transaction, so wait for that a while; with no writer left, say what
+    recovers the file rather than recovering it here."""
+    give_up = time.monotonic() + READ_PATIENCE_S
+    while True:
+        try:
+            _check_schema(con)
+            return
+        except sqlite3.OperationalError as exc:
+            if "readonly" not in str(exc):
+                raise
+            if time.monotonic() >= give_up:
+                raise sqlite3.OperationalError(
+                    f"{text} holds an unfinished transaction of a process that was killed; "
+                    "any command that writes (asyncworker init, a dispatcher) rolls it back"
+                ) from None
+        time.sleep(0.02)
 
 
 def counts(con: sqlite3.Connection) -> dict[str, int]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lease import observe
+from lease import observe, worker
 
 from .conftest import T0, add
 
@@ -90,3 +90,38 @@ def test_open_readonly_checks_its_path():
     for bad in ("", ":memory:", "file:x.db", 3):
         with pytest.raises(ValueError):
             observe.open_readonly(bad)  # type: ignore[arg-type]
+
+
+def test_a_hot_journal_left_by_a_killed_writer_is_named_not_repaired(queue_path, con):
+    import subprocess
+    import sys
+
+    add(con, "a", 1)
+    con.close()
+    killed = subprocess.run([sys.executable, "-c", f"""
+import os, sqlite3
+con = sqlite3.connect({str(queue_path)!r}, isolation_level=None)
+con.execute("PRAGMA cache_size = 1")  # changed pages spill to the file before COMMIT
+con.execute("BEGIN IMMEDIATE")
+con.execute("UPDATE jobs SET qty = 999")
+con.execute("CREATE TABLE spill AS SELECT * FROM jobs")
+con.execute("DELETE FROM jobs")
+os._exit(9)  # killed mid-transaction: the rollback journal stays, hot
+"""], timeout=30)
+    assert killed.returncode == 9
+    journal = queue_path.with_name(queue_path.name + "-journal")
+    assert journal.exists()
+    before = listing(queue_path.parent)
+    observe.READ_PATIENCE_S, saved = 0.2, observe.READ_PATIENCE_S
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="unfinished transaction"):
+            observe.open_readonly(queue_path)
+    finally:
+        observe.READ_PATIENCE_S = saved
+    assert listing(queue_path.parent) == before
+    writer = worker.open_queue(queue_path)  # a writer rolls it back: the committed state
+    assert writer.execute("SELECT id, qty FROM jobs").fetchall() == [("a", 1)]
+    writer.close()
+    ro = observe.open_readonly(queue_path)
+    assert observe.counts(ro)["pending"] == 1
+    ro.close()
