@@ -22,7 +22,7 @@ from lease.worker import Conflict
 from .conftest import rows
 from .test_model import Model
 
-IDS = ["order:1", "tenant/7", "3f2b8c1e-9a4d"]
+IDS = ["order-1", "tenant_7", "3f2b8c1e-9a4d"]  # valid for lab and payload events alike
 OWNERS = ["o1", "o2"]
 BODIES = [None, {"v": 1}, {"v": 2, "w": [1, "x"]}]  # None: a lab {"id", "qty"} event
 DAY = 86_400_000

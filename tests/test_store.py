@@ -189,6 +189,7 @@ def test_lab_and_payload_events_share_one_queue(db):
     ({"id": "a b", "body": {}}, "visible ASCII"),
     ({"id": "x" * 256, "body": {}}, "1-255"),
     ({"id": "a", "qty": 0}, "qty"),
+    ({"id": "order:1", "qty": 1}, "event id must be 1-64 ASCII"),  # a lab event: lab ids
     ({"id": "a", "qty": 1, "body": {}}, "keys id and qty, or id and body"),
     ({"id": "a"}, "keys"),
     ("a", "must be a dict"),
