@@ -95,7 +95,9 @@ def test_chaos_soak(tmp_path: Path, request: pytest.FixtureRequest):
             wait_until_ready(queue, name)
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
-        assert [proc.wait(timeout=60) for proc in procs] == [0] * DISPATCHERS
+        # 0, or 3 when jobs went dead in that dispatcher's run (checked below)
+        exits = [proc.wait(timeout=60) for proc in procs]
+        assert set(exits) <= {0, 3}, exits
         lifetimes.append(receiver.final_counters())
     finally:
         for proc in [*procs, receiver.proc]:
@@ -130,6 +132,7 @@ def test_chaos_soak(tmp_path: Path, request: pytest.FixtureRequest):
     print("\nchaos soak:", json.dumps(report))
 
     assert set(final) == set(orders), "a job was lost or invented"
+    assert 3 not in exits or dead, "a dispatcher said jobs went dead, and none did"
     assert all(status in ("done", "dead") for status, _, _ in final.values())
     assert all(reason in ("exhausted", "deadline", "permanent") for reason in dead.values())
     assert lost == [], "a done job whose effect is not in the inbox"
