@@ -1,4 +1,11 @@
-"""The receiver's inbox: one SQLite file that deduplicates by ID and quantity.
+"""The receiver's inbox: one SQLite file that deduplicates what it applies.
+
+Two kinds of event arrive. A lab event ``{"id", "qty"}`` is deduplicated by
+its id and quantity, and its effect is the stock. A payload event (any other
+JSON object, named by its ``webhook-id``) is deduplicated by its id and the
+sha256 of its canonical body (``lease.policy.canonical_body``: the same body
+with its keys in another order is the same body), and its effect is its row.
+An id is one event: another quantity or another body for it is a conflict.
 
 One writer task owns the aiosqlite connection. Requests queue up for it; it
 takes every request that is waiting (up to ``max_group``), applies them one by
@@ -6,9 +13,27 @@ one inside a single transaction, commits, and only then answers each of them:
 a group commit, never an answer before durability. Because one task applies
 everything in order, 50 concurrent requests for one ID apply exactly once.
 
-A file is an inbox when its tables are exactly the inbox's; a missing or empty
-file becomes one. Anything else (a queue, another database, a directory, bytes
-that are not SQLite) is refused by ``probe_inbox`` before it is touched.
+A file is an inbox when its tables are exactly those of an inbox version; a
+missing or empty file becomes one. Anything else (a queue, another database,
+a directory, bytes that are not SQLite) is refused by ``probe_inbox`` before
+it is touched. Versions, told apart by their tables (``PRAGMA user_version``
+is written from version 3 on, and a file newer than this code is refused):
+
+- 1: ``inbox`` and ``effect``;
+- 2: ``refusals``, the conflicts and stale senders counted durably;
+- 3: ``inbox.digest`` (payload events), ``pruned`` (what retention removed,
+  so the all-time figures stay true) and an index on ``first_seen_ms``.
+
+An older file is migrated forward in one transaction when it is opened for
+writing, its rows kept; a crash leaves the old version whole.
+
+Retention: ``prune_inbox`` deletes the rows first seen before a window. A
+pruned row is a duplicate no longer absorbed: a resend of that id after the
+window is applied again, as a new event. So choose the window longer than the
+sender's whole retry budget (``lease.policy.RetryPolicy.ttl_ms``, three days
+by default; the lab's jobs live 60 s), with a margin for a redrive of the
+dead, which grants a fresh budget. The all-time figures (applied,
+duplicates) count the pruned rows too; ``inbox_rows`` is what is left.
 """
 
 from __future__ import annotations
@@ -21,34 +46,44 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import aiosqlite
 
-# The tables of an inbox, column by column: a file that holds exactly these is
-# an inbox; one that holds anything else is refused untouched.
-_COLUMNS = {
-    "inbox": ["id", "qty", "first_seen_ms", "seen", "max_token"],
-    "effect": ["one", "stock"],
-    "refusals": ["one", "conflicts", "stale"],
-}
-# An inbox made before refusals were counted durably: it opens, migrated forward.
-_FIRST_TABLES = ("inbox", "effect")
-NEW, FIRST, CURRENT = "new", "first", "current"
+from lease.worker import MAX_NOW_MS, _check_int, _immediate, check_now
 
-# Idempotent: on a current inbox it changes nothing; on a first-version inbox it
-# adds the refusals row (the conflicts and stale senders of the past left no
-# row behind, so they start at 0; duplicates need no migration, see InboxTotals).
+INBOX_VERSION = 3  # PRAGMA user_version of the inbox this code writes
+NEW = 0  # a missing or empty file: no version yet
+
+_INBOX_V1 = ["id", "qty", "first_seen_ms", "seen", "max_token"]
+# The tables of each inbox version, column by column: a file that holds
+# exactly those of one version is an inbox; anything else is refused untouched.
+_VERSIONS = {
+    1: {"inbox": _INBOX_V1, "effect": ["one", "stock"]},
+    2: {"inbox": _INBOX_V1, "effect": ["one", "stock"],
+        "refusals": ["one", "conflicts", "stale"]},
+    3: {"inbox": [*_INBOX_V1, "digest"], "effect": ["one", "stock"],
+        "refusals": ["one", "conflicts", "stale"], "pruned": ["one", "rows", "seen"]},
+}
+_COLUMNS = _VERSIONS[INBOX_VERSION]
+
+# Idempotent: on a current inbox they change nothing. The counters of an older
+# version start at 0 (its past conflicts, stale senders and prunes left no row).
 _SETUP = (
     """CREATE TABLE IF NOT EXISTS inbox (
   id TEXT PRIMARY KEY, qty INTEGER NOT NULL, first_seen_ms INTEGER NOT NULL,
-  seen INTEGER NOT NULL, max_token INTEGER)""",
+  seen INTEGER NOT NULL, max_token INTEGER, digest TEXT)""",
     """CREATE TABLE IF NOT EXISTS effect (
   one INTEGER PRIMARY KEY CHECK (one = 1), stock INTEGER NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS refusals (
   one INTEGER PRIMARY KEY CHECK (one = 1), conflicts INTEGER NOT NULL, stale INTEGER NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS pruned (
+  one INTEGER PRIMARY KEY CHECK (one = 1), rows INTEGER NOT NULL, seen INTEGER NOT NULL)""",
     "INSERT OR IGNORE INTO effect (one, stock) VALUES (1, 0)",
     "INSERT OR IGNORE INTO refusals (one, conflicts, stale) VALUES (1, 0, 0)",
+    "INSERT OR IGNORE INTO pruned (one, rows, seen) VALUES (1, 0, 0)",
+    # retention deletes by age, oldest first, a batch at a time
+    "CREATE INDEX IF NOT EXISTS inbox_first_seen ON inbox (first_seen_ms)",
 )
 
 # Every table and its columns, in one query, for inbox_kind().
@@ -59,24 +94,28 @@ _TABLES_QUERY = (
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 APPLIED, DUPLICATE, CONFLICT, STALE = "applied", "duplicate", "conflict", "stale"
+MAX_PRUNE_BATCH = 100_000
 
 
-def inbox_kind(columns: list[tuple[str, str]]) -> str:
-    """NEW (no tables), FIRST (an inbox of the first version) or CURRENT, from the
-    (table, column) pairs of a SQLite file; ValueError naming what it holds else."""
+def inbox_kind(columns: list[tuple[str, str]], user_version: int = 0) -> int:
+    """The inbox version (1..INBOX_VERSION) of a SQLite file from its (table,
+    column) pairs, NEW if it has no tables; ValueError naming what it holds else."""
     tables: dict[str, list[str]] = {}
     for table, column in columns:
         tables.setdefault(table, []).append(column)
     if not tables:
         return NEW
+    if user_version > INBOX_VERSION and "inbox" in tables:
+        raise ValueError(f"it is an inbox of version {user_version}, newer than this "
+                         f"code's {INBOX_VERSION}: open it with a newer receiver")
+    for version, schema in _VERSIONS.items():
+        if tables == schema:
+            return version
     for name in sorted(tables):
-        if name in _COLUMNS and tables[name] != _COLUMNS[name]:
+        known = [schema[name] for schema in _VERSIONS.values() if name in schema]
+        if known and tables[name] not in known:
             raise ValueError(f"table {name!r} has columns {tables[name]}, "
                              f"not an inbox's {_COLUMNS[name]}")
-    if sorted(tables) == sorted(_COLUMNS):
-        return CURRENT
-    if sorted(tables) == sorted(_FIRST_TABLES):
-        return FIRST
     raise ValueError(f"it holds the tables {sorted(tables)[:8]}, not an inbox's "
                      f"{sorted(_COLUMNS)}")
 
@@ -87,11 +126,11 @@ def check_max_group(max_group: object) -> int:
     return max_group
 
 
-def probe_inbox(path: object) -> str:
-    """What the file at ``path`` is for an inbox: NEW (missing or 0 bytes),
-    FIRST or CURRENT; ValueError naming the file and the problem otherwise
-    (a directory, a missing folder, not a regular file, not SQLite, a foreign
-    database). Reads only: creates nothing, changes nothing, leaves no
+def probe_inbox(path: object) -> int:
+    """What the file at ``path`` is for an inbox: NEW (missing or 0 bytes) or
+    its version; ValueError naming the file and the problem otherwise (a
+    directory, a missing folder, not a regular file, not SQLite, a foreign or
+    newer database). Reads only: creates nothing, changes nothing, leaves no
     -wal/-shm/-journal file behind."""
     text = _check_path(path)
     where = Path(text)
@@ -112,16 +151,21 @@ def probe_inbox(path: object) -> str:
     _check_magic(where, text)
     try:
         with contextlib.closing(_connect_readonly(where)) as con:
-            columns = con.execute(_TABLES_QUERY).fetchall()
+            kind = _kind_of(con, text)
     except sqlite3.Error as exc:
         raise ValueError(f"not an inbox file: {text} cannot be read as SQLite ({exc})") from None
-    try:
-        kind = inbox_kind(columns)
-    except ValueError as exc:
-        raise ValueError(f"not an inbox file: {text}: {exc}") from None
     if kind == NEW:  # only a missing or empty file becomes an inbox
         raise ValueError(f"not an inbox file: {text} is a SQLite database with no tables")
     return kind
+
+
+def _kind_of(con: sqlite3.Connection, text: str) -> int:
+    columns = con.execute(_TABLES_QUERY).fetchall()
+    user_version = con.execute("PRAGMA user_version").fetchone()[0]
+    try:
+        return inbox_kind(columns, user_version)
+    except ValueError as exc:
+        raise ValueError(f"not an inbox file: {text}: {exc}") from None
 
 
 def _check_magic(where: Path, text: str) -> None:
@@ -156,6 +200,52 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(uri, uri=True, isolation_level=None)
 
 
+def _connect_writer(path: str) -> sqlite3.Connection:
+    """A writing connection, its settings each for a reason."""
+    con = sqlite3.connect(path, isolation_level=None)
+    try:
+        con.execute("PRAGMA synchronous=FULL")  # every COMMIT is on disk before we answer
+        con.execute("PRAGMA busy_timeout=5000")  # another writer: wait a little, then fail
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def set_up(con: sqlite3.Connection, path: str) -> None:
+    """Create the tables, or migrate an older inbox forward, in one transaction;
+    the file's contents are checked again under the write lock. Then WAL, so
+    readers never block the group commit."""
+    with _immediate(con):
+        version = _kind_of(con, path)
+        if version in (1, 2):
+            con.execute("ALTER TABLE inbox ADD COLUMN digest TEXT")
+        for statement in _SETUP:  # on a current inbox: no change at all
+            con.execute(statement)
+        if version != INBOX_VERSION:
+            con.execute(f"PRAGMA user_version = {INBOX_VERSION}")
+    mode = con.execute("PRAGMA journal_mode=WAL").fetchall()
+    if mode != [("wal",)]:
+        raise sqlite3.OperationalError(f"could not set journal_mode=WAL (got {mode})")
+
+
+class Arrival(NamedTuple):
+    """One validated request, as the inbox decides it."""
+
+    id: str
+    qty: int  # 1..1000 for a lab event; 0 for a payload event
+    token: Optional[int] = None
+    digest: Optional[str] = None  # sha256 of a payload's canonical body; None for a lab event
+
+
+class Kept(NamedTuple):
+    """What the inbox keeps of an id to decide the next arrival for it."""
+
+    qty: int
+    digest: Optional[str]
+    max_token: Optional[int]
+
+
 @dataclass(frozen=True)
 class Delivery:
     """What the inbox made of one request."""
@@ -163,69 +253,95 @@ class Delivery:
     outcome: str  # applied | duplicate | conflict | stale
     id: str
     qty: int
-    known_qty: Optional[int] = None
+    digest: Optional[str] = None
+    known_qty: Optional[int] = None  # of the row kept for this id
+    known_digest: Optional[str] = None
     max_token: Optional[int] = None
+
+
+def decide_group(known: dict[str, Kept], arrivals: list[Arrival]) -> list[Delivery]:
+    """What each arrival of a group means, in order, as if applied one by one.
+
+    ``known`` maps an id already in the inbox to what is kept of it; it is not
+    changed. A pure function: the rules of the inbox live here alone. An id's
+    event is its (qty, digest): equal is a duplicate, anything else a conflict,
+    unless the token is older than one already seen (stale).
+    """
+    state = dict(known)
+    deliveries = []
+    for event_id, qty, token, digest in arrivals:
+        kept = state.get(event_id)
+        if kept is None:
+            state[event_id] = Kept(qty, digest, token)
+            deliveries.append(Delivery(APPLIED, event_id, qty, digest, qty, digest, token))
+            continue
+        max_token: Optional[int]
+        if token is not None and kept.max_token is not None and token < kept.max_token:
+            outcome, max_token = STALE, kept.max_token
+        elif (kept.qty, kept.digest) != (qty, digest):
+            outcome, max_token = CONFLICT, kept.max_token
+        else:
+            outcome = DUPLICATE
+            max_token = kept.max_token if token is None else max(token, kept.max_token or 0)
+            state[event_id] = kept._replace(max_token=max_token)
+        deliveries.append(Delivery(outcome, event_id, qty, digest, kept.qty, kept.digest,
+                                   max_token))
+    return deliveries
 
 
 @dataclass
 class InboxTotals:
-    """The inbox file's durable figures, read at open and mirrored in memory
-    after each COMMIT: the same before and after a restart.
+    """The inbox file's durable figures, read at open (and again when another
+    connection changed the file) and mirrored in memory after each COMMIT: the
+    same before and after a restart.
 
     Applied and duplicates are derived from the rows (each row was applied
-    once and seen ``seen`` times), so they need no counter of their own;
-    conflicts and stale senders leave no row, and are counted in the file.
+    once and seen ``seen`` times) and from what retention pruned, so they
+    need no counter of their own; conflicts and stale senders leave no row,
+    and are counted in the file.
     """
 
-    rows: int = 0
+    rows: int = 0  # in the file now
     stock: int = 0
     seen: int = 0  # requests that reached a committed row: applied + duplicates, all time
     conflicts: int = 0
     stale: int = 0
+    pruned: int = 0  # rows deleted by retention, all time
 
     @property
     def applied(self) -> int:
-        return self.rows
+        return self.rows + self.pruned
 
     @property
     def duplicates(self) -> int:
-        return self.seen - self.rows
+        return self.seen - self.applied
 
 
-def decide_group(known: dict[str, tuple], requests: list[tuple]) -> list[Delivery]:
-    """What each request of a group means, in order, as if applied one by one.
+def _totals_query(version: int) -> str:
+    """One statement (one snapshot) for InboxTotals, on a file of any version."""
+    refusals = ("COALESCE((SELECT conflicts FROM refusals), 0),"
+                " COALESCE((SELECT stale FROM refusals), 0)") if version >= 2 else "0, 0"
+    pruned = ("COALESCE((SELECT rows FROM pruned), 0),"
+              " COALESCE((SELECT seen FROM pruned), 0)") if version >= 3 else "0, 0"
+    return ("SELECT (SELECT COUNT(*) FROM inbox), (SELECT COALESCE(SUM(seen), 0) FROM inbox),"
+            f" COALESCE((SELECT stock FROM effect), 0), {refusals}, {pruned}")
 
-    ``known`` maps an id already in the inbox to (qty, seen, max_token); it is
-    not changed. A pure function: the rules of the inbox live here alone.
-    """
-    state = {event_id: (qty, max_token) for event_id, (qty, _, max_token) in known.items()}
-    deliveries = []
-    for event_id, qty, token in requests:
-        if event_id not in state:
-            state[event_id] = (qty, token)
-            deliveries.append(Delivery(APPLIED, event_id, qty, qty, token))
-            continue
-        known_qty, max_token = state[event_id]
-        if token is not None and max_token is not None and token < max_token:
-            deliveries.append(Delivery(STALE, event_id, qty, known_qty, max_token))
-        elif known_qty != qty:
-            deliveries.append(Delivery(CONFLICT, event_id, qty, known_qty, max_token))
-        else:
-            new_max = max_token if token is None else max(token, max_token or 0)
-            state[event_id] = (known_qty, new_max)
-            deliveries.append(Delivery(DUPLICATE, event_id, qty, known_qty, new_max))
-    return deliveries
+
+def _totals(row: tuple) -> InboxTotals:
+    rows, seen, stock, conflicts, stale, pruned_rows, pruned_seen = row
+    return InboxTotals(rows, stock, seen + pruned_seen, conflicts, stale, pruned_rows)
 
 
 @dataclass(frozen=True)
 class InboxContents:
     """What an inbox file holds, read in one transaction."""
 
-    applied: dict  # id -> qty
+    applied: dict  # id -> qty (a lab event) or the body's sha256 (a payload event)
     seen: int  # arrivals that reached a row: applied + duplicates, all time
     stock: int
     conflicts: int
     stale: int
+    pruned: int = 0  # rows deleted by retention, all time (not in ``applied``)
 
 
 def read_inbox(path: Union[str, Path]) -> InboxContents:
@@ -238,16 +354,63 @@ def read_inbox(path: Union[str, Path]) -> InboxContents:
         if not Path(path).exists():
             raise ValueError(f"inbox file not found: {os.fsdecode(path)}")
         return InboxContents({}, 0, 0, 0, 0)
+    content = "COALESCE(digest, qty)" if kind >= 3 else "qty"
     with contextlib.closing(_connect_readonly(Path(path))) as con:
         con.execute("BEGIN")
-        applied = dict(con.execute("SELECT id, qty FROM inbox").fetchall())
-        seen = con.execute("SELECT COALESCE(SUM(seen), 0) FROM inbox").fetchone()[0]
-        stock = con.execute("SELECT COALESCE(MAX(stock), 0) FROM effect").fetchone()[0]
-        conflicts, stale = (0, 0) if kind == FIRST else con.execute(
-            "SELECT COALESCE(MAX(conflicts), 0), COALESCE(MAX(stale), 0) FROM refusals"
-        ).fetchone()
+        applied = dict(con.execute(f"SELECT id, {content} FROM inbox").fetchall())
+        totals = _totals(con.execute(_totals_query(kind)).fetchone())
         con.execute("COMMIT")
-    return InboxContents(applied, seen, stock, conflicts, stale)
+    return InboxContents(applied, totals.seen, totals.stock, totals.conflicts, totals.stale,
+                         totals.pruned)
+
+
+def prune_inbox(path: Union[str, os.PathLike], older_than_ms: int, *, now_ms: int,
+                batch: int = 10_000) -> int:
+    """Delete the rows first seen before ``now_ms - older_than_ms``, oldest
+    first, ``batch`` rows per transaction; return how many.
+
+    A pruned row is a duplicate no longer absorbed (see the module's
+    docstring): choose ``older_than_ms`` longer than the sender's whole retry
+    budget. Safe while ``serve`` runs on the same file: each batch is a short
+    transaction, and a busy file is waited for (5 s) before failing.
+
+    ValueError, with nothing changed, for bad arguments, a missing file or one
+    that holds no inbox; an empty file holds no rows (0, left as it is). An
+    older inbox is migrated forward first. sqlite3.OperationalError naming
+    the file if it cannot be written (read-only, locked for too long).
+    """
+    check_now(now_ms)
+    _check_int("older_than_ms", older_than_ms, 0, MAX_NOW_MS)  # longer than the clock: none
+    _check_int("batch", batch, 1, MAX_PRUNE_BATCH)
+    text = _check_path(path)
+    if probe_inbox(text) == NEW:
+        if not Path(text).exists():
+            raise ValueError(f"inbox file not found: {text}")
+        return 0
+    try:
+        with contextlib.closing(_connect_writer(text)) as con:
+            set_up(con, text)
+            return _prune(con, now_ms - older_than_ms, batch)
+    except sqlite3.OperationalError as exc:
+        raise sqlite3.OperationalError(f"cannot prune inbox file {text}: {exc}") from None
+
+
+def _prune(con: sqlite3.Connection, before_ms: int, batch: int) -> int:
+    total = 0
+    while True:
+        with _immediate(con):
+            doomed = con.execute(
+                "SELECT rowid, seen FROM inbox WHERE first_seen_ms < ?"
+                " ORDER BY first_seen_ms LIMIT ?", (before_ms, batch)).fetchall()
+            if doomed:  # nothing to delete writes nothing
+                con.executemany("DELETE FROM inbox WHERE rowid = ?",
+                                [(rowid,) for rowid, _ in doomed])
+                # in the same transaction: applied and duplicates stay true
+                con.execute("UPDATE pruned SET rows = rows + ?, seen = seen + ? WHERE one = 1",
+                            (len(doomed), sum(seen for _, seen in doomed)))
+        total += len(doomed)
+        if len(doomed) < batch:
+            return total
 
 
 class InboxClosed(RuntimeError):
@@ -255,13 +418,18 @@ class InboxClosed(RuntimeError):
 
 
 class Inbox:
-    """Open with ``await Inbox.open(path)``; ``await inbox.deliver(id, qty, token)``."""
+    """Open with ``await Inbox.open(path)``; ``await inbox.deliver(id, qty, token)``
+    for a lab event, ``await inbox.deliver(id, 0, token, digest)`` for a payload."""
 
     def __init__(self, db: aiosqlite.Connection, max_group: int) -> None:
         self._db = db
         self._max_group = max_group
         self._waiting: asyncio.Queue[Optional[tuple]] = asyncio.Queue()
         self._writer: Optional[asyncio.Task] = None
+        # One user of the connection at a time: a group's transaction, or a
+        # refresh of the figures, never a read in the middle of a transaction.
+        self._using = asyncio.Lock()
+        self._data_version: Optional[int] = None
         self.totals = InboxTotals()
         self.commits = 0  # commits by this process
         self.grouped = 0  # requests those commits answered
@@ -272,42 +440,59 @@ class Inbox:
 
         ValueError, with nothing created or changed, for a path that holds no
         inbox (see probe_inbox); ValueError too if SQLite cannot open it for
-        writing. A first-version inbox is migrated forward in one transaction.
+        writing. An older inbox is migrated forward in one transaction.
         """
         check_max_group(max_group)
-        probe_inbox(path)
+        text = _check_path(path)
+        probe_inbox(text)
         try:
-            db = await aiosqlite.connect(path, isolation_level=None)
+            await asyncio.to_thread(_prepare, text)
+            db = await aiosqlite.connect(text, isolation_level=None)
         except sqlite3.Error as exc:
-            raise ValueError(f"cannot open inbox file {os.fsdecode(path)}: {exc}") from None
+            raise ValueError(f"cannot open inbox file {text}: {exc}") from None
         try:
-            await _set_up(db, os.fsdecode(path))
+            await db.execute("PRAGMA synchronous=FULL")  # every COMMIT on disk before we answer
+            await db.execute("PRAGMA busy_timeout=5000")  # a prune's batch: wait, then fail
             inbox = cls(db, max_group)
-            await inbox._load_totals()
+            await inbox._reload_if_changed()
         except sqlite3.Error as exc:
             await db.close()
-            raise ValueError(f"cannot open inbox file {os.fsdecode(path)}: {exc}") from None
+            raise ValueError(f"cannot open inbox file {text}: {exc}") from None
         except BaseException:
             await db.close()
             raise
         inbox._writer = asyncio.create_task(inbox._write_loop(), name="inbox writer")
         return inbox
 
-    async def _load_totals(self) -> None:
-        async with self._db.execute(
-            "SELECT (SELECT COUNT(*) FROM inbox), (SELECT COALESCE(SUM(seen), 0) FROM inbox),"
-            " (SELECT stock FROM effect), (SELECT conflicts FROM refusals),"
-            " (SELECT stale FROM refusals)"
-        ) as cur:
-            rows, seen, stock, conflicts, stale = await cur.fetchone()  # type: ignore[misc]
-        self.totals = InboxTotals(rows, stock, seen, conflicts, stale)
+    async def _reload_if_changed(self) -> None:
+        """Read the figures again if another connection (a prune) changed the
+        file since they were read; a cheap check, so done before each use."""
+        (version,), = await self._db.execute_fetchall("PRAGMA data_version")
+        if version == self._data_version:
+            return
+        async with self._db.execute(_totals_query(INBOX_VERSION)) as cur:
+            row = await cur.fetchone()
+        assert row is not None  # an aggregate query has one row
+        self.totals = _totals(tuple(row))
+        self._data_version = version
 
-    async def deliver(self, event_id: str, qty: int, token: Optional[int]) -> Delivery:
-        """Queue one validated request and wait until its group has committed."""
+    async def refresh(self) -> None:
+        """Bring the figures up to date with the file (after a prune)."""
+        if self._writer is None or self._writer.done():
+            return  # closing: the figures were refreshed on the way out
+        async with self._using:
+            await self._reload_if_changed()
+
+    async def deliver(self, event_id: str, qty: int, token: Optional[int],
+                      digest: Optional[str] = None) -> Delivery:
+        """Queue one validated request and wait until its group has committed.
+
+        A lab event has qty 1..1000 and no digest; a payload event qty 0 and
+        its body's digest."""
         if self._writer is None or self._writer.done():
             raise InboxClosed("inbox is closed")
         answer: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
-        await self._waiting.put((event_id, qty, token, answer))
+        await self._waiting.put((Arrival(event_id, qty, token, digest), answer))
         return await answer
 
     async def close(self) -> None:
@@ -317,7 +502,13 @@ class Inbox:
             await self._waiting.put(None)
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
-        await self._db.close()
+        try:
+            async with self._using:
+                await self._reload_if_changed()  # the final figures are the file's
+        except sqlite3.Error:
+            pass  # the figures of the last commit stand; closing must not fail
+        finally:
+            await self._db.close()
 
     async def _write_loop(self) -> None:
         while True:
@@ -334,10 +525,10 @@ class Inbox:
             await self._commit_group(group)
 
     async def _commit_group(self, group: list) -> None:
-        answers = [item[3] for item in group]
+        answers = [answer for _, answer in group]
         try:
             # Shielded: a shutdown must not cut a transaction in half.
-            deliveries = await asyncio.shield(self._apply(group))
+            deliveries = await asyncio.shield(self._apply([arrival for arrival, _ in group]))
         except Exception as exc:
             for answer in answers:
                 if not answer.done():
@@ -347,36 +538,36 @@ class Inbox:
             if not answer.done():
                 answer.set_result(delivery)
 
-    async def _apply(self, group: list) -> list[Delivery]:
+    async def _apply(self, arrivals: list[Arrival]) -> list[Delivery]:
         """One transaction for the whole group, in a fixed number of statements
         (one read, then batched writes), so its cost barely grows with its size."""
-        now_ms = int(time.time() * 1000)
-        requests = [(event_id, qty, token) for event_id, qty, token, _ in group]
-        await self._db.execute("BEGIN IMMEDIATE")
-        try:
-            known = await self._known(sorted({event_id for event_id, _, _ in requests}))
-            deliveries = decide_group(known, requests)
-            await self._write(deliveries, known, now_ms)
-            await self._db.execute("COMMIT")
-        except BaseException:
-            await self._db.execute("ROLLBACK")
-            raise
-        self._count(deliveries)
-        return deliveries
+        async with self._using:
+            now_ms = int(time.time() * 1000)
+            await self._db.execute("BEGIN IMMEDIATE")
+            try:
+                await self._reload_if_changed()  # a prune since: mirror the file, not the past
+                known = await self._known(sorted({arrival.id for arrival in arrivals}))
+                deliveries = decide_group(known, arrivals)
+                await self._write(deliveries, now_ms)
+                await self._db.execute("COMMIT")
+            except BaseException:
+                await self._db.execute("ROLLBACK")
+                raise
+            self._count(deliveries)
+            return deliveries
 
-    async def _known(self, ids: list[str]) -> dict[str, tuple]:
-        """{id: (qty, seen, max_token)} of the rows already in the inbox."""
-        known: dict[str, tuple] = {}
+    async def _known(self, ids: list[str]) -> dict[str, Kept]:
+        """What is kept of the ids already in the inbox."""
+        known: dict[str, Kept] = {}
         for start in range(0, len(ids), 500):  # well under SQLite's variable limit
             chunk = ids[start:start + 500]
             rows = await self._db.execute_fetchall(
-                f"SELECT id, qty, seen, max_token FROM inbox WHERE id IN "
+                f"SELECT id, qty, digest, max_token FROM inbox WHERE id IN "
                 f"({', '.join('?' * len(chunk))})", chunk)
-            known.update({row[0]: tuple(row[1:]) for row in rows})
+            known.update({row[0]: Kept(*row[1:]) for row in rows})
         return known
 
-    async def _write(self, deliveries: list[Delivery], known: dict[str, tuple],
-                     now_ms: int) -> None:
+    async def _write(self, deliveries: list[Delivery], now_ms: int) -> None:
         fresh = {d.id: d for d in deliveries if d.outcome == APPLIED}
         seen: dict[str, int] = {}
         for d in deliveries:
@@ -385,9 +576,9 @@ class Inbox:
         final_token = {d.id: d.max_token for d in deliveries if d.outcome in (APPLIED, DUPLICATE)}
         if fresh:
             await self._db.executemany(
-                "INSERT INTO inbox (id, qty, first_seen_ms, seen, max_token)"
-                " VALUES (?, ?, ?, ?, ?)",
-                [(i, d.qty, now_ms, seen[i], final_token[i]) for i, d in fresh.items()])
+                "INSERT INTO inbox (id, qty, first_seen_ms, seen, max_token, digest)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [(i, d.qty, now_ms, seen[i], final_token[i], d.digest) for i, d in fresh.items()])
             await self._db.execute("UPDATE effect SET stock = stock + ? WHERE one = 1",
                                    (sum(d.qty for d in fresh.values()),))
         again = [(seen[i], final_token[i], i) for i in seen if i not in fresh]
@@ -414,25 +605,8 @@ class Inbox:
             totals.stale += delivery.outcome == STALE
 
 
-async def _set_up(db: aiosqlite.Connection, path: str) -> None:
-    """Settings, each for a reason, and the tables, created or migrated in one
-    transaction; the file's contents are checked again under the write lock."""
-    await db.execute("PRAGMA synchronous=FULL")  # every COMMIT is on disk before we answer
-    await db.execute("PRAGMA busy_timeout=5000")  # another writer: wait a little, then fail
-    await db.execute("BEGIN IMMEDIATE")
-    try:
-        try:
-            inbox_kind([(row[0], row[1]) for row in
-                        await db.execute_fetchall(_TABLES_QUERY)])
-        except ValueError as exc:
-            raise ValueError(f"not an inbox file: {path}: {exc}") from None
-        for statement in _SETUP:  # on a current inbox: no change at all
-            await db.execute(statement)
-        await db.execute("COMMIT")
-    except BaseException:
-        await db.execute("ROLLBACK")
-        raise
-    # WAL once the tables are there: readers never block the group commit.
-    mode = (await db.execute_fetchall("PRAGMA journal_mode=WAL"))
-    if list(mode) != [("wal",)]:
-        raise sqlite3.OperationalError(f"could not set journal_mode=WAL (got {list(mode)})")
+def _prepare(path: str) -> None:
+    """The tables, created or migrated, on a connection of its own: the same
+    transaction as prune's, run once before the writer's connection opens."""
+    with contextlib.closing(_connect_writer(path)) as con:
+        set_up(con, path)

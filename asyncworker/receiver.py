@@ -1,13 +1,23 @@
 """The receiving side: ``POST /events`` into a deduplicating inbox, answered after COMMIT.
 
+Two kinds of event arrive (see ``asyncworker.inbox``). A body that is exactly
+``{"id", "qty"}`` is a lab event, checked by the contract's rule
+(``lease.worker.check_event``); a ``webhook-id`` header, if sent, must be its
+id. Any other JSON object is a payload event: its ``webhook-id`` header is its
+id (``lease.policy.PRODUCT``'s rule), and it is deduplicated by that id and
+the sha256 of its canonical body, so its keys may come in any order.
+
 | request                                   | answer                                   |
 | ----------------------------------------- | ---------------------------------------- |
 | new ``{"id", "qty"}``                       | 200 ``{"id", "qty", "status": "applied"}`` |
 | same id and qty again                     | 200 ``{"id", "qty", "status": "duplicate"}`` |
-| same id, another qty                      | 409 ``{"error": ...}``                     |
+| new payload event                         | 200 ``{"id", "status": "applied"}``        |
+| same id and body again (any key order)    | 200 ``{"id", "status": "duplicate"}``      |
+| same id, another qty or body              | 409 ``{"error": ...}``                     |
 | ``X-Lease-Token`` lower than one already seen | 409 ``{"error": "stale token ..."}``        |
 | bad JSON, content type, keys, types, token | 400 ``{"error": ...}``                     |
-| a body over 4 KiB                          | 413 ``{"error": ...}``                     |
+| no, a bad or a second ``webhook-id``        | 400 ``{"error": ...}``                     |
+| a body over 64 KiB (MAX_BODY_BYTES)       | 413 ``{"error": ...}``                     |
 | a body not received within the read time  | 408 ``{"error": ...}``, connection closed  |
 | a connection past the connection limit    | 503, connection closed                   |
 
@@ -40,12 +50,28 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from asyncworker.inbox import CONFLICT, STALE, Inbox, InboxClosed, check_max_group, probe_inbox
-from lease.http import TOKEN_HEADER, check_url
-from lease.worker import MAX_TOKEN
-from lease.worker import parse_event as parse_json_event
+from asyncworker.inbox import (
+    CONFLICT,
+    STALE,
+    Arrival,
+    Delivery,
+    Inbox,
+    InboxClosed,
+    check_max_group,
+    probe_inbox,
+)
+from lease.http import ID_HEADER, TOKEN_HEADER, check_url
+from lease.policy import MAX_BODY_BYTES, PRODUCT, canonical_body
+from lease.worker import (
+    EVENT_KEYS,
+    MAX_TOKEN,
+    _no_constant,
+    _unique_keys,
+    check_event,
+    check_job_id,
+)
 
-BODY_LIMIT = 4096
+BODY_LIMIT = MAX_BODY_BYTES
 
 
 @dataclass(frozen=True)
@@ -122,34 +148,78 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-def parse_event(content_type: str, body: bytes, token_headers: list[str]) -> tuple:
-    """(id, qty, token) of a valid request, else BadRequest naming the problem.
+def parse_request(content_type: str, body: bytes, token_headers: list[str],
+                  id_headers: list[str]) -> Arrival:
+    """What the inbox is to decide for a valid request, else BadRequest naming
+    the problem. A lab event has qty 1..1000 and no digest; a payload event
+    qty 0 and its canonical body's digest.
 
-    The JSON rules are the contract's (``lease.worker.parse_event``), on a body
+    The JSON rules are the contract's (no duplicate keys, no NaN), on a body
     that must be UTF-8, as JSON on the wire must be (bytes alone would also be
-    read as UTF-16, UTF-32 or with a byte order mark). ``token_headers`` holds
-    every X-Lease-Token header: none, or one; two are refused, since which one
-    fences would be a guess.
+    read as UTF-16, UTF-32 or with a byte order mark). ``token_headers`` and
+    ``id_headers`` hold every X-Lease-Token and webhook-id header: none, or
+    one; two are refused, since which one counts would be a guess.
     """
     if content_type != "application/json":
         raise BadRequest(f"content type must be application/json, got {content_type!r}")
+    value = _parse_json(body)
+    webhook_id = _one_header(ID_HEADER, id_headers)
+    token = _parse_token(token_headers)
     try:
-        event = parse_json_event(body.decode("utf-8"))
+        if type(value) is dict and value.keys() == EVENT_KEYS:
+            return _lab_event(value, webhook_id, token)
+        return _payload_event(value, webhook_id, token)
+    except ValueError as exc:  # a validator's message names the problem
+        raise BadRequest(str(exc)) from None
+
+
+def _parse_json(body: bytes) -> object:
+    try:
+        return json.loads(body.decode("utf-8"), object_pairs_hook=_unique_keys,
+                          parse_constant=_no_constant)
     except UnicodeDecodeError as exc:
         raise BadRequest(f"body is not UTF-8: {exc.reason} at byte {exc.start}") from None
-    except RecursionError:  # 4 KiB of "[" nest deeper than the parser's stack
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"not valid JSON: {exc}") from None
+    except RecursionError:  # 64 KiB of "[" nest deeper than the parser's stack
         raise BadRequest("body is not valid JSON: nested too deeply") from None
-    except ValueError as exc:
+    except ValueError as exc:  # a duplicate key, NaN, an int of too many digits
         raise BadRequest(str(exc)) from None
-    return event["id"], event["qty"], _parse_token(token_headers)
+
+
+def _lab_event(event: dict, webhook_id: Optional[str], token: Optional[int]) -> Arrival:
+    check_event(event)
+    if webhook_id is not None and webhook_id != event["id"]:
+        raise ValueError(f"{ID_HEADER} must be the event id {event['id']!r}, "
+                         f"got {webhook_id!r:.80}")
+    return Arrival(event["id"], event["qty"], token)
+
+
+def _payload_event(body: object, webhook_id: Optional[str], token: Optional[int]) -> Arrival:
+    if webhook_id is None:
+        raise ValueError(_not_a_lab_event(body))
+    event_id = check_job_id(ID_HEADER, webhook_id, PRODUCT)
+    _, digest = canonical_body(body)
+    return Arrival(event_id, 0, token, digest)
+
+
+def _not_a_lab_event(body: object) -> str:
+    if type(body) is not dict:
+        return f"event must be a dict (a JSON object), got {type(body).__name__}"
+    return (f"event must have exactly the keys {sorted(EVENT_KEYS)}, got {sorted(body)!r:.200};"
+            f" any other JSON object is a payload event, sent with a {ID_HEADER} header")
+
+
+def _one_header(name: str, headers: list[str]) -> Optional[str]:
+    if len(headers) > 1:
+        raise BadRequest(f"{name} must be sent once, got {len(headers)}")
+    return headers[0] if headers else None
 
 
 def _parse_token(headers: list[str]) -> Optional[int]:
-    if not headers:
+    header = _one_header(TOKEN_HEADER, headers)
+    if header is None:
         return None
-    if len(headers) > 1:
-        raise BadRequest(f"{TOKEN_HEADER} must be sent once, got {len(headers)}")
-    header = headers[0]
     # length first: int() of thousands of digits is slow, and refused past 4300
     if not (len(header) <= 16 and header.isascii() and header.isdigit()) or not (
             1 <= int(header) <= MAX_TOKEN):
@@ -200,8 +270,9 @@ async def _handle(request: web.Request) -> web.StreamResponse:
     if isinstance(body, web.Response):
         return body
     try:
-        event_id, qty, token = parse_event(request.content_type, body,
-                                           request.headers.getall(TOKEN_HEADER, []))
+        arrival = parse_request(request.content_type, body,
+                                request.headers.getall(TOKEN_HEADER, []),
+                                request.headers.getall(ID_HEADER, []))
     except BadRequest as exc:
         counters.add("rejected")
         return _error(400, str(exc))
@@ -211,7 +282,7 @@ async def _handle(request: web.Request) -> web.StreamResponse:
         counters.add("injected_503")
         return _error(503, "injected: unavailable before commit")
     try:
-        delivery = await app[INBOX].deliver(event_id, qty, token)
+        delivery = await app[INBOX].deliver(*arrival)
     except InboxClosed:
         counters.add("unavailable")
         return _error(503, "receiver is shutting down")
@@ -221,11 +292,25 @@ async def _handle(request: web.Request) -> web.StreamResponse:
             request.transport.abort()  # committed, and no answer ever leaves
         return web.Response(status=200)
     if delivery.outcome == STALE:
-        return _error(409, f"stale token {token} for {event_id!r}: "
+        return _error(409, f"stale token {arrival.token} for {arrival.id!r}: "
                            f"token {delivery.max_token} was already seen")
     if delivery.outcome == CONFLICT:
-        return _error(409, f"{event_id!r} was applied with qty {delivery.known_qty}, not {qty}")
-    return web.json_response({"id": event_id, "qty": qty, "status": delivery.outcome})
+        return _error(409, _conflict(delivery))
+    if arrival.digest is None:  # a lab event: its ACK as ever
+        return web.json_response({"id": arrival.id, "qty": arrival.qty,
+                                  "status": delivery.outcome})
+    return web.json_response({"id": arrival.id, "status": delivery.outcome})
+
+
+def _conflict(delivery: Delivery) -> str:
+    if delivery.digest is None and delivery.known_digest is None:
+        return f"{delivery.id!r} was applied with qty {delivery.known_qty}, not {delivery.qty}"
+    return (f"{delivery.id!r} was applied with {_what(delivery.known_qty, delivery.known_digest)}"
+            f", not {_what(delivery.qty, delivery.digest)}")
+
+
+def _what(qty: Optional[int], digest: Optional[str]) -> str:
+    return f"qty {qty}" if digest is None else f"the body of sha256 {digest[:16]}..."
 
 
 def stats(app: web.Application) -> dict:
@@ -243,16 +328,19 @@ def stats(app: web.Application) -> dict:
         "stale_senders": totals.stale,
         "inbox_rows": totals.rows,
         "inbox_seen": totals.seen,
+        "inbox_pruned": totals.pruned,
         "stock": totals.stock,
         **{f"process_{name}": value for name, value in process.items()},
     }
 
 
 async def get_stats(request: web.Request) -> web.Response:
+    await request.app[INBOX].refresh()  # a prune by another process shows at once
     return web.json_response(stats(request.app))
 
 
 async def get_metrics(request: web.Request) -> web.Response:
+    await request.app[INBOX].refresh()
     text = generate_latest(request.app[REGISTRY])
     return web.Response(body=text, headers={"Content-Type": "text/plain; version=0.0.4"})
 

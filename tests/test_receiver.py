@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncworker import Faults, make_app, send_http
-from asyncworker.inbox import Inbox, decide_group, read_inbox
+from asyncworker.inbox import Arrival, Inbox, Kept, decide_group, read_inbox
 from asyncworker.receiver import Limits, Listener, serve
 from asyncworker.receiver import stats as receiver_stats
 from lease import http as sync_http
@@ -126,8 +126,8 @@ BAD_REQUESTS = [
     ("null", b"null", "application/json", {}, 400, "must be a dict"),
     ("duplicate keys", b'{"id": "a", "id": "b", "qty": 1}', "application/json", {}, 400,
      "duplicate key"),
-    ("over 4 KiB", {"id": "a", "qty": 1, "pad": "x" * 5000}, "application/json", {}, 413,
-     "larger than 4096"),
+    ("over 64 KiB", {"id": "a", "qty": 1, "pad": "x" * 66_000}, "application/json", {}, 413,
+     "larger than 65536"),
     ("token letters", {"id": "a", "qty": 1}, "application/json", {"X-Lease-Token": "abc"}, 400,
      "X-Lease-Token"),
     ("token zero", {"id": "a", "qty": 1}, "application/json", {"X-Lease-Token": "0"}, 400,
@@ -300,20 +300,25 @@ def test_serve_refuses_a_non_loopback_host(tmp_path: Path):
     assert not (tmp_path / "i.db").exists()
 
 
+# A lab event's content is its qty, a payload event's its body's digest (qty 0).
+CONTENTS = st.sampled_from([(1, None), (2, None), (0, "d1" * 32), (0, "d2" * 32)])
+
+
 @settings(max_examples=200, deadline=None)
-@given(requests=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(1, 2),
+@given(requests=st.lists(st.builds(lambda i, content, token: Arrival(i, content[0], token,
+                                                                     content[1]),
+                                   st.sampled_from(["a", "b", "c"]), CONTENTS,
                                    st.one_of(st.none(), st.integers(1, 4))), max_size=14),
        split=st.integers(0, 14))
 def test_a_group_decides_like_requests_one_by_one(requests, split):
     """Grouping never changes an answer: the group's deliveries equal those of
-    its two halves applied one after the other."""
+    its two halves applied one after the other, lab and payload events mixed."""
     whole = decide_group({}, requests)
     first = decide_group({}, requests[:split])
-    known: dict[str, tuple] = {}
+    known: dict[str, Kept] = {}
     for d in first:
         if d.outcome in ("applied", "duplicate"):
-            qty, seen, _ = known.get(d.id, (d.qty, 0, None))
-            known[d.id] = (qty, seen + 1, d.max_token)
+            known[d.id] = Kept(d.known_qty, d.known_digest, d.max_token)
     assert whole == first + decide_group(known, requests[split:])
     applied = [d.id for d in whole if d.outcome == "applied"]
     assert len(applied) == len(set(applied))  # an id is applied at most once
