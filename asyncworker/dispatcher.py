@@ -1,14 +1,22 @@
 """The asyncio dispatcher: many sends in flight, short claim/finish transactions.
 
-Per job: ``claim`` (on the queue's thread) -> ``await send`` on the event loop
-with no lock held, cut off before the lease runs out and extended (fenced) at
-half of it -> ``finish`` (on the queue's thread) with a fresh clock value.
-The outcome and delay come from ``lease.worker.classify_result`` /
-``classify_error``, the very functions ``run_once`` uses.
+It runs the product queue (``lease.sqlite``): lab events {"id", "qty"} and
+payload events {"id", "body"} alike, with a ``RetryPolicy`` (by default
+``lease.policy.DEFAULT_POLICY``, which rides out a receiver outage of hours).
 
-A bad ACK or an unclassified error is logged with the job's id and token,
-counted, and leaves the job leased: the lease expiry and the attempt budget
-recover it. The dispatcher never dies of one job.
+Per job: ``claim_jobs`` (on the queue's thread) -> ``await send`` on the event
+loop with no lock held, cut off before the lease runs out and extended
+(fenced) at half of it -> ``finish_jobs`` (on the queue's thread) with a fresh
+clock value, in a group commit. The outcome comes from
+``lease.worker.classify_result`` and the delay from the policy's
+``classify``: the contract's own rule with the policy's backoff.
+
+Every attempt leaves its evidence in the same transaction as its finish:
+when it started (the claim's clock value), how long the send took, the HTTP
+status and the error it saw. A bad ACK or an unclassified error is logged
+with the job's id and token, counted, recorded as evidence only, and leaves
+the job leased: the lease expiry and the attempt budget recover it. The
+dispatcher never dies of one job.
 
 A Dispatcher runs once: ``state`` goes new -> running -> stopping -> stopped,
 or to failed (``failure`` holds the exception) when ``run()`` itself dies, for
@@ -28,7 +36,7 @@ import signal
 import sqlite3
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Optional, Union
 
 import aiohttp
 from aiohttp import web
@@ -36,9 +44,10 @@ from aiohttp import web
 from asyncworker.sender import new_session, send_http
 from asyncworker.store import QueueThread, is_locked
 from lease.http import check_url
+from lease.policy import DEFAULT_POLICY, PRODUCT, RetryPolicy
+from lease.sqlite import MAX_ERROR_CHARS, Attempt, Leased, claim_jobs, extend_lease, finish_jobs
 from lease.worker import (
     MAX_BATCH,
-    MAX_MS,
     BadAck,
     Retryable,
     check_identifier,
@@ -47,12 +56,9 @@ from lease.worker import (
     check_run_args,
     check_second_clock,
     claim,
-    claim_batch,
     classify_error,
     classify_result,
-    extend,
     finish,
-    finish_batch,
 )
 
 __all__ = [
@@ -67,8 +73,8 @@ __all__ = [
 
 log = logging.getLogger("asyncworker.dispatcher")
 
-Send = Callable[[dict, int], Awaitable[object]]  # (event {"id", "qty"}, claim token)
-Verdict = tuple[str, int]
+# (event {"id", "qty"} or {"id", "body": canonical JSON text}, claim token)
+Send = Callable[[dict, int], Awaitable[object]]
 
 
 def wall_clock_ms() -> int:
@@ -77,6 +83,15 @@ def wall_clock_ms() -> int:
 
 class LeaseLost(Exception):
     """An extension found the marker changed: someone else owns the job now."""
+
+
+class _Judged(NamedTuple):
+    """What one attempt came to: the outcome to finish with (None: evidence
+    only, the job stays leased), its retry delay, and what the attempt saw."""
+
+    outcome: Optional[str]
+    delay_ms: int
+    seen: Attempt
 
 
 DEATH_REASONS = ("deadline", "exhausted", "permanent")
@@ -126,6 +141,7 @@ class _Held:
     extension), so the ticket a finish uses is always the one in the file."""
 
     ticket: dict
+    event: dict  # what is sent: {"id", "qty"} or {"id", "body"}
     first_ms: int
     extend_at: int  # clock value at half of the current lease
     claimed_at: float = field(default_factory=time.perf_counter)
@@ -140,10 +156,15 @@ class Dispatcher:
     """Own it with ``async with Dispatcher(path, owner, url=...) as d: await d.run()``.
 
     Exactly one of ``url`` (the default sender, ``send_http`` with the claim
-    token) and ``send`` (a coroutine function ``send(event, token)``).
-    ``clock`` returns milliseconds; ``jitter`` returns a ratio in 0..1 for
-    each retry delay. ``poll_interval`` (seconds) is how long an idle
-    dispatcher waits before it looks for work again. ``concurrency`` bounds
+    token) and ``send`` (a coroutine function ``send(event, token)``); the
+    event is the job as enqueued, {"id", "qty"} or {"id", "body"} with the
+    body as its canonical JSON text. ``policy`` spaces the retries
+    (``policy.classify``); ``lease_ms`` defaults to the policy's lease
+    (1 ms .. 1 h) and bounds each send. A job's budget (attempts, time to
+    live) is the one it was enqueued with. ``clock`` returns milliseconds;
+    ``jitter`` returns a uniform draw in 0..1 for each retry delay (the
+    policy makes its jitter of it). ``poll_interval`` (seconds) is how long
+    an idle dispatcher waits before it looks for work again. ``concurrency`` bounds
     the sends in flight; ``batch_size`` bounds the jobs one claim or finish
     transaction handles. ``create`` makes a missing queue file (by default a
     missing queue is FileNotFoundError, as for ``run_file``). ``latencies``,
@@ -162,7 +183,8 @@ class Dispatcher:
         url: Optional[str] = None,
         send: Optional[Send] = None,
         concurrency: int = 16,
-        lease_ms: int = 30_000,
+        policy: RetryPolicy = DEFAULT_POLICY,
+        lease_ms: Optional[int] = None,
         clock: Callable[[], int] = wall_clock_ms,
         jitter: Callable[[], float] = random.random,
         poll_interval: float = 0.05,
@@ -177,8 +199,13 @@ class Dispatcher:
             check_url(url)
         if type(concurrency) is not int or not 1 <= concurrency <= 10_000:
             raise ValueError(f"concurrency must be an int in 1..10000, got {concurrency!r}")
-        if type(lease_ms) is not int or not 1 <= lease_ms <= MAX_MS:
-            raise ValueError(f"lease_ms must be an int in 1..{MAX_MS}, got {lease_ms!r}")
+        if not isinstance(policy, RetryPolicy):
+            raise ValueError(f"policy must be a RetryPolicy, got {type(policy).__name__}")
+        if lease_ms is None:
+            lease_ms = policy.lease_ms
+        if type(lease_ms) is not int or not 1 <= lease_ms <= PRODUCT.max_lease_ms:
+            raise ValueError(f"lease_ms must be an int in 1..{PRODUCT.max_lease_ms}, "
+                             f"got {lease_ms!r}")
         if type(batch_size) is not int or not 1 <= batch_size <= MAX_BATCH:
             raise ValueError(f"batch_size must be an int in 1..{MAX_BATCH}, got {batch_size!r}")
         if type(poll_interval) not in (int, float) or not 0 < poll_interval <= 60:
@@ -188,6 +215,7 @@ class Dispatcher:
                 raise ValueError(f"{name} must be callable")
         self.owner = owner
         self.concurrency = concurrency
+        self.policy = policy
         self.lease_ms = lease_ms
         self.poll_interval = float(poll_interval)
         self.batch_size = batch_size
@@ -206,7 +234,7 @@ class Dispatcher:
         self._sending: set[_Held] = set()
         self._slot_freed = asyncio.Event()
         self._claim_at_least = max(1, min(batch_size, concurrency // 8))
-        self._to_finish: list[tuple[_Held, Verdict, asyncio.Future]] = []
+        self._to_finish: list[tuple[_Held, _Judged, asyncio.Future]] = []
         self._flusher: Optional[asyncio.Task] = None
         self._stop = asyncio.Event()  # set once, never cleared: a stop is final
         self._running = False
@@ -377,19 +405,19 @@ class Dispatcher:
             first_ms = self._now()
             limit = min(self.concurrency - self.stats.sending, self.batch_size)
             try:
-                tickets, moved = await self._queue.try_call(claim_batch, self.owner, first_ms,
-                                                            self.lease_ms, limit)
+                leased, moved = await self._queue.try_call(claim_jobs, self.owner, first_ms,
+                                                           self.lease_ms, limit)
             except sqlite3.OperationalError as exc:
                 if not is_locked(exc):
                     raise
                 self.stats.lock_retries += 1
                 await asyncio.sleep(self._backoff())
                 continue
-            self._claimed(first_ms, tickets, moved)
-            return bool(tickets)
+            self._claimed(first_ms, leased, moved)
+            return bool(leased)
         return False
 
-    def _claimed(self, first_ms: int, tickets: list[dict], moved: dict[str, int]) -> None:
+    def _claimed(self, first_ms: int, leased: list[Leased], moved: dict[str, int]) -> None:
         """Count a committed claim (its quarantine moves too) and start its jobs."""
         stats = self.stats
         stats.claim_calls += 1
@@ -397,15 +425,16 @@ class Dispatcher:
         for reason, n in moved.items():
             stats.count_dead(reason, n)
             stats.quarantined += n
-        if not tickets:
+        if not leased:
             return
-        stats.claimed += len(tickets)
+        stats.claimed += len(leased)
         stats.claim_batches += 1
-        stats.in_flight += len(tickets)
-        stats.sending += len(tickets)  # a slot per job from its claim to its send's end
+        stats.in_flight += len(leased)
+        stats.sending += len(leased)  # a slot per job from its claim to its send's end
         stats.peak_sending = max(stats.peak_sending, stats.sending)
-        for ticket in tickets:
-            held = _Held(ticket, first_ms, _half_way(first_ms, ticket["lease_until"]))
+        for job in leased:
+            ticket = job.ticket
+            held = _Held(ticket, job.event, first_ms, _half_way(first_ms, ticket["lease_until"]))
             held.task = asyncio.create_task(
                 self._work(held), name=f"job {ticket['id']} token {ticket['token']}")
             self._tasks.add(held.task)
@@ -429,18 +458,13 @@ class Dispatcher:
 
     async def _work(self, held: _Held) -> None:
         try:
-            verdict = await self._judged_send(held)
-            if verdict is not None:
-                await self._finish(held, verdict)
-        except LeaseLost:
-            self.stats.stale += 1
-            log.info("lease lost id=%s token=%s", held.ticket["id"], held.ticket["token"])
+            await self._finish(held, await self._judged_send(held))
         except Exception:
             self.stats.errors += 1
             log.exception("job failed id=%s token=%s", held.ticket["id"], held.ticket["token"])
 
-    async def _judged_send(self, held: _Held) -> Optional[Verdict]:
-        """The send's (outcome, delay), or None when the job must stay leased.
+    async def _judged_send(self, held: _Held) -> _Judged:
+        """Send, and judge what came of it; the send's own duration is its latency.
 
         The lease keeper may cancel the send: at the end of its lease (a
         timeout, retried like any Retryable) or when an extension finds the
@@ -448,35 +472,50 @@ class Dispatcher:
         propagates.
         """
         ticket = held.ticket
-        error: BaseException
+        error: Optional[BaseException] = None
         self._sending.add(held)
+        started = time.perf_counter()
         try:
             try:
-                return classify_result(await self._call_send(
-                    {"id": ticket["id"], "qty": ticket["qty"]}, ticket["token"]))
+                classify_result(await self._call_send(held.event, ticket["token"]))
             except asyncio.CancelledError:
                 if held.cut is None:
                     raise
                 _uncancel()
-                if held.cut == "lost":
-                    raise LeaseLost(
-                        f"lease of {ticket['id']} token {ticket['token']} is gone") from None
-                error = Retryable("the send did not finish within its lease")
+                error = (LeaseLost(f"lease of {ticket['id']} token {ticket['token']} is gone")
+                         if held.cut == "lost"
+                         else Retryable("the send did not finish within its lease"))
             except Exception as exc:
                 error = exc
         finally:
+            latency_ms = round((time.perf_counter() - started) * 1000)
             self._sending.discard(held)
             self._send_done(held)
-        verdict = classify_error(error, ticket["attempt"], self._jitter())
+        if error is None:
+            return _Judged("ok", 0, Attempt(held.first_ms, latency_ms))
+        return self._judge_error(held, error, Attempt(
+            held.first_ms, latency_ms, _http_status(error), _error_text(error)))
+
+    def _judge_error(self, held: _Held, error: BaseException, seen: Attempt) -> _Judged:
+        """A failed send's outcome and delay by the policy. A lost lease is
+        finished as a retry, which its fence refuses as stale: the attempt is
+        recorded and counted like any late finish. A bad ACK or an
+        unclassified error proves nothing: evidence only, the job stays leased."""
+        ticket = held.ticket
+        if isinstance(error, LeaseLost):
+            log.info("lease lost id=%s token=%s", ticket["id"], ticket["token"])
+            return _Judged("retry", self.policy.delay_ms(ticket["attempt"], self._jitter()),
+                           seen)
+        verdict = self.policy.classify(error, ticket["attempt"], self._jitter())
         if verdict is not None:
-            return verdict
+            return _Judged(verdict[0], verdict[1], seen)
         if isinstance(error, BadAck):
             self.stats.bad_acks += 1
             log.warning("bad ACK id=%s token=%s: %s", ticket["id"], ticket["token"], error)
         else:
             self.stats.errors += 1
             log.error("send failed id=%s token=%s: %r", ticket["id"], ticket["token"], error)
-        return None
+        return _Judged(None, 0, seen)
 
     async def _call_send(self, event: dict, token: int) -> object:
         if self._send is not None:
@@ -530,8 +569,8 @@ class Dispatcher:
 
     # --------------------------------------------------------------- finishes
 
-    async def _finish(self, held: _Held, verdict: Verdict) -> None:
-        """Queue this outcome for the next group commit and wait for it.
+    async def _finish(self, held: _Held, judged: _Judged) -> None:
+        """Queue this outcome (or evidence only) for the next group commit and wait for it.
 
         Finishes that arrive while a group is being written form the next
         group: one transaction for all of them, started as soon as the queue's
@@ -540,7 +579,7 @@ class Dispatcher:
         cannot lose it, and the flusher counts it, written or failed.
         """
         result: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._to_finish.append((held, verdict, result))
+        self._to_finish.append((held, judged, result))
         held.handed_over = True
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_finishes(), name="finish flusher")
@@ -554,14 +593,16 @@ class Dispatcher:
             try:
                 results = list(await self._finish_group(group))
             except Exception:
-                # Counted and logged here, once: the jobs' own tasks only wait.
-                self.stats.errors += len(group)
+                # Counted and logged here, once: the jobs' own tasks only wait. An
+                # evidence-only item was counted already, as the bad ACK or error it is.
+                self.stats.errors += sum(1 for _, judged, _ in group
+                                         if judged.outcome is not None)
                 log.exception("finish failed, %d jobs left leased: %s", len(group),
                               _some_ids([held for held, _, _ in group]))
                 results = [None] * len(group)
-            for (held, _, result), status in zip(group, results, strict=True):
+            for (held, judged, result), status in zip(group, results, strict=True):
                 self.stats.in_flight -= 1
-                if status is not None:
+                if status is not None and judged.outcome is not None:
                     self._count(*status)
                     if self.latencies is not None:
                         self.latencies.append(time.perf_counter() - held.claimed_at)
@@ -569,16 +610,16 @@ class Dispatcher:
                     result.set_result(status)
 
     async def _finish_group(self, group: list) -> list[_Recorded]:
-        """finish_many with a fresh clock value; a locked database is retried while
+        """finish_jobs with a fresh clock value; a locked database is retried while
         any lease in the group is still live (a finish after it would be False)."""
         helds = [held for held, _, _ in group]
-        verdicts = [verdict for _, verdict, _ in group]
+        judged = [judged for _, judged, _ in group]
         while True:
             now = check_now(self._clock(), "clock value")
             for held in helds:
                 check_second_clock(held.first_ms, now)
             try:
-                statuses = await self._queue.try_call(_finish_helds, helds, verdicts, now)
+                statuses = await self._queue.try_call(_finish_helds, helds, judged, now)
             except sqlite3.OperationalError as exc:
                 if not is_locked(exc):
                     raise
@@ -626,7 +667,7 @@ def _extend_held(con: sqlite3.Connection, held: _Held, now_ms: int,
     """On the queue's thread: extend, and replace the ticket right there, so a
     finish queued behind this call uses the new one. None: the lease is gone;
     otherwise whether the lease actually moved (False once capped)."""
-    renewed = extend(con, held.ticket, now_ms, lease_ms)
+    renewed = extend_lease(con, held.ticket, now_ms, lease_ms)
     if renewed is False:
         return None
     assert isinstance(renewed, dict)
@@ -638,13 +679,32 @@ def _extend_held(con: sqlite3.Connection, held: _Held, now_ms: int,
 _Recorded = tuple[Union[str, bool], Optional[str]]  # (status or False, reason: the cause if dead)
 
 
-def _finish_helds(con: sqlite3.Connection, helds: list[_Held], verdicts: list[Verdict],
+def _finish_helds(con: sqlite3.Connection, helds: list[_Held], judged: list[_Judged],
                   now_ms: int) -> list[_Recorded]:
-    """On the queue's thread: finish_batch with each job's current ticket; per
-    job its status and reason, (False, None) for a stale one."""
-    items = [(held.ticket, outcome, delay) for held, (outcome, delay) in
-             zip(helds, verdicts, strict=True)]
-    return [result or (False, None) for result in finish_batch(con, items, now_ms)]
+    """On the queue's thread: finish_jobs with each job's current ticket and its
+    attempt's evidence; per job its status and reason, (False, None) for a
+    stale one, ("leased", None) for evidence only."""
+    items = [(held.ticket, *one) for held, one in zip(helds, judged, strict=True)]
+    return [result or (False, None) for result in finish_jobs(con, items, now_ms)]
+
+
+def _http_status(error: BaseException) -> Optional[int]:
+    """The HTTP status the sender put on its exception, if it is one."""
+    try:
+        status = getattr(error, "http_status", None)
+    except Exception:  # a foreign exception's property: no status, not a lost finish
+        return None
+    return status if type(status) is int and 100 <= status <= 999 else None
+
+
+def _error_text(error: BaseException) -> str:
+    """The exception as evidence: its class and message, capped as it is kept."""
+    name = type(error).__name__
+    try:
+        text = str(error)
+    except Exception:  # a broken __str__ must not lose the finish: the class alone
+        return name
+    return f"{name}: {text}"[:MAX_ERROR_CHARS] if text else name
 
 
 async def run_once(

@@ -5,6 +5,12 @@ so a transaction never spans an ``await``: the event loop never waits inside
 a transaction, and no two coroutines interleave statements on the one
 connection. The queue's SQL lives in ``lease`` alone: this thread runs
 ``lease``'s functions and nothing else.
+
+The queue is opened as a product queue (``lease.sqlite.open_store``): a file
+written by the contract alone is migrated forward, in one transaction, to
+the schema with payloads and the evidence of every attempt. That is
+intended: the contract's functions still work on a migrated file, but a
+file once opened here is never at the contract's version again.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from lease import observe
-from lease.worker import Conflict, enqueue, enqueue_many, open_queue, redrive
+from lease.policy import DEFAULT_POLICY, RetryPolicy
+from lease.sqlite import enqueue_events, open_store
+from lease.worker import Conflict, enqueue, enqueue_many, redrive
 
 T = TypeVar("T")
 
@@ -46,7 +54,9 @@ class QueueThread:
         # The connection is made on the thread that will use it, and only there.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queue")
         try:
-            self._con = await self._run(open_queue, self._path, create=self._create)
+            # Migrating a contract file takes the write lock once: wait out a
+            # short lock as every call does.
+            self._con = await self._patiently(open_store, self._path, create=self._create)
             await self.try_call(_short_busy_wait)
         except BaseException:
             if self._con is not None:
@@ -85,10 +95,13 @@ class QueueThread:
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """try_call, retried with a short jittered pause while another process
         holds the write lock, for up to LOCK_PATIENCE seconds."""
+        return await self._patiently(self._with_con, fn, *args, **kwargs)
+
+    async def _patiently(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         give_up = time.monotonic() + LOCK_PATIENCE
         while True:
             try:
-                return await self.try_call(fn, *args, **kwargs)
+                return await self._run(fn, *args, **kwargs)
             except sqlite3.OperationalError as exc:
                 if not is_locked(exc) or time.monotonic() >= give_up:
                     raise
@@ -110,6 +123,15 @@ class QueueThread:
         False (duplicate) or the Conflict that refused it."""
         return await self.call(enqueue_many, list(events), now_ms, ttl_ms, max_attempts)
 
+    async def enqueue_events(self, events: list, now_ms: int,
+                             policy: RetryPolicy = DEFAULT_POLICY, *,
+                             not_before_ms: Optional[int] = None) -> list[Union[bool, Conflict]]:
+        """The product's intake (``lease.sqlite.enqueue_events``): {"id", "qty"}
+        or {"id", "body"} events with the policy's budget, all in one
+        transaction; per event True (new), False (duplicate) or its Conflict."""
+        return await self.call(enqueue_events, list(events), now_ms, policy,
+                               not_before_ms=not_before_ms)
+
     async def redrive(self, job_id: str, now_ms: int, ttl_ms: int, note: str) -> bool:
         return await self.call(redrive, job_id, now_ms, ttl_ms, note)
 
@@ -118,7 +140,6 @@ class QueueThread:
 
     async def is_drained(self) -> bool:
         return await self.call(observe.is_drained)
-
 
 
 def _short_busy_wait(con: sqlite3.Connection) -> None:

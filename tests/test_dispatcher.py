@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from asyncworker import Dispatcher, dispatcher_context, send_http
+from asyncworker import Dispatcher, QueueThread, dispatcher_context, send_http
 from lease import observe, worker
+from lease.policy import DEFAULT_POLICY, LAB_POLICY, RetryPolicy
+from lease.sqlite import SCHEMA_VERSION, enqueue_events, open_store, schema_version
 from lease.worker import Conflict, Permanent, Retryable
 
 from .conftest import T0, add, job, rows
@@ -305,7 +307,9 @@ async def test_an_aiohttp_application_owns_the_dispatcher(queue_path: Path, tmp_
     {"url": "http://10.1.2.3/events"}, {"url": "http://127.0.0.1:1/x"},
     {"url": None}, {"send": _never_called, "url": "http://127.0.0.1:1/events"},
     {"send": _never_called, "concurrency": 0}, {"send": _never_called, "concurrency": True},
-    {"send": _never_called, "lease_ms": 0}, {"send": _never_called, "lease_ms": 60_001},
+    {"send": _never_called, "lease_ms": 0}, {"send": _never_called, "lease_ms": 3_600_001},
+    {"send": _never_called, "lease_ms": 1000.0}, {"send": _never_called, "policy": None},
+    {"send": _never_called, "policy": {"max_attempts": 25}},
     {"send": _never_called, "poll_interval": 0}, {"send": "nope"},
 ])
 def test_bad_configuration_is_refused(queue_path: Path, kwargs):
@@ -422,6 +426,7 @@ def test_sigterm_stops_gracefully_and_a_restart_completes(queue_path: Path, tmp_
 
 async def test_a_locked_database_is_waited_out(queue_path: Path):
     fill(queue_path, 1)
+    open_store(queue_path).close()  # migrated: the lock below is met by the claim
     holder = sqlite3.connect(queue_path, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")  # another process's long write transaction
     released = threading.Timer(1.6, holder.execute, ("ROLLBACK",))
@@ -445,7 +450,7 @@ async def test_queue_calls_wait_out_a_short_lock(queue_path: Path):
 
     from asyncworker import QueueThread
 
-    worker.open_queue(queue_path).close()
+    open_store(queue_path).close()  # migrated: opening needs no write lock
     holder = sq.connect(queue_path, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")
     released = threading.Timer(0.3, holder.execute, ("ROLLBACK",))
@@ -470,3 +475,110 @@ async def test_create_makes_a_missing_queue_and_latencies_are_recorded(tmp_path:
         stats = await d.run(until_idle=True)
     assert path.is_file() and stats.ok == 2
     assert len(latencies) == 2 and all(0 <= s < 60 for s in latencies)
+
+
+# ---------------------------------------------------------------- the product queue
+
+
+async def test_opening_migrates_a_contract_file_and_keeps_its_jobs(queue_path: Path):
+    fill(queue_path, 3, now=T0)
+    con = worker.open_queue(queue_path)
+    assert schema_version(con) == 0
+    before = rows(con)
+    con.close()
+    async with QueueThread(queue_path):
+        pass
+    con = worker.open_queue(queue_path)
+    try:
+        assert schema_version(con) == SCHEMA_VERSION
+        kept = [{k: v for k, v in row.items() if k not in ("body", "digest")} for row in rows(con)]
+        assert kept == before  # every row as it was, the new columns beside them
+    finally:
+        con.close()
+
+
+async def test_opening_waits_out_a_short_lock_to_migrate(queue_path: Path):
+    worker.open_queue(queue_path).close()  # a contract file: opening it migrates it
+    holder = sqlite3.connect(queue_path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    released = threading.Timer(1.5, holder.execute, ("ROLLBACK",))  # past open's own 1 s wait
+    released.start()
+    try:
+        async with QueueThread(queue_path) as queue:
+            assert await queue.call(schema_version) == SCHEMA_VERSION
+    finally:
+        released.join()
+        holder.close()
+
+
+async def test_a_newer_file_is_refused_untouched(queue_path: Path):
+    open_store(queue_path).close()
+    con = sqlite3.connect(queue_path)
+    con.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    con.close()
+    content = queue_path.read_bytes()
+    with pytest.raises(ValueError, match="newer than this code") as refused:
+        async with Dispatcher(queue_path, "d1", send=_never_called):
+            pass
+    assert "\n" not in str(refused.value)
+    assert queue_path.read_bytes() == content
+
+
+async def test_the_queue_thread_takes_product_events(queue_path: Path):
+    open_store(queue_path).close()
+    async with QueueThread(queue_path) as queue:
+        results = await queue.enqueue_events(
+            [{"id": "order:1", "body": {"b": 1, "a": [2]}},
+             {"id": "order:1", "body": {"a": [2], "b": 1}},  # the same body: a duplicate
+             {"id": "order:1", "body": {"a": 3}}, {"id": "lab-1", "qty": 4}],
+            T0, RetryPolicy(max_attempts=40, ttl_ms=7 * 86_400_000), not_before_ms=T0 + 500)
+        assert results[:2] == [True, False] and isinstance(results[2], Conflict)
+        assert results[3] is True
+        with pytest.raises(ValueError, match="body"):
+            await queue.enqueue_events([{"id": "x", "body": []}], T0)
+    con = open_store(queue_path)
+    try:
+        order = job(con, "order:1")
+        assert (order["max_attempts"], order["available_at"], order["deadline"], order["body"]) == (
+            40, T0 + 500, T0 + 500 + 7 * 86_400_000, '{"a":[2],"b":1}')
+        assert con.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 2  # nothing of "x"
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize(("policy", "draw", "delay"), [
+    (RetryPolicy(backoff_base_ms=7000), 0.25, 4375),  # 7000 * (0.5 + 0.5 * 0.25)
+    (LAB_POLICY, 0.25, 25),  # the lab's full jitter: 100 * 0.25
+    (None, 0.0, 500),  # the default: 1 s, half of it at the least
+])
+async def test_a_retry_is_spaced_by_the_policy(queue_path: Path, policy, draw, delay):
+    con = open_store(queue_path)
+    enqueue_events(con, [{"id": "flaky", "qty": 1}], T0)
+    con.close()
+
+    async def refuse(event: dict, token: int) -> bool:
+        raise Retryable("503")
+
+    extra = {} if policy is None else {"policy": policy}
+    async with Dispatcher(queue_path, "d1", send=refuse, clock=FakeClock(T0),
+                          jitter=lambda: draw, **extra) as d:
+        assert d.lease_ms == (policy or DEFAULT_POLICY).lease_ms
+        running = asyncio.create_task(d.run())
+        while d.stats.retried < 1:
+            await asyncio.sleep(0.01)
+        d.stop()
+        await running
+    con = open_store(queue_path)
+    try:
+        assert (job(con, "flaky")["status"], job(con, "flaky")["available_at"]) == (
+            "pending", T0 + delay)
+    finally:
+        con.close()
+
+
+def test_lease_ms_defaults_to_the_policy_and_can_be_given(queue_path: Path):
+    assert Dispatcher(queue_path, "d1", send=_never_called).lease_ms == 30_000
+    assert Dispatcher(queue_path, "d1", send=_never_called,
+                      policy=RetryPolicy(lease_ms=3_600_000)).lease_ms == 3_600_000
+    assert Dispatcher(queue_path, "d1", send=_never_called, policy=LAB_POLICY,
+                      lease_ms=1234).lease_ms == 1234
