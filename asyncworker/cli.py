@@ -1,18 +1,23 @@
 """The ``asyncworker`` command line (also ``python -m asyncworker``).
 
 Every argument is checked before a file is opened. An error is one line on
-stderr, never a traceback, and leaves every file as it was.
+stderr, never a traceback, and leaves every file as it was. The commands that
+write open a queue with ``lease.sqlite.open_store``: a file written by the
+contract alone (schema version 0) is migrated forward once, every row kept;
+the commands that look (stats, dead, inspect) open it read-only, whatever
+its version.
 
 Exit codes (the same text is in ``--help`` and in the README):
 
 - 0: done; for ``run``, no job went dead in this run.
-- 1: the work failed: a conflict (``enqueue``), a refused redrive, no such
-  job (``inspect``), a receiver that did not answer (``stats``), evidence
-  that contradicts itself (``demo``), a database or file error such as a
-  read-only or locked queue, or a folder it cannot write in (any command).
-  Standard output closed early (``| head``): 1 as well, quietly.
-- 2: bad usage, or a missing, foreign or damaged file or folder; for
-  ``serve`` also an inbox it cannot open or a port it cannot bind.
+- 1: the work failed: a conflict (``enqueue``), a refused redrive or cancel,
+  no such job (``inspect``), a receiver that did not answer (``stats``),
+  evidence that contradicts itself (``demo``), a database or file error such
+  as a read-only or locked queue, or a folder it cannot write in (any
+  command). Standard output closed early (``| head``): 1 as well, quietly.
+- 2: bad usage, or a missing, foreign or damaged file or folder (a queue of a
+  newer schema version too); for ``serve`` also an inbox it cannot open or a
+  port it cannot bind.
 - 3: ``run`` only: some jobs went dead in this run (its summary counts them
   by reason).
 - 130: interrupted by Ctrl-C (``run`` and ``serve`` stop gracefully instead).
@@ -29,13 +34,16 @@ import socket
 import sqlite3
 import sys
 import time
-from contextlib import closing
+from array import array
+from contextlib import ExitStack, closing
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import (
     TYPE_CHECKING,
     Any,
     BinaryIO,
     Callable,
+    Iterator,
     NoReturn,
     Optional,
     Sequence,
@@ -44,18 +52,31 @@ from typing import (
 
 from lease import observe
 from lease.http import check_url
+from lease.policy import (
+    DEFAULT_POLICY,
+    MAX_BODY_BYTES,
+    PRODUCT,
+    RetryPolicy,
+    check_note,
+    check_product_event,
+)
+from lease.sqlite import (
+    cancel_jobs,
+    enqueue_events,
+    migrate,
+    open_store,
+    prune_done,
+    redrive_jobs,
+)
 from lease.worker import (
-    MAX_ATTEMPTS,
     MAX_BATCH,
-    MAX_MS,
     MAX_QTY,
     Conflict,
-    check_event,
+    _no_constant,
+    _unique_keys,
     check_identifier,
-    enqueue_many,
+    check_job_id,
     open_queue,
-    parse_event,
-    redrive_many,
 )
 
 # asyncio, aiohttp and urllib are imported only by the commands that use them: every
@@ -69,18 +90,24 @@ EXIT_INTERRUPTED = 130
 EXIT_CODES = """\
 exit codes:
   0    done (run: and no job went dead in this run)
-  1    the work failed: a conflict, a refused redrive, no such job, no answer
-       from the receiver, a database or file error (read-only, locked);
-       also, quietly, when standard output is closed early (| head)
-  2    bad usage, or a missing, foreign or damaged file or folder
+  1    the work failed: a conflict, a refused redrive or cancel, no such job,
+       no answer from the receiver, a database or file error (read-only,
+       locked); also, quietly, when standard output is closed early (| head)
+  2    bad usage, or a missing, foreign, damaged or newer-version file or folder
        (serve: also an inbox it cannot open or a port it cannot bind)
   3    run: some jobs went dead in this run (the summary counts them by reason)
   130  interrupted (run and serve stop gracefully on SIGINT/SIGTERM instead)"""
 
-DEAD_REASONS = ("deadline", "exhausted", "permanent")
-MAX_LINE_BYTES = 1 << 16  # far above any valid event; a longer line is not one
+DEAD_REASONS = ("deadline", "exhausted", "permanent", "cancelled")
+# A JSON line's cap: a body's canonical text is at most MAX_BODY_BYTES, but the
+# line may spell it with spaces and \u escapes (an astral character is 12 bytes
+# as \ud83d\ude00, 4 as UTF-8). A longer line cannot hold a valid event.
+MAX_LINE_BYTES = 4 * MAX_BODY_BYTES
 SHOW_EACH = 20  # per-job lines up to this many jobs (or with --verbose), a count always
+PROGRESS_EVERY = 10_000  # enqueue --file: a progress line on a terminal this often
 _BOM = b"\xef\xbb\xbf"
+_AGE_UNITS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000, "ms": 1, "": 1}
+MAX_AGE_MS = 36_500 * _AGE_UNITS["d"]  # a hundred years: far beyond any retention
 
 
 def wall_clock_ms() -> int:
@@ -164,11 +191,65 @@ def _probability(text: str) -> float:
 
 
 def _identifier(text: str) -> str:
+    """An owner's name: the contract's identifier (it is written into every lease)."""
     try:
         return check_identifier("value", text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"must be 1-64 ASCII letters, digits, '_' or '-': {text!r}") from None
+
+
+def _job_id(text: str) -> str:
+    """A job id by the product's rule (UUIDs, order:123, tenant/7)."""
+    try:
+        return check_job_id("value", text, PRODUCT)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be {PRODUCT.job_id_rule}: {text!r:.80}") from None
+
+
+def _note(text: str) -> str:
+    try:
+        return check_note(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# One decoder for every line: json.loads would build a new one per call.
+_STRICT = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+
+
+def strict_json(text: str) -> object:
+    """JSON by the receiver's rules: no duplicate keys, no NaN or Infinity."""
+    try:
+        return _STRICT.decode(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("not valid JSON: nested too deeply") from None
+
+
+def _body(text: str) -> dict:
+    """--body: one JSON object, strictly, within the body's size cap."""
+    try:
+        body = strict_json(text)
+        check_product_event({"id": "body", "body": body})  # the object and its size
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    assert isinstance(body, dict)  # check_product_event refused anything else
+    return body
+
+
+def parse_age(text: str) -> int:
+    """AGE as 7d, 12h, 30m, 90s, 250ms or a plain number of milliseconds."""
+    found = re.fullmatch(r"([0-9]{1,20})(d|h|m|s|ms|)", text)
+    if not found:
+        raise argparse.ArgumentTypeError(
+            f"not an age (7d, 12h, 30m, 90s or milliseconds): {text!r:.40}")
+    age_ms = int(found.group(1)) * _AGE_UNITS[found.group(2)]
+    if age_ms > MAX_AGE_MS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_AGE_MS // _AGE_UNITS['d']}d, got {text}")
+    return age_ms
 
 
 def _reason(text: str) -> str:
@@ -191,7 +272,23 @@ def _default_owner() -> str:
     return f"{host}-{os.getpid()}"
 
 
+def _ms(value: int) -> str:
+    """A duration for --help: 259200000 as '259200000 ms = 3d'."""
+    for unit in ("d", "h", "m", "s"):
+        if value >= _AGE_UNITS[unit] and value % _AGE_UNITS[unit] == 0:
+            return f"{value} = {value // _AGE_UNITS[unit]}{unit}"
+    return str(value)
+
+
 # ------------------------------------------------------------------ the parser
+
+PRUNE_INBOX_HELP = f"""\
+delete the inbox's rows first seen more than AGE ago, in short batches (safe
+beside a running serve). The trade-off: the inbox absorbs a duplicate only
+while it keeps that id's row. A pruned row is a duplicate no longer absorbed:
+a resend of that id after the window is applied again. Pick a window longer
+than the senders' whole retry budget (a job's time to live: {_ms(DEFAULT_POLICY.ttl_ms)}
+by default) plus the time a stale sender may still be sending."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -201,45 +298,22 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      parser_class=Parser)
 
-    def command(name: str, help_text: str, handler: Callable[[argparse.Namespace], int]
-                ) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text, description=help_text)
+    def command(name: str, help_text: str, handler: Callable[[argparse.Namespace], int],
+                description: Optional[str] = None) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=description or help_text)
         sub.set_defaults(handler=handler)
         return sub
 
-    p = command("init", "create a queue file", _init)
-    p.add_argument("queue", help="queue file to create (an existing queue is kept as it is)")
+    p = command("init", "create a queue file, or migrate an older one forward", _init,
+                "create a queue file; an existing queue is kept, and one written by an "
+                "older version (the contract's schema) is migrated forward once, in one "
+                "transaction, every row kept")
+    p.add_argument("queue", help="queue file to create or bring to this version")
 
-    p = command("enqueue", "add jobs: one with --id/--qty, or JSON lines with --file", _enqueue)
-    p.add_argument("queue", help="existing queue file")
-    p.add_argument("--id", metavar="ID", type=_identifier, help="job id")
-    p.add_argument("--qty", metavar="N", type=_int_in(1, MAX_QTY), help="quantity, 1..1000")
-    p.add_argument("--file", metavar="PATH",
-                   help="UTF-8 JSON lines {\"id\", \"qty\"} (a file, pipe or FIFO); "
-                        "'-' reads standard input")
-    p.add_argument("--ttl-ms", metavar="MS", type=_int_in(1, MAX_MS), default=60_000,
-                   help="time to live from now (default 60000)")
-    p.add_argument("--max-attempts", metavar="N", type=_int_in(1, MAX_ATTEMPTS), default=3,
-                   help="attempt budget (default 3)")
-
-    p = command("run", "dispatch jobs to a receiver with the async dispatcher", _run)
-    p.add_argument("queue", help="existing queue file")
-    p.add_argument("--url", metavar="URL", type=_url, required=True, help="receiver URL, http://127.0.0.1:PORT/events")
-    p.add_argument("--concurrency", metavar="N", type=_int_in(1, 10_000), default=16,
-                   help="sends in flight (default 16)")
-    p.add_argument("--lease-ms", metavar="MS", type=_int_in(1, MAX_MS), default=30_000,
-                   help="lease per claim (default 30000)")
-    p.add_argument("--owner", metavar="NAME", type=_identifier, default=None,
-                   help="this dispatcher's name (default HOST-PID)")
-    p.add_argument("--until-idle", action="store_true",
-                   help="stop once every job is done or dead")
-    p.add_argument("--batch-size", metavar="N", type=_int_in(1, 10_000), default=64,
-                   help="most jobs per claim or finish transaction (default 64; 1: one each)")
-    p.add_argument("--poll-ms", metavar="MS", type=_int_in(1, 60_000), default=50,
-                   help="how long an idle dispatcher waits before looking again (default 50)")
-    p.add_argument("--crash-after-acks", metavar="N", type=_int_in(1, 10**9), default=None,
-                   help="failure drill: die by SIGKILL right after the N-th ACK, before "
-                        "recording it")
+    _enqueue_arguments(command("enqueue", "add jobs: one with --id and --qty or --body, or "
+                               "JSON lines with --file", _enqueue))
+    _run_arguments(command("run", "dispatch jobs to a receiver with the async dispatcher",
+                           _run))
 
     p = command("serve", "run the receiver (an inbox that deduplicates)", _serve)
     p.add_argument("--inbox", metavar="PATH", required=True,
@@ -258,39 +332,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", metavar="N", type=_int_in(1, 10000), default=64,
                    help="most requests in one commit (1 turns grouping off)")
 
-    p = command("stats", "counts by status, oldest unfinished age, attempts, dead, redrives "
-                "(reads only)", _stats)
+    p = command("stats", "counts by status, oldest unfinished age, attempts, dead, redrives, "
+                "cancels, stale finishes (reads only)", _stats)
     p.add_argument("queue", help="existing queue file")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--receiver", metavar="URL", type=_url, default=None,
                    help="also show this receiver's counters (its /events URL)")
 
-    p = command("dead", "list dead jobs (reads only)", _dead)
+    p = command("dead", "list dead jobs and each one's last error (reads only)", _dead)
     p.add_argument("queue", help="existing queue file")
     p.add_argument("--reason", metavar="REASON", type=_reason, default=None,
                    help=f"only this reason ({', '.join(DEAD_REASONS)})")
     p.add_argument("--limit", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="at most N jobs")
 
-    p = command("inspect", "a job's row and its redrive history (reads only)", _inspect)
+    p = command("inspect", "a job's row, every attempt, its redrives and cancels (reads only)",
+                _inspect)
     p.add_argument("queue", help="existing queue file")
-    p.add_argument("id", type=_identifier, help="job id")
+    p.add_argument("id", type=_job_id, help="job id")
+    p.add_argument("--json", action="store_true", help="the whole record as JSON")
 
-    p = command("redrive", "release dead jobs with a fresh budget, one audit row each",
-                _redrive)
-    p.add_argument("queue", help="existing queue file")
-    p.add_argument("id", nargs="?", type=_identifier, default=None, help="one dead job's id")
-    p.add_argument("--reason", metavar="REASON", type=_reason, default=None,
-                   help=f"bulk: every dead job of this reason ({', '.join(DEAD_REASONS)})")
-    p.add_argument("--note", metavar="NOTE", type=_identifier, required=True,
-                   help="audit note (an identifier, e.g. fixed-address)")
-    p.add_argument("--ttl-ms", metavar="MS", type=_int_in(1, MAX_MS), default=60_000,
-                   help="time to live from now (default 60000)")
-    p.add_argument("--limit", metavar="N", type=_int_in(1, 10**9), default=None,
-                   help="bulk: at most N jobs")
-    p.add_argument("--dry-run", action="store_true", help="bulk: list, change nothing")
-    p.add_argument("--verbose", action="store_true",
-                   help=f"a line per job however many (by default only up to {SHOW_EACH})")
+    _operator_commands(command)
 
     p = command("bench", "measure throughput and latency against their limits", _bench)
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not figures")
@@ -307,6 +369,121 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _enqueue_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("queue", help="existing queue file")
+    p.add_argument("--id", metavar="ID", type=_job_id,
+                   help=f"job id: {PRODUCT.job_id_rule}, e.g. a UUID, order:123, tenant/7")
+    p.add_argument("--qty", metavar="N", type=_int_in(1, MAX_QTY),
+                   help=f"quantity of a lab event {{\"id\", \"qty\"}}, 1..{MAX_QTY} (its id "
+                        "by the lab's rule: 1-64 ASCII letters, digits, '_' or '-')")
+    p.add_argument("--body", metavar="JSON", type=_body,
+                   help=f"the payload: one JSON object, at most {MAX_BODY_BYTES} bytes as "
+                        "canonical JSON (sorted keys, no spaces)")
+    p.add_argument("--file", metavar="PATH",
+                   help="UTF-8 JSON lines, {\"id\", \"qty\"} or {\"id\", \"body\": {...}} (a "
+                        "file, pipe or FIFO; '-' reads standard input), streamed into one "
+                        "transaction: all or nothing")
+    p.add_argument("--ttl-ms", metavar="MS", type=_int_in(1, PRODUCT.max_ttl_ms),
+                   default=DEFAULT_POLICY.ttl_ms,
+                   help=f"time to live from the first moment it may run, up to "
+                        f"{_ms(PRODUCT.max_ttl_ms)} (default {_ms(DEFAULT_POLICY.ttl_ms)})")
+    p.add_argument("--max-attempts", metavar="N", type=_int_in(1, PRODUCT.max_attempts),
+                   default=DEFAULT_POLICY.max_attempts,
+                   help=f"attempt budget, 1..{PRODUCT.max_attempts} "
+                        f"(default {DEFAULT_POLICY.max_attempts})")
+    p.add_argument("--delay-ms", metavar="MS", type=_int_in(0, PRODUCT.max_delay_ms), default=0,
+                   help=f"delayed delivery: no attempt before now + MS, up to "
+                        f"{_ms(PRODUCT.max_delay_ms)} (default 0)")
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("queue", help="existing queue file")
+    p.add_argument("--url", metavar="URL", type=_url, required=True,
+                   help="receiver URL, http://127.0.0.1:PORT/events")
+    p.add_argument("--concurrency", metavar="N", type=_int_in(1, 10_000), default=16,
+                   help="sends in flight (default 16)")
+    p.add_argument("--lease-ms", metavar="MS", type=_int_in(1, PRODUCT.max_lease_ms),
+                   default=DEFAULT_POLICY.lease_ms,
+                   help=f"lease per claim, up to {_ms(PRODUCT.max_lease_ms)} "
+                        f"(default {_ms(DEFAULT_POLICY.lease_ms)})")
+    p.add_argument("--backoff-base-ms", metavar="MS", type=_int_in(1, PRODUCT.max_delay_ms),
+                   default=DEFAULT_POLICY.backoff_base_ms,
+                   help=f"first retry delay, doubling each attempt "
+                        f"(default {_ms(DEFAULT_POLICY.backoff_base_ms)})")
+    p.add_argument("--backoff-cap-ms", metavar="MS", type=_int_in(1, PRODUCT.max_delay_ms),
+                   default=DEFAULT_POLICY.backoff_cap_ms,
+                   help=f"longest retry delay, up to {_ms(PRODUCT.max_delay_ms)} "
+                        f"(default {_ms(DEFAULT_POLICY.backoff_cap_ms)})")
+    p.add_argument("--jitter", metavar="J", type=_probability, default=DEFAULT_POLICY.jitter,
+                   help=f"random share of each delay, 0..1 (default {DEFAULT_POLICY.jitter}: "
+                        "from half the step to the whole)")
+    p.add_argument("--owner", metavar="NAME", type=_identifier, default=None,
+                   help="this dispatcher's name (default HOST-PID)")
+    p.add_argument("--until-idle", action="store_true",
+                   help="stop once every job is done or dead")
+    p.add_argument("--batch-size", metavar="N", type=_int_in(1, 10_000), default=64,
+                   help="most jobs per claim or finish transaction (default 64; 1: one each)")
+    p.add_argument("--poll-ms", metavar="MS", type=_int_in(1, 60_000), default=50,
+                   help="how long an idle dispatcher waits before looking again (default 50)")
+    p.add_argument("--crash-after-acks", metavar="N", type=_int_in(1, 10**9), default=None,
+                   help="failure drill: die by SIGKILL right after the N-th ACK, before "
+                        "recording it")
+
+
+def _operator_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
+    p = command("redrive", "release dead jobs with a fresh budget, one audit row each",
+                _redrive)
+    p.add_argument("queue", help="existing queue file")
+    p.add_argument("id", nargs="?", type=_job_id, default=None, help="one dead job's id")
+    p.add_argument("--reason", metavar="REASON", type=_reason, default=None,
+                   help=f"bulk: every dead job of this reason ({', '.join(DEAD_REASONS)})")
+    p.add_argument("--note", metavar="NOTE", type=_note, required=True,
+                   help="audit note: free text, 1-500 characters, no control characters")
+    p.add_argument("--ttl-ms", metavar="MS", type=_int_in(1, PRODUCT.max_ttl_ms),
+                   default=DEFAULT_POLICY.ttl_ms,
+                   help=f"time to live from now, up to {_ms(PRODUCT.max_ttl_ms)} "
+                        f"(default {_ms(DEFAULT_POLICY.ttl_ms)})")
+    _bulk_arguments(p)
+
+    p = command("cancel", "cancel pending or dead jobs with a note, one audit row each",
+                _cancel, "cancel pending or dead jobs: each becomes dead/cancelled with an "
+                "audit row (what it was, the note), together. A leased job is refused (its "
+                "send may be on the wire: cancel it once it is back), and so is a done one. "
+                "A cancelled job leaves the dead letters only by a redrive.")
+    p.add_argument("queue", help="existing queue file")
+    p.add_argument("ids", nargs="*", type=_job_id, metavar="ID", help="jobs to cancel")
+    p.add_argument("--reason", metavar="REASON", type=_reason, default=None,
+                   help="bulk: every dead job of this reason "
+                        f"({', '.join(r for r in DEAD_REASONS if r != 'cancelled')})")
+    p.add_argument("--note", metavar="NOTE", type=_note, required=True,
+                   help="audit note: free text, 1-500 characters, no control characters")
+    _bulk_arguments(p)
+
+    p = command("prune", "delete done jobs that finished more than AGE ago, with their "
+                "evidence", _prune, "delete done jobs that finished more than AGE ago, with "
+                "their attempts and audit rows, in short transactions of up to "
+                f"{MAX_BATCH}. Pending, leased and dead jobs are never touched. An id whose "
+                "job was pruned is new again: enqueued again, it is a new job.")
+    p.add_argument("queue", help="existing queue file")
+    p.add_argument("--older-than", metavar="AGE", type=parse_age, required=True,
+                   help="7d, 12h, 30m, 90s, or milliseconds")
+
+    p = command("prune-inbox", "delete inbox rows first seen more than AGE ago (see the "
+                "trade-off in its --help)", _prune_inbox, PRUNE_INBOX_HELP)
+    p.add_argument("inbox", help="existing inbox file")
+    p.add_argument("--older-than", metavar="AGE", type=parse_age, required=True,
+                   help="7d, 12h, 30m, 90s, or milliseconds; longer than the senders' retry "
+                        "budget")
+
+
+def _bulk_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--limit", metavar="N", type=_int_in(1, 10**9), default=None,
+                   help="bulk: at most N jobs")
+    p.add_argument("--dry-run", action="store_true", help="bulk: list, change nothing")
+    p.add_argument("--verbose", action="store_true",
+                   help=f"a line per job however many (by default only up to {SHOW_EACH})")
+
+
 # ------------------------------------------------------------------ helpers
 
 
@@ -318,12 +495,13 @@ def _check_queue_path(path: str) -> None:
 
 
 def _existing_queue(path: str) -> sqlite3.Connection:
-    """Open an existing queue to change it; a missing or foreign file is a usage error."""
+    """Open an existing queue to change it, migrated to this version (open_store);
+    a missing, foreign or newer file is a usage error."""
     _check_queue_path(path)
     if os.path.getsize(path) == 0:  # SQLite would take it for an empty queue and fill it
         raise UsageError(f"{path}: not a queue file: it is empty (init makes one)")
     try:
-        return open_queue(path, create=False)
+        return open_store(path, create=False)
     except sqlite3.OperationalError:  # locked, read-only, I/O: the work failed, exit 1
         raise
     except (ValueError, sqlite3.DatabaseError) as exc:  # not a queue: usage, exit 2
@@ -357,7 +535,22 @@ def _print_bounded(lines: list[str], verbose: bool, file: TextIO) -> None:
         print(f"... and {len(lines) - len(shown)} more (--verbose lists them all)", file=file)
 
 
-# ------------------------------------------------------------------ commands
+def _cell(value: object, width: int = 60) -> str:
+    """A table cell: one line, at most `width` characters, '-' for nothing."""
+    if value is None:
+        return "-"
+    text = one_line(str(value))
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _when(ms: Optional[int]) -> str:
+    if ms is None:
+        return "-"
+    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+# ------------------------------------------------------------------ init, enqueue
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -365,24 +558,71 @@ def _init(args: argparse.Namespace) -> int:
         raise UsageError(f"not a file: {args.queue}")
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.queue))):
         raise UsageError(f"folder not found: {os.path.dirname(args.queue)}")
-    existed = os.path.exists(args.queue)
+    existed = os.path.exists(args.queue) and os.path.getsize(args.queue) > 0
     try:
-        open_queue(args.queue).close()
+        # open_store, spelled out: init says which version the file had.
+        with closing(open_queue(args.queue)) as con:
+            before = migrate(con)
     except sqlite3.OperationalError:  # locked, a folder it cannot write in: exit 1
         raise
     except (ValueError, sqlite3.DatabaseError) as exc:  # not a queue: usage, exit 2
         raise UsageError(f"{args.queue}: {exc}") from None
-    print(f"{'kept existing' if existed else 'created'} queue {args.queue}")
+    from lease.sqlite import SCHEMA_VERSION
+
+    if not existed:
+        print(f"created queue {args.queue} (schema version {SCHEMA_VERSION})")
+    elif before < SCHEMA_VERSION:
+        print(f"migrated queue {args.queue} from schema version {before} to "
+              f"{SCHEMA_VERSION}, every row kept")
+    else:
+        print(f"kept existing queue {args.queue} (schema version {SCHEMA_VERSION})")
     return EXIT_OK
 
 
-def _read_source(source: str) -> list[dict]:
-    """The events of a file, a pipe or FIFO (/dev/fd/N, mkfifo), or '-' for stdin."""
-    if source == "-":
-        return read_events(sys.stdin.buffer)
+def parse_event_line(raw: bytes) -> Optional[object]:
+    """One JSON line's value, strictly; None for a blank line; ValueError names the fault.
+
+    The JSON rules are the receiver's (no duplicate keys, no NaN); what the
+    value must be is the intake's rule (``check_product_event``)."""
+    if len(raw) > MAX_LINE_BYTES:
+        raise ValueError(f"longer than {MAX_LINE_BYTES} bytes")
     try:
-        with open(source, "rb") as file:
-            return read_events(file)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
+                         ) from None
+    return strict_json(text) if text.strip() else None
+
+
+class JsonLines:
+    """The events of a JSON lines stream, read one line at a time as they are
+    consumed, each line at most MAX_LINE_BYTES: /dev/zero is a line too long,
+    not a memory exhausted. ``number`` is the line read last (the one a
+    refusal is about); ``lines[i]`` the line of the i-th event. A UTF-8 byte
+    order mark at the start is skipped (editors write one)."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file = file
+        self.number = 0
+        self.lines = array("Q")  # 8 bytes an event: 1.6 MB for 200,000
+
+    def __iter__(self) -> Iterator[object]:
+        for raw in iter(lambda: self.file.readline(MAX_LINE_BYTES + 1), b""):
+            self.number += 1
+            if self.number == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM):]
+            event = parse_event_line(raw.rstrip(b"\n"))
+            if event is not None:
+                self.lines.append(self.number)
+                yield event
+
+
+def _open_source(source: str) -> BinaryIO:
+    """A file, a pipe or FIFO (/dev/fd/N, mkfifo), or '-' for stdin."""
+    if source == "-":
+        return sys.stdin.buffer
+    try:
+        return open(source, "rb")
     except FileNotFoundError:
         raise UsageError(f"file not found: {source}") from None
     except IsADirectoryError:
@@ -391,67 +631,88 @@ def _read_source(source: str) -> list[dict]:
         raise UsageError(f"cannot read {source}: {exc.strerror or exc}") from None
 
 
-def parse_event_line(raw: bytes) -> Optional[dict]:
-    """One JSON line as a checked event; None for a blank line; ValueError names the fault.
-
-    The JSON rules are the receiver's (``parse_event``: no duplicate keys, no NaN)."""
-    if len(raw) > MAX_LINE_BYTES:
-        raise ValueError(f"longer than {MAX_LINE_BYTES} bytes")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
-                         ) from None
-    return parse_event(text) if text.strip() else None
-
-
-def read_events(file: BinaryIO) -> list[dict]:
-    """Every line parsed and checked before anything goes in: all or nothing.
-
-    Read a line at a time, each at most MAX_LINE_BYTES: /dev/zero is a line
-    too long, not a memory exhausted. A UTF-8 byte order mark at the start is
-    skipped (editors write one)."""
-    events = []
-    for number, raw in enumerate(iter(lambda: file.readline(MAX_LINE_BYTES + 1), b""), 1):
-        if number == 1 and raw.startswith(_BOM):
-            raw = raw[len(_BOM):]
-        try:
-            event = parse_event_line(raw.rstrip(b"\n"))
-        except ValueError as exc:
-            raise UsageError(f"line {number}: {exc}; nothing was enqueued") from None
-        if event is not None:
-            events.append(event)
-    return events
+def _single_event(args: argparse.Namespace) -> Optional[dict]:
+    """The event of --id with --qty or --body; None for --file. Usage checked."""
+    single = args.id is not None or args.qty is not None or args.body is not None
+    if single == (args.file is not None):
+        raise UsageError("give either --id with --qty or --body, or --file")
+    if not single:
+        return None
+    if args.id is None or (args.qty is None) == (args.body is None):
+        raise UsageError("--id goes with one of --qty or --body")
+    event = {"id": args.id, "qty": args.qty} if args.body is None else {
+        "id": args.id, "body": args.body}
+    try:  # argparse has its quirks ("--qty=--"): the event is checked again, whole
+        check_product_event(event)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return event
 
 
 def _enqueue(args: argparse.Namespace) -> int:
-    single = args.id is not None or args.qty is not None
-    if single == (args.file is not None):
-        raise UsageError("give either --id and --qty, or --file")
-    if single and (args.id is None or args.qty is None):
-        raise UsageError("--id and --qty go together")
+    event = _single_event(args)
+    policy = RetryPolicy(max_attempts=args.max_attempts, ttl_ms=args.ttl_ms)
     _check_queue_path(args.queue)  # before a FIFO is read: a missing queue fails at once
-    if single:
-        try:  # argparse has its quirks ("--qty=--"): the event is checked again, whole
-            events = [check_event({"id": args.id, "qty": args.qty})]
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-    else:
-        events = _read_source(args.file)
+    with ExitStack() as stack:
+        lines = None
+        if event is None:
+            source = _open_source(args.file)
+            if source is not sys.stdin.buffer:
+                stack.enter_context(source)
+            lines = JsonLines(source)
+        con = stack.enter_context(closing(_existing_queue(args.queue)))
+        results = _intake(con, [event] if lines is None else lines, policy, args.delay_ms)
+    return _report_intake(results, lines)
+
+
+def _intake(con: sqlite3.Connection, events: Any, policy: RetryPolicy, delay_ms: int) -> list:
+    """enqueue_events, a bad line named by its number; a progress line on a terminal."""
+    now = wall_clock_ms()
+    live = sys.stderr.isatty() and isinstance(events, JsonLines)
+    try:
+        return enqueue_events(con, events, now, policy,
+                              not_before_ms=now + delay_ms if delay_ms else None,
+                              on_progress=_enqueue_progress if live else None)
+    except ValueError as exc:
+        where = f"line {events.number}: " if isinstance(events, JsonLines) else ""
+        raise UsageError(f"{where}{exc}; nothing was enqueued") from None
+    finally:
+        if live and events.number >= PROGRESS_EVERY:
+            _log("\r\x1b[2K")  # the live line erased: the summary follows on stdout
+
+
+def _enqueue_progress(done: int) -> None:
+    if done % PROGRESS_EVERY == 0:
+        _log(f"\r\x1b[2Kenqueue: {done} events read, one transaction, nothing committed yet")
+
+
+def _report_intake(results: list, lines: Optional[JsonLines]) -> int:
     counts = {"new": 0, "duplicate": 0, "conflicting": 0}
-    with closing(_existing_queue(args.queue)) as con:
-        results = enqueue_many(con, events, wall_clock_ms(), args.ttl_ms, args.max_attempts)
-    for result in results:
+    for index, result in enumerate(results):
         if isinstance(result, Conflict):
             counts["conflicting"] += 1
-            print(f"conflict: {result}", file=sys.stderr)
+            where = "" if lines is None else f"line {lines.lines[index]}: "
+            print(f"{where}conflict: {result}", file=sys.stderr)
         else:
             counts["new" if result else "duplicate"] += 1
     print(", ".join(f"{n} {what}" for what, n in counts.items()))
     return EXIT_FAILED if counts["conflicting"] else EXIT_OK
 
 
+# ------------------------------------------------------------------ run
+
+
+def _retry_policy(args: argparse.Namespace) -> RetryPolicy:
+    if args.backoff_cap_ms < args.backoff_base_ms:
+        raise UsageError(f"--backoff-cap-ms ({args.backoff_cap_ms}) must be at least "
+                         f"--backoff-base-ms ({args.backoff_base_ms})")
+    return RetryPolicy(backoff_base_ms=args.backoff_base_ms,
+                       backoff_cap_ms=args.backoff_cap_ms, jitter=args.jitter,
+                       lease_ms=args.lease_ms)
+
+
 def _run(args: argparse.Namespace) -> int:
+    policy = _retry_policy(args)
     _existing_queue(args.queue).close()  # missing or foreign: exit 2 before anything runs
     from asyncworker.dispatcher import Dispatcher
 
@@ -462,11 +723,13 @@ def _run(args: argparse.Namespace) -> int:
     try:
         dispatcher = Dispatcher(args.queue, owner, url=None if send else args.url, send=send,
                                 concurrency=args.concurrency, lease_ms=args.lease_ms,
-                                poll_interval=args.poll_ms / 1000, batch_size=args.batch_size)
+                                poll_interval=args.poll_ms / 1000, batch_size=args.batch_size,
+                                policy=policy)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     banner = (f"run: owner {owner}, queue {args.queue}, url {args.url}, concurrency "
-              f"{args.concurrency}, lease {args.lease_ms} ms")
+              f"{args.concurrency}, lease {args.lease_ms} ms, backoff "
+              f"{policy.backoff_base_ms}..{policy.backoff_cap_ms} ms, jitter {policy.jitter}")
     import asyncio
 
     try:
@@ -551,6 +814,9 @@ async def _progress(stats: DispatcherStats) -> None:
         last_ok, last_time = stats.ok, now
 
 
+# ------------------------------------------------------------------ serve
+
+
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -576,6 +842,9 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"{args.host} port {args.port}: {exc.strerror or exc}") from None
     return EXIT_OK
+
+
+# ------------------------------------------------------------------ looking
 
 
 def receiver_stats(events_url: str) -> dict:
@@ -604,6 +873,11 @@ def _stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(snap, indent=2, sort_keys=True))
         return EXIT_OK
+    _print_table(_stats_rows(snap))
+    return EXIT_OK
+
+
+def _stats_rows(snap: dict) -> list[tuple]:
     age = snap["oldest_unfinished_age_ms"]
     rows: list[tuple] = [("jobs", snap["jobs"])]
     rows += [(f"  {status}", n) for status, n in snap["by_status"].items()]
@@ -613,20 +887,33 @@ def _stats(args: argparse.Namespace) -> int:
              ("dead by reason", " ".join(f"{k}:{v}" for k, v in snap["dead_by_reason"].items())
               or "-"),
              ("redrives", f"{snap['redrives']} ({snap['redriven_jobs']} jobs)")]
+    # What only a product file records: absent on a contract file, not shown as 0.
+    for key, label in (("cancels", "cancels"), ("attempts_recorded", "attempts recorded"),
+                       ("stale_finishes", "stale finishes")):
+        if key in snap:
+            rows.append((label, snap[key]))
     for key, value in snap.get("receiver", {}).items():
         rows.append((f"receiver {key}", value))
-    _print_table(rows)
-    return EXIT_OK
+    return rows
 
 
 _JOB_COLUMNS = ("id", "qty", "status", "reason", "attempts", "max_attempts", "token")
 
 
+def _event_cell(job: dict) -> object:
+    """A payload job (qty 0, a body) shows its body's size where a lab job shows its qty."""
+    body = job.get("body")
+    return job["qty"] if body is None else f"body {len(body.encode())} B"
+
+
 def _dead(args: argparse.Namespace) -> int:
     with closing(_readonly_queue(args.queue)) as con:
         jobs = observe.dead_jobs(con, args.reason, args.limit)
+    columns = _JOB_COLUMNS + (("last_error",) if jobs and "last_error" in jobs[0] else ())
     if jobs:
-        _print_table([_JOB_COLUMNS] + [tuple(j[c] for c in _JOB_COLUMNS) for j in jobs])
+        _print_table([columns] + [
+            tuple(_event_cell(j) if c == "qty" else _cell(j[c]) for c in columns)
+            for j in jobs])
     sys.stdout.flush()  # the table first, then its count, in a terminal too
     print(f"{len(jobs)} dead", file=sys.stderr)
     return EXIT_OK
@@ -637,12 +924,72 @@ def _inspect(args: argparse.Namespace) -> int:
         history = observe.job_history(con, args.id)
     if history is None:
         raise WorkFailed(f"no job {args.id!r} in {args.queue}")
-    print(json.dumps(history, indent=2))
+    if args.json:
+        print(json.dumps(history, indent=2, ensure_ascii=False))
+    else:
+        _print_history(history)
     return EXIT_OK
 
 
-def redrive_in_chunks(con: sqlite3.Connection, ids: list[str], ttl_ms: int,
-                      note: str) -> list[tuple[str, object]]:
+def _print_history(history: dict) -> None:
+    """The job as name/value lines, then a table per kind of record."""
+    job = history["job"]
+    rows: list[tuple] = [
+        ("id", job["id"]),
+        ("event", _event_cell(job)),
+        ("status", job["status"] if job["reason"] is None else f"{job['status']} "
+                                                              f"({job['reason']})"),
+        ("attempts", f"{job['attempts']} of {job['max_attempts']}"),
+        ("token", job["token"]),
+        ("available at", _when(job["available_at"])),
+        ("deadline", _when(job["deadline"])),
+        ("owner", _cell(job["owner"])),
+        ("lease until", _when(job["lease_until"])),
+    ]
+    if job.get("body") is not None:
+        rows.append(("body", _cell(job["body"], 100)))
+        rows.append(("body sha256", job["digest"]))
+    _print_table(rows)
+    if "attempts" not in history:
+        print("\nattempts: not recorded in this file's version (a command that writes "
+              "migrates it)")
+    else:
+        _print_records("attempts", history["attempts"], (
+            ("token", "token"), ("attempt", "attempt"), ("owner", "owner"),
+            ("started", lambda a: _when(a["started_ms"])), ("outcome", "outcome"),
+            ("result", lambda a: a["result"] if a["reason"] is None
+             else f"{a['result']}/{a['reason']}"),
+            ("http or error", _seen),
+            ("latency", lambda a: "-" if a["latency_ms"] is None else f"{a['latency_ms']} ms")))
+    _print_records("redrives", history["redrives"], (
+        ("token", "token"), ("at", lambda r: _when(r["at_ms"])), ("note", "note")))
+    if "cancels" in history:
+        _print_records("cancels", history["cancels"], (
+            ("token", "token"), ("at", lambda r: _when(r["at_ms"])), ("was", "was"),
+            ("note", "note")))
+
+
+def _seen(attempt: dict) -> str:
+    """What an attempt saw: its error, else its HTTP status."""
+    if attempt["error"] is not None:
+        return attempt["error"]
+    return "-" if attempt["http_status"] is None else f"HTTP {attempt['http_status']}"
+
+
+def _print_records(title: str, records: list[dict], columns: tuple) -> None:
+    print(f"\n{title}: {len(records) or 'none'}")
+    if records:
+        _print_table([tuple(name for name, _ in columns)] + [
+            tuple(_cell(get(r) if callable(get) else r[get], 80) for _, get in columns)
+            for r in records])
+
+
+# ------------------------------------------------------------------ the operator
+
+
+def apply_in_chunks(con: sqlite3.Connection, ids: list[str],
+                    apply: Callable[[sqlite3.Connection, list[str]], list],
+                    done: str) -> list[tuple[str, object]]:
     """(id, True or its ValueError) for each id, MAX_BATCH per transaction.
 
     A failure part-way (a database error) leaves the chunks before it whole
@@ -651,37 +998,119 @@ def redrive_in_chunks(con: sqlite3.Connection, ids: list[str], ttl_ms: int,
     for start in range(0, len(ids), MAX_BATCH):
         chunk = ids[start:start + MAX_BATCH]
         try:
-            answers = redrive_many(con, chunk, wall_clock_ms(), ttl_ms, note)
+            answers = apply(con, chunk)
         except sqlite3.Error as exc:
-            done = sum(answer is True for _, answer in results)
-            raise WorkFailed(f"{exc}; {done} redriven before it, the rest untouched") from None
+            count = sum(answer is True for _, answer in results)
+            raise WorkFailed(f"{exc}; {count} {done} before it, the rest untouched") from None
         results += zip(chunk, answers, strict=True)
     return results
 
 
-def _redrive(args: argparse.Namespace) -> int:
-    if (args.id is None) == (args.reason is None):
-        raise UsageError("give either a job ID or --reason")
-    if args.id is not None and (args.limit is not None or args.dry_run):
+def _bulk_ids(args: argparse.Namespace, con: sqlite3.Connection, ids: list[str]) -> list[str]:
+    """The ids given, or every dead job of --reason (at most --limit)."""
+    if ids:
+        return ids
+    return [job["id"] for job in observe.dead_jobs(con, args.reason, args.limit)]
+
+
+def _check_bulk(args: argparse.Namespace, ids: list[str]) -> None:
+    what = "a job ID" if args.command == "redrive" else "job IDs"
+    if bool(ids) == (args.reason is not None):
+        raise UsageError(f"give either {what} or --reason")
+    if ids and (args.limit is not None or args.dry_run):
         raise UsageError("--limit and --dry-run go with --reason")
+
+
+def _redrive(args: argparse.Namespace) -> int:
+    ids = [] if args.id is None else [args.id]
+    _check_bulk(args, ids)
+    if args.dry_run:
+        return _dry_run(args, "redrive")
+
+    def redrive(con: sqlite3.Connection, chunk: list[str]) -> list:
+        return redrive_jobs(con, chunk, wall_clock_ms(), args.ttl_ms, args.note)
+
     with closing(_existing_queue(args.queue)) as con:
-        if args.id is not None:
-            ids = [args.id]
-        else:
-            ids = [job["id"] for job in observe.dead_jobs(con, args.reason, args.limit)]
-        if args.dry_run:
-            _print_bounded([f"would redrive {job_id}" for job_id in ids], args.verbose,
-                           sys.stdout)
-            print(f"{len(ids)} to redrive (dry run, nothing changed)")
-            return EXIT_OK
-        results = redrive_in_chunks(con, ids, args.ttl_ms, args.note)
-    redriven = [f"redrove {job_id}" for job_id, answer in results if answer is True]
+        results = apply_in_chunks(con, _bulk_ids(args, con, ids), redrive, "redriven")
+    done = [f"redrove {job_id}" for job_id, answer in results if answer is True]
     refused = [f"not redriven: {answer}" for _, answer in results if answer is not True]
-    _print_bounded(redriven, args.verbose, sys.stdout)
+    return _print_outcome(done, refused, args, "redriven")
+
+
+def _print_outcome(done: list[str], refused: list[str], args: argparse.Namespace,
+                   past: str) -> int:
+    _print_bounded(done, args.verbose, sys.stdout)
     sys.stdout.flush()
     _print_bounded(refused, args.verbose, sys.stderr)
-    print(f"{len(redriven)} redriven, {len(refused)} refused")
+    sys.stderr.flush()
+    print(f"{len(done)} {past}, {len(refused)} refused")
     return EXIT_FAILED if refused else EXIT_OK
+
+
+def _dry_run(args: argparse.Namespace, verb: str) -> int:
+    """The dead jobs of --reason, listed from a read-only look: nothing changes, not
+    even a migration."""
+    with closing(_readonly_queue(args.queue)) as con:
+        ids = _bulk_ids(args, con, [])
+    _print_bounded([f"would {verb} {job_id}" for job_id in ids], args.verbose, sys.stdout)
+    print(f"{len(ids)} to {verb} (dry run, nothing changed)")
+    return EXIT_OK
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    _check_bulk(args, args.ids)
+    if args.reason == "cancelled":
+        raise UsageError("--reason cancelled: those jobs are cancelled already")
+    if args.dry_run:
+        return _dry_run(args, "cancel")
+
+    def cancel(con: sqlite3.Connection, chunk: list[str]) -> list:
+        return cancel_jobs(con, chunk, wall_clock_ms(), args.note)
+
+    with closing(_existing_queue(args.queue)) as con:
+        results = apply_in_chunks(con, _bulk_ids(args, con, args.ids), cancel, "cancelled")
+    done = [f"cancelled {job_id}" for job_id, answer in results if answer is True]
+    refused = [f"not cancelled: {answer}" for _, answer in results if answer is not True]
+    return _print_outcome(done, refused, args, "cancelled")
+
+
+def _prune(args: argparse.Namespace) -> int:
+    with closing(_existing_queue(args.queue)) as con:
+        cutoff = max(0, wall_clock_ms() - args.older_than)
+        pruned = 0
+        while True:  # short transactions: a running dispatcher waits for none for long
+            try:
+                count = prune_done(con, cutoff, MAX_BATCH)
+            except sqlite3.Error as exc:
+                raise WorkFailed(f"{args.queue}: {exc}; {pruned} pruned before it, the rest "
+                                 "untouched") from None
+            if not count:
+                break
+            pruned += count
+    print(f"{pruned} done jobs pruned (finished before {_when(cutoff)})")
+    return EXIT_OK
+
+
+def _prune_inbox(args: argparse.Namespace) -> int:
+    if not os.path.exists(args.inbox):
+        raise UsageError(f"inbox file not found: {args.inbox}")
+    if not os.path.isfile(args.inbox):
+        raise UsageError(f"not a file: {args.inbox}")
+    from asyncworker.inbox import prune_inbox
+
+    now = wall_clock_ms()
+    try:
+        pruned = prune_inbox(args.inbox, min(args.older_than, now), now_ms=now)
+    except sqlite3.OperationalError:  # locked, read-only, I/O: the work failed, exit 1
+        raise
+    except (ValueError, sqlite3.DatabaseError) as exc:  # not an inbox: usage, exit 2
+        raise UsageError(f"{args.inbox}: {exc}") from None
+    print(f"{pruned} inbox rows pruned (first seen before "
+          f"{_when(max(0, now - args.older_than))})")
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------ the rest
 
 
 def _bench(args: argparse.Namespace) -> int:

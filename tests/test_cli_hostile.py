@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import sqlite3
@@ -21,7 +22,9 @@ from typing import Iterator, Optional, Union
 
 import pytest
 
+from lease import sqlite as store
 from lease import worker
+from lease.policy import MAX_BODY_BYTES
 
 from .conftest import T0
 
@@ -32,9 +35,10 @@ Arg = Union[str, bytes]
 # ------------------------------------------------------------------ the zoo of files
 
 
-def make_queue(path: Path, jobs: int = 50, dead: int = 5) -> None:
-    """A queue of `jobs` pending jobs j-0.., the first `dead` of them dead/deadline."""
-    con = worker.open_queue(path)
+def make_queue(path: Path, jobs: int = 50, dead: int = 5, *, contract: bool = False) -> None:
+    """A queue of `jobs` pending jobs j-0.., the first `dead` of them dead/deadline;
+    a product file (this version), or with `contract` one of the contract's schema."""
+    con = worker.open_queue(path) if contract else store.open_store(path)
     try:
         worker.enqueue_many(con, [{"id": f"j-{n}", "qty": 1} for n in range(jobs)], T0, 60_000)
         con.execute("UPDATE jobs SET status = 'dead', reason = 'deadline' WHERE seq <= ?",
@@ -53,6 +57,22 @@ def _sqlite(path: Path, *statements: str) -> None:
         con.close()
 
 
+def make_mixed(path: Path) -> None:
+    """One job in each state a cancel refuses or takes: leased, done, pending, dead."""
+    con = store.open_store(path)
+    try:
+        worker.enqueue_many(con, [{"id": n, "qty": 1} for n in ("leased", "done", "pending",
+                                                                 "dead")], T0, 60_000)
+        for _ in range(2):
+            ticket = worker.claim(con, "zoo", T0, 1000)
+            assert ticket is not None
+            if ticket["id"] == "done":
+                worker.finish(con, ticket, "ok", T0 + 1)
+        con.execute("UPDATE jobs SET status = 'dead', reason = 'permanent' WHERE id = 'dead'")
+    finally:
+        con.close()
+
+
 BAD_LINES: dict[str, bytes] = {
     "latin1.jsonl": b'{"id": "a", "qty": 1}\n{"id": "caf\xe9", "qty": 1}\n',
     "utf16.jsonl": '{"id": "a", "qty": 1}\n'.encode("utf-16"),
@@ -65,11 +85,28 @@ BAD_LINES: dict[str, bytes] = {
     "bom-inside.jsonl": b'{"id": "a", "qty": 1}\n\xef\xbb\xbf{"id": "b", "qty": 1}\n',
     "not-json.jsonl": b'{"id": "a", "qty": 1}\nid,qty\n',
     "binary.jsonl": bytes(range(256)) * 4,
+    # payload lines: the intake's rule, each named by its line
+    "body-list.jsonl": b'{"id": "a", "qty": 1}\n{"id": "b", "body": [1, 2]}\n',
+    "body-null.jsonl": b'{"id": "a", "body": null}\n',
+    "body-and-qty.jsonl": b'{"id": "a", "body": {}, "qty": 1}\n',
+    "body-nan.jsonl": b'{"id": "a", "body": {"x": NaN}}\n',
+    "body-dup-keys.jsonl": b'{"id": "a", "body": {"x": {"y": 1, "y": 2}}}\n',
+    "body-too-large.jsonl": b'{"id": "big", "body": {"x": "'
+                            + b"y" * (MAX_BODY_BYTES - 7) + b'"}}\n',
+    "body-deep.jsonl": b'{"id": "a", "body": ' + b'{"x": ' * 30_000 + b"1" + b"}" * 30_001
+                       + b"\n",
+    "id-space.jsonl": b'{"id": "order 1", "body": {}}\n',
+    "id-too-long.jsonl": b'{"id": "' + b"o" * 256 + b'", "body": {}}\n',
+    "id-number.jsonl": b'{"id": 7, "body": {}}\n',
 }
 
 
 def build_zoo(folder: Path) -> None:
     make_queue(folder / "queue.db")
+    make_queue(folder / "contract.db", contract=True)
+    make_mixed(folder / "mixed.db")
+    make_queue(folder / "newer.db")
+    _sqlite(folder / "newer.db", f"PRAGMA user_version = {store.SCHEMA_VERSION + 1}")
     (folder / "dir.db").mkdir()
     (folder / "garbage.db").write_bytes(bytes((n * 37 + 11) % 256 for n in range(8192)))
     _sqlite(folder / "foreign.db", "CREATE TABLE users (name TEXT)",
@@ -136,8 +173,13 @@ def run_cli(args: list[Arg], *, stdin: bytes = b"", stdout: Optional[int] = None
 
 
 def expand(args: list[Arg], folder: Path, **more: str) -> list[Arg]:
+    """{w} and the other names filled in; any other brace (a JSON body) kept as it is."""
     names = {"w": str(folder), **more}
-    return [a.format(**names) if isinstance(a, str) else a.replace(b"{w}", os.fsencode(folder))
+
+    def fill(text: str) -> str:
+        return re.sub(r"\{(\w+)\}", lambda m: names.get(m.group(1), m.group(0)), text)
+
+    return [fill(a) if isinstance(a, str) else a.replace(b"{w}", os.fsencode(folder))
             for a in args]
 
 
@@ -161,7 +203,10 @@ COMMANDS: dict[str, list[Arg]] = {
     "dead": ["dead", "{f}"],
     "inspect": ["inspect", "{f}", "j-1"],
     "redrive": ["redrive", "{f}", "--reason", "deadline", "--note", "fix"],
+    "cancel": ["cancel", "{f}", "j-1", "--note", "fix"],
+    "prune": ["prune", "{f}", "--older-than", "0"],
 }
+WRITERS = ["init", "enqueue", "run", "redrive", "cancel", "prune"]
 
 BAD_QUEUES = {
     "missing.db": "queue file not found",
@@ -216,7 +261,7 @@ def test_odd_paths_and_arguments(work: Path, args: list[Arg], message: str):
 # ------------------------------------------------------------------ read-only by nature
 
 LOOKING = ["stats", "dead", "inspect"]
-DELICATE = ["queue.db", "wal.db", "noindex.db"]
+DELICATE = ["queue.db", "wal.db", "noindex.db", "contract.db"]
 
 
 @pytest.mark.parametrize("name", DELICATE)
@@ -228,6 +273,146 @@ def test_commands_that_look_change_nothing(work: Path, command: str, name: str):
     assert out.returncode == 0, out.stderr
     assert b"Traceback" not in out.stderr
     assert (b'"jobs": 50' if command == "stats" else b"j-1") in out.stdout
+    assert changes(before, state(work)) == []
+
+
+@pytest.mark.parametrize("command", WRITERS)
+def test_a_queue_newer_than_this_code_is_refused_untouched(work: Path, command: str):
+    before = state(work)
+    out = run_cli(expand(COMMANDS[command], work, f=str(work / "newer.db")))
+    assert_one_line_error(out, 2, "newer than this code")
+    assert changes(before, state(work)) == []
+
+
+# ------------------------------------------------------------------ bad arguments of the
+# product's flags: refused before any file is opened
+
+BIG_BODY = '{"x": "' + "y" * (MAX_BODY_BYTES - 7) + '"}'  # canonical: one byte over the cap
+BAD_FLAGS: list[tuple[list[Arg], str]] = [
+    (["enqueue", "{w}/queue.db", "--id", "a", "--body", "[1, 2]"], "must be a JSON object"),
+    (["enqueue", "{w}/queue.db", "--id", "a", "--body", "null"], "must be a JSON object"),
+    (["enqueue", "{w}/queue.db", "--id", "a", "--body", '{"x": NaN}'], "NaN"),
+    (["enqueue", "{w}/queue.db", "--id", "a", "--body", '{"x": 1, "x": 2}'], "duplicate key"),
+    (["enqueue", "{w}/queue.db", "--id", "a", "--body", '{"x": 1'], "not valid JSON"),
+    (["enqueue", "{w}/queue.db", "--id", "a", "--body", "{} {}"], "not valid JSON"),
+    (["enqueue", "{w}/queue.db", "--id", "a", "--body", BIG_BODY],
+     f"{MAX_BODY_BYTES + 1} bytes, more than {MAX_BODY_BYTES}"),
+    (["enqueue", "{w}/queue.db", "--id", "a", "--body", "{}", "--qty", "1"], "one of --qty"),
+    (["enqueue", "{w}/queue.db", "--body", "{}"], "--id goes with"),
+    (["enqueue", "{w}/queue.db", "--id", "a", "--body", "{}", "--file", "{w}/ok.jsonl"],
+     "either"),
+    (["enqueue", "{w}/queue.db", "--id", "a b", "--body", "{}"], "visible ASCII"),
+    (["enqueue", "{w}/queue.db", "--id", "order:1", "--qty", "1"], "1-64 ASCII letters"),
+    (["enqueue", "{w}/queue.db", "--id", "o" * 256, "--body", "{}"], "1-255"),
+    (["enqueue", "{w}/queue.db", "--id", "caf\u00e9", "--body", "{}"], "visible ASCII"),
+    (["enqueue", "{w}/queue.db", "--id", "a", "--qty", "1", "--ttl-ms", "2592000001"],
+     "--ttl-ms"),
+    (["enqueue", "{w}/queue.db", "--id", "a", "--qty", "1", "--max-attempts", "0"],
+     "--max-attempts"),
+    (["enqueue", "{w}/queue.db", "--id", "a", "--qty", "1", "--delay-ms", "86400001"],
+     "--delay-ms"),
+    (["enqueue", "{w}/queue.db", "--id", "a", "--qty", "1", "--delay-ms", "-1"], "--delay-ms"),
+    (["run", "{w}/queue.db", "--url", "http://127.0.0.1:9/events", "--lease-ms", "3600001"],
+     "--lease-ms"),
+    (["run", "{w}/queue.db", "--url", "http://127.0.0.1:9/events", "--backoff-base-ms",
+      "5000", "--backoff-cap-ms", "1000"], "must be at least --backoff-base-ms"),
+    (["run", "{w}/queue.db", "--url", "http://127.0.0.1:9/events", "--backoff-cap-ms",
+      "86400001"], "--backoff-cap-ms"),
+    (["run", "{w}/queue.db", "--url", "http://127.0.0.1:9/events", "--jitter", "1.5"],
+     "--jitter"),
+    (["run", "{w}/queue.db", "--url", "http://127.0.0.1:9/events", "--jitter", "nan"],
+     "--jitter"),
+    (["cancel", "{w}/queue.db", "--note", "x"], "either"),
+    (["cancel", "{w}/queue.db", "j-1", "--reason", "deadline", "--note", "x"], "either"),
+    (["cancel", "{w}/queue.db", "j-1"], "--note"),
+    (["cancel", "{w}/queue.db", "j-1", "--note", "x", "--dry-run"], "go with --reason"),
+    (["cancel", "{w}/queue.db", "--reason", "cancelled", "--note", "x"], "cancelled already"),
+    (["cancel", "{w}/queue.db", "--reason", "bogus", "--note", "x"], "--reason"),
+    (["cancel", "{w}/queue.db", "bad id", "--note", "x"], "visible ASCII"),
+    (["redrive", "{w}/queue.db", "j-1", "--note", "x", "--ttl-ms", "2592000001"], "--ttl-ms"),
+    (["prune", "{w}/queue.db"], "--older-than"),
+    (["prune-inbox", "{w}/inbox.db"], "--older-than"),
+]
+NOTES = ["", "a\nb", "a\rb", "red \x1b[31mtext", "tab\there", "del\x7f", "n" * 501]
+BAD_FLAGS += [(["cancel", "{w}/queue.db", "j-1", "--note", note], "--note") for note in NOTES]
+BAD_FLAGS += [(["redrive", "{w}/queue.db", "j-1", "--note", note], "--note") for note in NOTES]
+AGES = ["", "7 d", "7days", "1w", "-1d", "+5s", "1.5h", "1e3", "0x10", "7D", "d",
+        "36501d", "9" * 21, "\u0667d"]
+BAD_FLAGS += [([command, "{w}/" + name, "--older-than", age], "--older-than")
+              for age in AGES for command, name in (("prune", "queue.db"),
+                                                    ("prune-inbox", "inbox.db"))]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_FLAGS,
+                         ids=[f"{n}-{a[0]}" for n, (a, _) in enumerate(BAD_FLAGS)])
+def test_bad_flags_of_the_product_are_one_line_and_change_nothing(work: Path,
+                                                                  args: list[Arg],
+                                                                  message: str):
+    before = state(work)
+    out = run_cli(expand(args, work))
+    assert_one_line_error(out, 2, message)
+    assert changes(before, state(work)) == []
+
+
+# ------------------------------------------------------------------ cancel what cannot be
+
+
+@pytest.mark.parametrize(("ids", "message"), [
+    (["leased"], "job 'leased' is leased: only a pending or dead job can be cancelled"),
+    (["done"], "job 'done' is done: only a pending or dead job can be cancelled"),
+    (["ghost"], "job 'ghost' does not exist"),
+])
+def test_cancel_of_a_leased_done_or_missing_job_is_refused_untouched(work: Path, ids: list[str],
+                                                                    message: str):
+    before = state(work)
+    out = run_cli(["cancel", str(work / "mixed.db"), *ids, "--note", "operator: stop"])
+    assert_one_line_error(out, 1, f"not cancelled: {message}")
+    assert out.stdout == b"0 cancelled, 1 refused\n"
+    assert changes(before, state(work)) == []
+
+
+def test_cancel_refuses_each_job_on_its_own_line_and_cancels_the_rest(work: Path):
+    out = run_cli(["cancel", str(work / "mixed.db"), "leased", "pending", "done", "dead",
+                   "pending", "--note", "incident 42: stop these"])
+    err = out.stderr.decode()
+    assert out.returncode == 1 and "Traceback" not in err
+    assert err.splitlines() == [
+        "not cancelled: job 'leased' is leased: only a pending or dead job can be cancelled",
+        "not cancelled: job 'done' is done: only a pending or dead job can be cancelled",
+        "not cancelled: job 'pending' is already cancelled"]
+    assert out.stdout.decode().splitlines() == [
+        "cancelled pending", "cancelled dead", "2 cancelled, 3 refused"]
+    con = sqlite3.connect(work / "mixed.db")
+    try:
+        assert dict(con.execute("SELECT id, status || '/' || IFNULL(reason, '-') FROM jobs")
+                    ) == {"leased": "leased/-", "done": "done/-",
+                          "pending": "dead/cancelled", "dead": "dead/cancelled"}
+        assert con.execute("SELECT id, was, note FROM cancels ORDER BY seq").fetchall() == [
+            ("pending", "pending", "incident 42: stop these"),
+            ("dead", "dead/permanent", "incident 42: stop these")]
+    finally:
+        con.close()
+
+
+# ------------------------------------------------------------------ prune-inbox, not an inbox
+
+PRUNE_INBOX_CASES = {
+    "missing.db": "inbox file not found",
+    "dir.db": "not a file",
+    "garbage.db": "inbox",
+    "foreign.db": "inbox",
+    "queue.db": "inbox",
+    "truncated.db": "inbox",
+    "header.db": "inbox",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRUNE_INBOX_CASES))
+def test_prune_inbox_refuses_what_is_not_an_inbox(work: Path, name: str):
+    before = state(work)
+    out = run_cli(["prune-inbox", str(work / name), "--older-than", "7d"])
+    assert_one_line_error(out, 2, PRUNE_INBOX_CASES[name])
+    assert out.stdout == b""
     assert changes(before, state(work)) == []
 
 
@@ -256,6 +441,9 @@ def test_bad_bytes_on_standard_input(work: Path, name: str):
 CLOSED_STDOUT: list[list[Arg]] = [
     ["--version"],
     ["init", "{w}/queue.db"],
+    ["inspect", "{w}/mixed.db", "done"],
+    ["cancel", "{w}/queue.db", "--reason", "deadline", "--note", "x", "--dry-run"],
+    ["prune", "{w}/queue.db", "--older-than", "0"],  # no done job: nothing to prune
     ["stats", "{w}/queue.db"],
     ["stats", "{w}/queue.db", "--json"],
     ["dead", "{w}/queue.db"],
@@ -374,7 +562,8 @@ def locked(zoo: Path) -> Iterator[tuple[Path, str, bool]]:
     assert python, "a python3 that an unprivileged user can run"
     folder = Path(tempfile.mkdtemp(dir="/tmp"))
     try:
-        for name in ("queue.db", "wal.db", "noindex.db", "ok.jsonl"):
+        for name in ("queue.db", "wal.db", "noindex.db", "contract.db", "mixed.db",
+                     "ok.jsonl"):
             shutil.copy(zoo / name, folder / name)
             (folder / name).chmod(0o444)
         shutil.copy(zoo / "ok.jsonl", folder / "secret.jsonl")
@@ -393,6 +582,11 @@ READ_ONLY_CASES: list[tuple[list[Arg], int, str]] = [
     (["redrive", "{w}/queue.db", "j-1", "--note", "fix"], 1, "readonly"),
     (["redrive", "{w}/queue.db", "--reason", "deadline", "--note", "fix"], 1, "readonly"),
     (["init", "{w}/new.db"], 1, "unable to open"),  # a folder it cannot write in
+    (["init", "{w}/contract.db"], 1, "readonly"),  # its migration cannot be written
+    (["enqueue", "{w}/contract.db", "--id", "zz", "--body", "{}"], 1, "readonly"),
+    (["cancel", "{w}/queue.db", "j-9", "--note", "fix"], 1, "readonly"),
+    (["cancel", "{w}/queue.db", "--reason", "deadline", "--note", "fix"], 1, "readonly"),
+    (["prune", "{w}/mixed.db", "--older-than", "0"], 1, "readonly"),  # one done job
 ]
 
 
@@ -432,6 +626,8 @@ def test_a_queue_locked_by_another_writer_is_one_line(work: Path):
         holder.execute("BEGIN EXCLUSIVE")  # a writer mid-commit: no one may read or write
         for args in (["enqueue", "{w}/queue.db", "--id", "zz", "--qty", "1"],
                      ["redrive", "{w}/queue.db", "j-1", "--note", "fix"],
+                     ["cancel", "{w}/queue.db", "j-9", "--note", "fix"],
+                     ["prune", "{w}/queue.db", "--older-than", "0"],
                      ["init", "{w}/queue.db"],
                      ["stats", "{w}/queue.db"]):
             out = run_cli(expand(args, work))
