@@ -36,7 +36,9 @@ def start_dispatcher(queue: Path, url: str, name: str) -> subprocess.Popen:
     with (queue.parent / f"{name}.log").open("w") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "asyncworker", "run", str(queue), "--url", url, "--owner",
-             name, "--concurrency", "8", "--lease-ms", "800", "--poll-ms", "10"],
+             name, "--concurrency", "8", "--lease-ms", "800", "--poll-ms", "10",
+             # the lab's backoff (100 ms to 1 s): many retries in a short soak
+             "--backoff-base-ms", "100", "--backoff-cap-ms", "1000", "--jitter", "1"],
             stdout=subprocess.DEVNULL, stderr=log)
 
 
