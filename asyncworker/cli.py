@@ -72,11 +72,10 @@ from lease.worker import (
     MAX_BATCH,
     MAX_QTY,
     Conflict,
-    _no_constant,
-    _unique_keys,
     check_identifier,
     check_job_id,
     open_queue,
+    parse_json,
 )
 
 # asyncio, aiohttp and urllib are imported only by the commands that use them: every
@@ -215,24 +214,10 @@ def _note(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-# One decoder for every line: json.loads would build a new one per call.
-_STRICT = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constant)
-
-
-def strict_json(text: str) -> object:
-    """JSON by the receiver's rules: no duplicate keys, no NaN or Infinity."""
-    try:
-        return _STRICT.decode(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ValueError("not valid JSON: nested too deeply") from None
-
-
 def _body(text: str) -> dict:
     """--body: one JSON object, strictly, within the body's size cap."""
     try:
-        body = strict_json(text)
+        body = parse_json(text)
         check_product_event({"id": "body", "body": body})  # the object and its size
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
@@ -591,7 +576,7 @@ def parse_event_line(raw: bytes) -> Optional[object]:
     except UnicodeDecodeError as exc:
         raise ValueError(f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
                          ) from None
-    return strict_json(text) if text.strip() else None
+    return parse_json(text) if text.strip() else None
 
 
 class JsonLines:

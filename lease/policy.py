@@ -147,7 +147,10 @@ def canonical_body(body: object) -> Tuple[str, str]:
         raise ValueError(f"event body is not JSON: {exc}") from None
     except RecursionError:
         raise ValueError("event body is nested too deeply") from None
-    data = text.encode()
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:
+        raise ValueError("event body is not UTF-8 text (a lone surrogate)") from None
     if len(data) > MAX_BODY_BYTES:
         raise ValueError(f"event body is {len(data)} bytes, more than {MAX_BODY_BYTES}")
     if json.loads(text) != body:

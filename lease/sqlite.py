@@ -82,7 +82,10 @@ _MIGRATIONS: dict[int, Tuple[str, ...]] = {
     1: (
         "ALTER TABLE jobs ADD COLUMN body TEXT",  # canonical JSON; NULL for {"id", "qty"}
         "ALTER TABLE jobs ADD COLUMN digest TEXT",  # sha256 of body; the intake's dedupe key
-        """CREATE TABLE attempts (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        # No AUTOINCREMENT: a new rowid is the largest + 1, so a job's attempts
+        # read back in the order they were written; AUTOINCREMENT's bookkeeping
+        # costs ~10 us a row on the finish path.
+        """CREATE TABLE attempts (seq INTEGER PRIMARY KEY,
   id TEXT NOT NULL, token INTEGER NOT NULL, attempt INTEGER NOT NULL, owner TEXT NOT NULL,
   started_ms INTEGER NOT NULL, ended_ms INTEGER NOT NULL, outcome TEXT NOT NULL,
   result TEXT NOT NULL, reason TEXT, http_status INTEGER, error TEXT, latency_ms INTEGER)""",

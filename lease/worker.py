@@ -53,6 +53,7 @@ __all__ = [
     "check_identifier",
     "check_job_id",
     "check_event",
+    "parse_json",
     "parse_event",
     "classify_result",
     "classify_error",
@@ -228,24 +229,22 @@ def check_event(event: object) -> dict:
     return event
 
 
-def parse_event(data: Union[str, bytes]) -> dict:
-    """An event from its JSON text, strictly: one object, no duplicate keys (a
-    parser that keeps the last one would read another event than a parser
-    that keeps the first), no NaN or Infinity, then check_event. ValueError
-    naming the problem otherwise."""
+def parse_json(data: Union[str, bytes]) -> object:
+    """JSON text, strictly: UTF-8 (bytes are decoded here: json would take
+    UTF-16 and a byte order mark too), no duplicate keys at any depth (a
+    parser that keeps the last one would read another value than one that
+    keeps the first), no NaN or Infinity. ValueError naming the problem."""
     if not isinstance(data, (str, bytes)):
-        raise ValueError(f"event JSON must be str or bytes, got {type(data).__name__}")
+        raise ValueError(f"JSON must be str or bytes, got {type(data).__name__}")
     try:
-        # Decoded here, strictly: json.loads would take UTF-16 and a byte order mark too.
         text = data.decode("utf-8") if isinstance(data, bytes) else data
-        event = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
-    except UnicodeDecodeError:
-        raise ValueError("event JSON is not UTF-8") from None
+        return _STRICT_JSON.decode(text)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"JSON is not UTF-8: {exc.reason} at byte {exc.start}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON: {exc}") from None
     except RecursionError:
         raise ValueError("not valid JSON: nested too deeply") from None
-    return check_event(event)
 
 
 def _unique_keys(pairs: list) -> dict:
@@ -257,6 +256,15 @@ def _unique_keys(pairs: list) -> dict:
 
 def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not valid JSON")
+
+
+# One decoder for every call: json.loads with hooks would build a new one each time.
+_STRICT_JSON = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+
+
+def parse_event(data: Union[str, bytes]) -> dict:
+    """An event from its JSON text: parse_json, then check_event."""
+    return check_event(parse_json(data))
 
 
 def check_ticket(ticket: object, limits: Limits = LAB) -> dict:

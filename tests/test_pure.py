@@ -161,12 +161,14 @@ def test_parse_event_reads_strict_json(data, event):
     ('{"id": "a", "qty": true}', "qty"),
     ('{"id": "a b", "qty": 1}', "event id"),
     (b'{"id": "\xff", "qty": 1}', "not UTF-8"),
+    ('{"id": "a", "qty": 1, "x": {"k": 1, "k": 2}}', "duplicate key"),
     ('{"id": "a", "qty": 1}'.encode("utf-16"), "not UTF-8"),
     (b'\xef\xbb\xbf{"id": "a", "qty": 1}', "not valid JSON"),
     ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
     ("", "not valid JSON"),
     (None, "str or bytes"),
     ({"id": "a", "qty": 1}, "str or bytes"),
+    ('{"id": "a", "qty": 1, "x": 1}', "exactly the keys"),
 ])
 def test_parse_event_refuses_with_a_clear_error(data, message):
     with pytest.raises(ValueError, match=message):

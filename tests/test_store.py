@@ -185,6 +185,7 @@ def test_lab_and_payload_events_share_one_queue(db):
     ({"id": "a", "body": {1: "x"}}, "keys must be str"),
     ({"id": "a", "body": {"t": (1, 2)}}, "does not survive"),
     ({"id": "a", "body": {"s": {1, 2}}}, "not JSON"),
+    ({"id": "a", "body": {"s": "\ud800"}}, "lone surrogate"),
     ({"id": "a", "body": {"x": "y" * MAX_BODY_BYTES}}, "more than"),
     ({"id": "a b", "body": {}}, "visible ASCII"),
     ({"id": "x" * 256, "body": {}}, "1-255"),
