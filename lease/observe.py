@@ -156,7 +156,10 @@ def _product_figures(con: sqlite3.Connection) -> dict[str, Any]:
     """What only a product queue records: cancels, attempts, stale finishes."""
     return {
         "cancels": con.execute("SELECT COUNT(*) FROM cancels").fetchone()[0],
-        "attempts_recorded": con.execute("SELECT COUNT(*) FROM attempts").fetchone()[0],
+        "attempts_recorded": con.execute(
+            "SELECT (SELECT COUNT(*) FROM attempts)"
+            " + (SELECT COUNT(*) FROM jobs WHERE status = 'done' AND done_by IS NOT NULL)"
+        ).fetchone()[0],
         "stale_finishes": stale_finishes(con),
     }
 
@@ -172,10 +175,7 @@ def job_history(con: sqlite3.Connection, job_id: str) -> Optional[dict[str, Any]
             con, "SELECT seq, token, at_ms, note FROM redrives WHERE id = ? ORDER BY seq",
             (job_id,))}
         if _has_table(con, "attempts"):
-            history["attempts"] = _dicts(
-                con, "SELECT token, attempt, owner, started_ms, ended_ms, outcome, result,"
-                " reason, http_status, error, latency_ms FROM attempts WHERE id = ?"
-                " ORDER BY seq", (job_id,))
+            history["attempts"] = _attempts(con, job_id)
             history["cancels"] = _dicts(
                 con, "SELECT seq, token, at_ms, note, was FROM cancels WHERE id = ?"
                 " ORDER BY seq", (job_id,))
@@ -184,6 +184,31 @@ def job_history(con: sqlite3.Connection, job_id: str) -> Optional[dict[str, Any]
     if not found:
         return None
     return {"job": found[0], **history}
+
+
+_ATTEMPT = ("token, attempt, owner, started_ms, ended_ms, outcome, result, reason,"
+            " http_status, error, latency_ms")
+
+
+def _attempts(con: sqlite3.Connection, job_id: str) -> list[dict[str, Any]]:
+    """Every attempt of a job in the order it was written: the attempts rows,
+    with the delivering attempt (kept on a done job's row) after the row it
+    followed."""
+    rows = _dicts(con, f"SELECT seq, {_ATTEMPT} FROM attempts WHERE id = ? ORDER BY seq",
+                  (job_id,))
+    done = _dicts(
+        con, "SELECT done_after, token, attempts AS attempt, done_by AS owner,"
+        " done_started_ms AS started_ms, available_at AS ended_ms, 'ok' AS outcome,"
+        " 'done' AS result, NULL AS reason, done_http_status AS http_status,"
+        " NULL AS error, done_latency_ms AS latency_ms FROM jobs"
+        " WHERE id = ? AND status = 'done' AND done_by IS NOT NULL", (job_id,))
+    if done:
+        after = done[0].pop("done_after")
+        at = sum(1 for row in rows if row["seq"] <= after)
+        rows.insert(at, done[0])
+    for row in rows:
+        row.pop("seq", None)
+    return rows
 
 
 def dead_jobs(con: sqlite3.Connection, reason: Optional[str] = None,

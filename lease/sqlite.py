@@ -12,8 +12,9 @@ twice: what is new here is only what the contract has no column for.
 Versions:
 
 - 0: the contract's schema (``lease.worker.open_queue``);
-- 1: ``jobs.body`` and ``jobs.digest``; ``attempts``, the evidence of each
-  attempt; ``cancels``, their audit rows; ``tallies``, durable counters (the
+- 1: ``jobs.body`` and ``jobs.digest``; the delivering attempt's evidence
+  on a done job's row (``jobs.done_*``) and every other attempt's in
+  ``attempts``; ``cancels``, their audit rows; ``tallies``, durable counters (the
   stale finishes refused); indexes for pruning done jobs and for a job's
   audit rows.
 
@@ -82,6 +83,16 @@ _MIGRATIONS: dict[int, Tuple[str, ...]] = {
     1: (
         "ALTER TABLE jobs ADD COLUMN body TEXT",  # canonical JSON; NULL for {"id", "qty"}
         "ALTER TABLE jobs ADD COLUMN digest TEXT",  # sha256 of body; the intake's dedupe key
+        # The evidence of the attempt that delivered a done job, on its own row:
+        # the common path writes no attempts row (the finish updates this row
+        # anyway), and done is final, so one set of columns is enough.
+        "ALTER TABLE jobs ADD COLUMN done_by TEXT",
+        "ALTER TABLE jobs ADD COLUMN done_started_ms INTEGER",
+        "ALTER TABLE jobs ADD COLUMN done_latency_ms INTEGER",
+        "ALTER TABLE jobs ADD COLUMN done_http_status INTEGER",
+        # the attempts row written just before the delivery: the history's order
+        # is the order of writing, whatever the callers' clocks said
+        "ALTER TABLE jobs ADD COLUMN done_after INTEGER",
         # No AUTOINCREMENT: a new rowid is the largest + 1, so a job's attempts
         # read back in the order they were written; AUTOINCREMENT's bookkeeping
         # costs ~10 us a row on the finish path.
@@ -104,7 +115,9 @@ _MIGRATIONS: dict[int, Tuple[str, ...]] = {
 
 _TABLES_V1 = {
     "jobs": ["seq", "id", "qty", "status", "attempts", "max_attempts", "token",
-             "available_at", "deadline", "owner", "lease_until", "reason", "body", "digest"],
+             "available_at", "deadline", "owner", "lease_until", "reason", "body", "digest",
+             "done_by", "done_started_ms", "done_latency_ms", "done_http_status",
+             "done_after"],
     "attempts": ["seq", "id", "token", "attempt", "owner", "started_ms", "ended_ms", "outcome",
                  "result", "reason", "http_status", "error", "latency_ms"],
     "cancels": ["seq", "id", "token", "at_ms", "note", "was"],
@@ -350,17 +363,31 @@ def _check_item(item: object) -> None:
 
 
 def _record_attempts(con: sqlite3.Connection, items: list, results: list, now_ms: int) -> None:
-    rows = []
+    """Inside the finish transaction: each attempt's evidence. The attempt that
+    made a job done goes on the job's row (done_*: its end is available_at);
+    every other attempt (a retry, a refusal, a stale finish, evidence only) is
+    an attempts row."""
+    rows, done = [], []
+    last = con.execute("SELECT COALESCE(MAX(seq), 0) FROM attempts").fetchone()[0]
     for (ticket, outcome, _, seen), result in zip(items, results, strict=True):
+        if result is not False and result[0] == "done":
+            done.append((ticket["owner"], seen.started_ms, seen.latency_ms, seen.http_status,
+                         last + len(rows), ticket["id"]))
+            continue
         status, reason = ("stale", None) if result is False else result
         error = None if seen.error is None else seen.error[:MAX_ERROR_CHARS]
         rows.append((ticket["id"], ticket["token"], ticket["attempt"], ticket["owner"],
                      seen.started_ms, now_ms, outcome or "none", status, reason,
                      seen.http_status, error, seen.latency_ms))
-    con.executemany(
-        "INSERT INTO attempts (id, token, attempt, owner, started_ms, ended_ms, outcome,"
-        " result, reason, http_status, error, latency_ms)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    if done:
+        con.executemany(
+            "UPDATE jobs SET done_by = ?, done_started_ms = ?, done_latency_ms = ?,"
+            " done_http_status = ?, done_after = ? WHERE id = ?", done)
+    if rows:
+        con.executemany(
+            "INSERT INTO attempts (id, token, attempt, owner, started_ms, ended_ms, outcome,"
+            " result, reason, http_status, error, latency_ms)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     stale = sum(1 for result in results if result is False)
     if stale:
         _tally(con, "stale_finishes", stale)

@@ -34,7 +34,7 @@ class StoreModel(Model):
     def __init__(self) -> None:
         super().__init__()
         self.cancels: list[tuple] = []
-        self.attempt_ids: list[str] = []  # the job of each recorded attempt, in order
+        self.attempt_rows: list[tuple[int, str]] = []  # (seq, job id) of each attempts row
         self.stale = 0
 
     def enqueue_event(self, job_id: str, body: Optional[dict], now: int,
@@ -45,8 +45,21 @@ class StoreModel(Model):
         if job is not None:
             return False if (job["qty"], job["digest"]) == (qty, digest) else Conflict
         self.enqueue(job_id, qty, available_at, policy.ttl_ms, policy.max_attempts)
-        self.jobs[job_id].update(body=text, digest=digest)
+        self.jobs[job_id].update(body=text, digest=digest, done_by=None, done_started_ms=None,
+                                 done_latency_ms=None, done_http_status=None, done_after=None)
         return True
+
+    def record(self, ticket: dict, status: object, seen: Attempt) -> None:
+        """A finish's evidence: on a done job's row (after the newest attempts
+        row), else a new attempts row (a rowid: the largest + 1)."""
+        last = max((seq for seq, _ in self.attempt_rows), default=0)
+        if status == "done":
+            self.jobs[ticket["id"]].update(done_by=ticket["owner"],
+                                           done_started_ms=seen.started_ms,
+                                           done_latency_ms=seen.latency_ms,
+                                           done_http_status=seen.http_status, done_after=last)
+        else:
+            self.attempt_rows.append((last + 1, ticket["id"]))
 
     def cancel(self, job_id: str, now: int, note: str) -> object:
         job = self.jobs.get(job_id)
@@ -66,7 +79,7 @@ class StoreModel(Model):
             del self.jobs[job["id"]]
             self.audits = [a for a in self.audits if a["id"] != job["id"]]
             self.cancels = [c for c in self.cancels if c[0] != job["id"]]
-            self.attempt_ids = [i for i in self.attempt_ids if i != job["id"]]
+            self.attempt_rows = [r for r in self.attempt_rows if r[1] != job["id"]]
         return len(old)
 
 
@@ -121,7 +134,7 @@ class StoreMachine(RuleBasedStateMachine):
             job = self.model.jobs[ticket["id"]]
             assert store.finish_jobs(self.con, [(ticket, outcome, 0, Attempt(self.now))],
                                      self.now) == [(status, job["reason"])]
-            self.model.attempt_ids.append(ticket["id"])
+            self.model.record(ticket, status, Attempt(self.now))
 
     @precondition(lambda self: self.tickets)
     @rule(data=st.data())
@@ -134,14 +147,15 @@ class StoreMachine(RuleBasedStateMachine):
         for ticket, outcome, delay in items:
             if outcome is None:
                 expected.append(("leased", None))
+                self.model.record(ticket, "leased", Attempt(self.now))
                 continue
             status = self.model.finish(ticket, outcome, self.now, delay)
             job = self.model.jobs.get(ticket["id"])
             expected.append(False if status is False else (status, job and job["reason"]))
+            self.model.record(ticket, status, Attempt(self.now, 1))
         got = store.finish_jobs(self.con, [(t, o, d, Attempt(self.now, 1, None, None))
                                            for t, o, d in items], self.now)
         assert got == expected
-        self.model.attempt_ids.extend(ticket["id"] for ticket, _, _ in items)
         self.model.stale += expected.count(False)
 
     @precondition(lambda self: self.tickets)
@@ -196,7 +210,8 @@ class StoreMachine(RuleBasedStateMachine):
         assert [(c["id"], c["token"], c["at_ms"], c["note"], c["was"])
                 for c in rows(self.con, "cancels")] == self.model.cancels
         assert store.stale_finishes(self.con) == self.model.stale
-        assert [r["id"] for r in rows(self.con, "attempts")] == self.model.attempt_ids
+        assert [(r["seq"], r["id"]) for r in rows(self.con, "attempts")
+                ] == self.model.attempt_rows
         assert not self.con.in_transaction
 
 

@@ -421,7 +421,8 @@ def test_prune_removes_only_old_done_jobs_with_their_evidence(db):
     assert store.prune_done(db, T0 + 11) == 1
     assert store.prune_done(db, T0 + 11) == 0
     assert sorted(r["id"] for r in rows(db)) == ["j2", "j3", "j4"]
-    assert {r["id"] for r in rows(db, "attempts")} == {"j2", "j3"}
+    assert {r["id"] for r in rows(db, "attempts")} == {"j3"}  # j2's attempt is on its row
+    assert [r["done_by"] for r in rows(db) if r["id"] == "j2"] == ["d1"]
     # an id whose job was pruned is new again
     assert store.enqueue_events(db, [body_event("j0", again=True)], T0 + 600) == [True]
 
