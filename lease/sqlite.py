@@ -176,12 +176,20 @@ def migrate(con: sqlite3.Connection) -> int:
     before = _check_version(con)
     if before < SCHEMA_VERSION:
         with _immediate(con):
-            before = _check_version(con)  # another process may have migrated meanwhile
-            for version in range(before + 1, SCHEMA_VERSION + 1):
-                for statement in _MIGRATIONS[version]:
-                    con.execute(statement)
-            con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            before = _migrate_here(con)
     _check_tables(con)
+    return before
+
+
+def _migrate_here(con: sqlite3.Connection) -> int:
+    """Inside a write transaction: the migrations still missing; the version
+    the file had (another process may have migrated it meanwhile)."""
+    before = _check_version(con)
+    for version in range(before + 1, SCHEMA_VERSION + 1):
+        for statement in _MIGRATIONS[version]:
+            con.execute(statement)
+    if before < SCHEMA_VERSION:
+        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return before
 
 
@@ -223,6 +231,8 @@ def enqueue_events(
     with other content; the others go on). The content is the qty of an
     {"id", "qty"} event and the body's canonical digest of an {"id", "body"}
     event. ``not_before_ms`` delays the first attempt (delayed delivery).
+    A connection from the contract's ``open_queue`` will do: a contract file
+    is migrated forward inside the same transaction.
     """
     _check_connection(con)
     check_now(now_ms)
@@ -231,6 +241,9 @@ def enqueue_events(
     available_at = now_ms if not_before_ms is None else check_not_before(not_before_ms, now_ms)
     results: list = []
     with _immediate(con):
+        # A contract file is migrated in the intake's own transaction: an intake
+        # refused halfway leaves it exactly as it was, at its old version too.
+        _migrate_here(con)
         for event in events:
             intake = check_product_event(event)
             try:

@@ -440,3 +440,16 @@ def test_prune_keeps_a_job_that_finished_exactly_at_the_cutoff(db):
     store.finish_jobs(db, [(ticket, "ok", 0, Attempt(T0))], T0 + 100)
     assert store.prune_done(db, T0 + 100) == 0  # "before the cutoff": strictly
     assert store.prune_done(db, T0 + 101) == 1
+
+
+def test_an_intake_on_a_contract_file_migrates_it_in_its_own_transaction(tmp_path):
+    path = tmp_path / "old.db"
+    shutil.copy(OLD_FILE, path)
+    before = path.read_bytes()
+    con = worker.open_queue(path)  # the contract's open: no migration
+    with pytest.raises(ValueError):
+        store.enqueue_events(con, [body_event("fine"), {"id": "bad"}], T0)
+    assert path.read_bytes() == before  # refused halfway: the old version, whole
+    assert store.enqueue_events(con, [body_event("fine")], T0) == [True]
+    assert store.schema_version(con) == store.SCHEMA_VERSION
+    con.close()
