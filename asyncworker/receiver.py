@@ -1,5 +1,12 @@
 """The receiving side: ``POST /events`` into a deduplicating inbox, answered after COMMIT.
 
+With secrets (``lease.signing``: Standard Webhooks), every request is
+verified first, on its whole body read within the limits below and before
+the body is parsed or the inbox sees it: only a holder of a secret can write
+into the inbox, and the id it signed (``webhook-id``) is the event's id.
+``serve`` binds an address beyond loopback only with secrets, and serves
+https with a certificate and its key; the limits are the same either way.
+
 Two kinds of event arrive (see ``asyncworker.inbox``). A body that is exactly
 ``{"id", "qty"}`` is a lab event, checked by the contract's rule
 (``lease.worker.check_event``); a ``webhook-id`` header, if sent, must be its
@@ -9,6 +16,7 @@ the sha256 of its canonical body, so its keys may come in any order.
 
 | request                                   | answer                                   |
 | ----------------------------------------- | ---------------------------------------- |
+| with secrets: a bad or no signature (kind) | 401 ``{"error": "signature <kind>: ..."}`` |
 | new ``{"id", "qty"}``                       | 200 ``{"id", "qty", "status": "applied"}`` |
 | same id and qty again                     | 200 ``{"id", "qty", "status": "duplicate"}`` |
 | new payload event                         | 200 ``{"id", "status": "applied"}``        |
@@ -27,7 +35,9 @@ time, and never more than ``max_connections`` of them at once.
 
 ``GET /stats`` (JSON) and ``GET /metrics`` (Prometheus text) show the figures:
 those of the inbox file (durable, the same across restarts) by their plain
-names, those of this process prefixed ``process_``.
+names, those of this process prefixed ``process_`` (the refused signatures as
+``process_refused_signature_<kind>``, in /metrics one counter labelled by
+``kind``). They need no secret, and name no event and no payload.
 Fault injection (latency, 503 before commit, a dropped connection after
 commit) is off unless asked for, and seeded.
 """
@@ -35,21 +45,25 @@ commit) is off unless asked for, and seeded.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
 import random
 import signal
 import socket
+import ssl
 import sys
+import time
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from asyncworker.idempotent import Signatures, signature_refused
 from asyncworker.inbox import (
     CONFLICT,
     STALE,
@@ -60,8 +74,9 @@ from asyncworker.inbox import (
     check_max_group,
     probe_inbox,
 )
-from lease.http import ID_HEADER, TOKEN_HEADER, check_url
+from lease.http import ID_HEADER, TOKEN_HEADER
 from lease.policy import MAX_BODY_BYTES, PRODUCT, canonical_body
+from lease.signing import TOLERANCE_S, SignatureError
 from lease.worker import (
     EVENT_KEYS,
     MAX_TOKEN,
@@ -71,6 +86,8 @@ from lease.worker import (
 )
 
 BODY_LIMIT = MAX_BODY_BYTES
+EVENTS_PATH = "/events"
+_OWN_PATHS = ("/stats", "/metrics")
 
 
 @dataclass(frozen=True)
@@ -111,9 +128,10 @@ class Counters:
     """Counts of this process alone (they start at 0 on each start); the inbox's
     totals are durable and live in the inbox file."""
 
+    REFUSED_SIGNATURE = tuple(f"refused_signature_{kind}" for kind in SignatureError.KINDS)
     NAMES = ("requests", "rejected", "too_large", "timed_out", "incomplete", "injected_503",
              "dropped_after_commit", "unavailable", "bad_http", "refused_connections",
-             "in_flight", "peak_in_flight", "open_connections")
+             *REFUSED_SIGNATURE, "in_flight", "peak_in_flight", "open_connections")
     GAUGES = ("in_flight", "peak_in_flight", "open_connections")
 
     def __init__(self) -> None:
@@ -137,6 +155,7 @@ FAULTS = web.AppKey("faults", Faults)
 LIMITS = web.AppKey("limits", Limits)
 RANDOM = web.AppKey("random", random.Random)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
+SIGNATURES: web.AppKey[Optional[Signatures]] = web.AppKey("signatures")
 
 
 class BadRequest(ValueError):
@@ -261,6 +280,9 @@ async def _handle(request: web.Request) -> web.StreamResponse:
     body = await _read_body(request)
     if isinstance(body, web.Response):
         return body
+    refused = _check_signature(request, body)
+    if refused is not None:
+        return refused
     try:
         arrival = parse_request(request.content_type, body,
                                 request.headers.getall(TOKEN_HEADER, []),
@@ -292,6 +314,21 @@ async def _handle(request: web.Request) -> web.StreamResponse:
         return web.json_response({"id": arrival.id, "qty": arrival.qty,
                                   "status": delivery.outcome})
     return web.json_response({"id": arrival.id, "status": delivery.outcome})
+
+
+def _check_signature(request: web.Request, body: bytes) -> Optional[web.Response]:
+    """None when no secret is configured or the signature verifies, else the 401.
+    Before the body is parsed: an unsigned request reaches nothing. The id it
+    signs is the ``webhook-id`` that parse_request then takes as the event's."""
+    signatures = request.app[SIGNATURES]
+    if signatures is None:
+        return None
+    try:
+        signatures.check(request.headers, body)
+    except SignatureError as exc:
+        request.app[COUNTERS].add(f"refused_signature_{exc.kind}")
+        return signature_refused(exc)
+    return None
 
 
 def _conflict(delivery: Delivery) -> str:
@@ -346,8 +383,18 @@ class _StatsCollector:
     def __init__(self, app: web.Application) -> None:
         self._app = app
 
+    REFUSED_SIGNATURE = {f"process_{name}": name.rsplit("_", 1)[1]
+                         for name in Counters.REFUSED_SIGNATURE}
+
     def collect(self) -> Any:
-        for name, value in stats(self._app).items():
+        figures = stats(self._app)
+        refused = CounterMetricFamily("receiver_process_refused_signature",
+                                      "receiver requests refused for their signature, by kind",
+                                      labels=["kind"])
+        for name, kind in self.REFUSED_SIGNATURE.items():
+            refused.add_metric([kind], figures.pop(name))
+        yield refused
+        for name, value in figures.items():
             metric = f"receiver_{name}"
             if name in self.GAUGES:
                 yield GaugeMetricFamily(metric, f"receiver {name.replace('_', ' ')}", value=value)
@@ -357,15 +404,25 @@ class _StatsCollector:
 
 
 def make_app(inbox_path: Union[str, os.PathLike], *, faults: Faults = Faults(),
-             max_group: int = 64, limits: Limits = Limits()) -> web.Application:
+             max_group: int = 64, limits: Limits = Limits(),
+             secrets: Optional[Sequence[bytes]] = None, tolerance_s: int = TOLERANCE_S,
+             clock: Callable[[], float] = time.time, path: str = EVENTS_PATH) -> web.Application:
     """The receiver as an aiohttp application; the inbox opens on startup.
+    Events are posted to ``path``; ``GET /stats`` and ``/metrics`` at the root.
 
-    ValueError at once, before anything is created or changed, for an inbox
-    path that holds no inbox (see ``asyncworker.inbox.probe_inbox``).
+    With ``secrets`` (``lease.signing.read_secrets``), every event must be
+    signed with one of them, its timestamp within ``tolerance_s`` of
+    ``clock()``; else 401, before the body is parsed or the inbox sees it.
+
+    ValueError at once, before anything is created or changed, for a bad
+    option or an inbox path that holds no inbox (``inbox.probe_inbox``).
     """
+    signatures = Signatures.of(secrets, tolerance_s, clock)
+    check_path(path)
     probe_inbox(inbox_path)
     check_max_group(max_group)
     app = web.Application(client_max_size=BODY_LIMIT)
+    app[SIGNATURES] = signatures
     app[COUNTERS] = Counters()
     app[FAULTS] = faults
     app[LIMITS] = limits
@@ -380,10 +437,22 @@ def make_app(inbox_path: Union[str, os.PathLike], *, faults: Faults = Faults(),
         await app[INBOX].close()
 
     app.cleanup_ctx.append(inbox_context)
-    app.router.add_post("/events", post_event)
+    app.router.add_post(path, post_event)
     app.router.add_get("/stats", get_stats)
     app.router.add_get("/metrics", get_metrics)
     return app
+
+
+def check_path(path: object) -> str:
+    """The path events are posted to: absolute, plain, not one of the receiver's own."""
+    if type(path) is not str or not path.startswith("/") or len(path) > 200 or any(
+            c in path for c in "?#%\\ ") or not path.isascii() or not path.isprintable():
+        raise ValueError(f"path must be an absolute URL path like /events or /hooks/orders, "
+                         f"got {path!r:.80}")
+    if path in _OWN_PATHS or "/." in path or "//" in path:
+        raise ValueError(f"path {path!r:.80} cannot take events "
+                         f"(/stats and /metrics are the receiver's)")
+    return path
 
 
 class Listener:
@@ -392,15 +461,19 @@ class Listener:
     ``Listener(app, host, port)`` raises OSError if the address cannot be
     bound (a port in use), with nothing else done; ``await start()`` opens the
     inbox and serves; ``await close()`` answers what is in progress, closes
-    the inbox and the socket. The app's Limits apply to every connection.
+    the inbox and the socket. The app's Limits apply to every connection,
+    and with ``tls`` (``server_tls_context``) it serves https: the read time
+    bounds the TLS handshake too.
     """
 
-    def __init__(self, app: web.Application, host: str, port: int) -> None:
+    def __init__(self, app: web.Application, host: str, port: int, *,
+                 tls: Optional[ssl.SSLContext] = None, path: str = EVENTS_PATH) -> None:
         limits = app[LIMITS]
-        self.app = app
+        self.app, self._tls = app, tls
         self._sock = _bind(host, port)
         bound_host, bound_port = self._sock.getsockname()[:2]
-        self.url = f"http://{_url_host(bound_host)}:{bound_port}/events"
+        scheme = "http" if tls is None else "https"
+        self.url = f"{scheme}://{_url_host(bound_host)}:{bound_port}{path}"
         # keepalive_timeout bounds the wait for a request head (on a new
         # connection and between requests); lingering_time the wait for the
         # unread rest of a body after the answer.
@@ -415,7 +488,9 @@ class Listener:
         server = self._runner.server
         assert server is not None  # set by setup()
         gate = _ConnectionGate(server, self.app[LIMITS].max_connections, self.app[COUNTERS])
-        self._server = await asyncio.get_running_loop().create_server(gate, sock=self._sock)
+        self._server = await asyncio.get_running_loop().create_server(
+            gate, sock=self._sock, ssl=self._tls,
+            ssl_handshake_timeout=self.app[LIMITS].read_timeout if self._tls else None)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -524,23 +599,33 @@ class _Refused(asyncio.Protocol):
 
 
 async def serve(inbox_path: Union[str, os.PathLike], host: str = "127.0.0.1", port: int = 0, *,
-                faults: Faults = Faults(), max_group: int = 64,
-                limits: Limits = Limits()) -> None:
+                faults: Faults = Faults(), max_group: int = 64, limits: Limits = Limits(),
+                secrets: Optional[Sequence[bytes]] = None, tolerance_s: int = TOLERANCE_S,
+                path: str = EVENTS_PATH, tls_cert: Optional[Union[str, os.PathLike]] = None,
+                tls_key: Optional[Union[str, os.PathLike]] = None) -> None:
     """Run the receiver until SIGINT or SIGTERM; print its URL on the first line
     and, on the way out, its final figures (JSON) on the last.
 
+    A host that is not loopback is served only with ``secrets``: on a network,
+    anyone can connect, and only a signature tells a sender from the rest.
+    With ``tls_cert`` and ``tls_key`` (PEM files) it serves https.
+
     Before anything is created or printed: ValueError (message ready to print)
-    for a host that is not loopback or an inbox path that holds no inbox;
-    OSError for an address that cannot be bound (a port in use). The signal
+    for a host that is not loopback without secrets, one of tls_cert and
+    tls_key without the other, a certificate or key that does not load, a bad
+    option or an inbox path that holds no inbox; OSError for an address that
+    cannot be bound (a port in use). The signal
     handlers are in place next, and the URL is printed (and flushed) only once
     the inbox is open and the socket listens: a parent that reads the first
     line can send at once, or stop it at once. On a signal, requests in
     progress are answered, the inbox is closed cleanly, and the coroutine
     returns.
     """
-    check_url(f"http://{_url_host(host)}:{port or 1}/events")  # loopback only
-    app = make_app(inbox_path, faults=faults, max_group=max_group, limits=limits)
-    listener = Listener(app, host, port)
+    check_host(host, secrets)
+    tls = None if tls_cert is None and tls_key is None else server_tls_context(tls_cert, tls_key)
+    app = make_app(inbox_path, faults=faults, max_group=max_group, limits=limits,
+                   secrets=secrets, tolerance_s=tolerance_s, path=path)
+    listener = Listener(app, host, port, tls=tls, path=path)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -557,6 +642,61 @@ async def serve(inbox_path: Union[str, os.PathLike], host: str = "127.0.0.1", po
     # supervisor that restarts the receiver can add up the process_* ones.
     print(json.dumps(stats(app)), flush=True)
     print("receiver stopped", file=sys.stderr, flush=True)
+
+
+def check_host(host: object, secrets: Optional[Sequence[bytes]]) -> str:
+    """The host to bind: any address with secrets, else loopback only."""
+    if type(host) is not str or not host:
+        raise ValueError(f"host must be an address or a name, got {host!r:.80}")
+    if secrets is None and not _is_loopback(host):
+        raise ValueError(f"host {host} is not loopback: serving on a network needs a secret "
+                         f"(--secret-file), so that only signed requests are applied")
+    return host
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
+
+
+def server_tls_context(cert: Optional[Union[str, os.PathLike]],
+                       key: Optional[Union[str, os.PathLike]]) -> ssl.SSLContext:
+    """A server-side TLS context (TLS 1.2 or later) for a PEM certificate chain
+    and its key; ValueError (one line, naming the file) if they do not load."""
+    if cert is None or key is None:
+        raise ValueError("TLS needs both a certificate and its key (--tls-cert and --tls-key)")
+    for what, name in (("certificate", cert), ("key", key)):
+        try:
+            with open(name, "rb") as file:
+                file.read(1)
+        except OSError as exc:
+            raise ValueError(f"TLS {what} {os.fsdecode(name)}: {exc.strerror or exc}") from None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key, password=_no_passphrase)
+    except _Encrypted:
+        raise ValueError(f"TLS key {os.fsdecode(key)}: encrypted; "
+                         f"give the key unencrypted, readable by this user only") from None
+    except ssl.SSLError as exc:
+        problem = ("the key does not match the certificate" if exc.reason == "KEY_VALUES_MISMATCH"
+                   else "not a PEM certificate chain and its PEM private key")
+        raise ValueError(f"TLS certificate {os.fsdecode(cert)} and key {os.fsdecode(key)}: "
+                         f"{problem}" + (f" ({exc.reason})" if exc.reason else "")) from None
+    return context
+
+
+class _Encrypted(ValueError):
+    pass
+
+
+def _no_passphrase() -> str:
+    # Without this, OpenSSL would ask for an encrypted key's passphrase on the terminal.
+    raise _Encrypted
 
 
 def _url_host(host: str) -> str:

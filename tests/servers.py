@@ -1,7 +1,8 @@
 """Real servers for the tests, all on 127.0.0.1 with port 0.
 
 - ``ReceiverProcess``: the project's receiver as its own process
-  (``python -m asyncworker serve``), stopped with SIGTERM, killed if it hangs.
+  (``python -m asyncworker serve``), stopped with SIGTERM, killed if it hangs;
+  over https with ``cafile`` (the CA its certificate is checked against).
 - ``HostileServer``: a small raw HTTP server in a thread whose answer is set
   per test (wrong IDs, redirects, trickles, closed connections, ...).
 """
@@ -9,9 +10,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import socketserver
+import ssl
 import subprocess
 import sys
 import threading
@@ -21,25 +24,32 @@ from typing import Callable, Optional
 
 
 class ReceiverProcess:
-    def __init__(self, inbox: Path, *args: str) -> None:
+    """``command`` replaces ``python -m asyncworker serve --inbox INBOX`` (a
+    script that serves and prints its URL first, as serve does)."""
+
+    def __init__(self, inbox: Path, *args: str, cafile: Optional[os.PathLike] = None,
+                 command: Optional[list[str]] = None) -> None:
         self.inbox = inbox
         self.stdout = self.stderr = ""
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncworker", "serve", "--inbox", str(inbox), *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
+        start = command or [sys.executable, "-m", "asyncworker", "serve", "--inbox", str(inbox)]
+        self.proc = subprocess.Popen([*start, *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
-        if not self.url.startswith("http://127.0.0.1:"):
+        scheme = "https" if cafile is not None else "http"
+        if not self.url.startswith(f"{scheme}://"):
             self.stop()
             raise RuntimeError(f"receiver did not start: {self.url!r} {self.stderr}")
-        self.base = self.url.rsplit("/", 1)[0]
+        scheme, _, rest = self.url.partition("://")
+        self.base = f"{scheme}://{rest.split('/', 1)[0]}"  # the root: /stats and /metrics
         self.port = int(self.base.rsplit(":", 1)[1])
+        self.tls = None if cafile is None else ssl.create_default_context(cafile=os.fspath(cafile))
 
     def stats(self) -> dict:
         import urllib.request
 
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                             urllib.request.HTTPSHandler(context=self.tls))
         with opener.open(self.base + "/stats", timeout=10) as answer:
             return json.loads(answer.read())
 

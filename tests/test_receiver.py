@@ -30,19 +30,25 @@ from .servers import ReceiverProcess
 
 
 class Running:
-    """The receiver app in this process, on 127.0.0.1 port 0."""
+    """The receiver app in this process, on 127.0.0.1 port 0 (or ``host``);
+    over https with ``tls`` (a server context) and ``trust`` (the client's)."""
 
-    def __init__(self, inbox: Path, **kwargs) -> None:
-        self.inbox, self.kwargs = inbox, kwargs
+    def __init__(self, inbox: Path, *, host: str = "127.0.0.1", tls=None, trust=None,
+                 **kwargs) -> None:
+        self.inbox, self.kwargs, self.host = inbox, kwargs, host
+        self.tls, self.trust = tls, trust
 
     async def __aenter__(self) -> Running:
         self.app = make_app(self.inbox, **self.kwargs)
-        self.listener = Listener(self.app, "127.0.0.1", 0)
+        self.listener = Listener(self.app, self.host, 0, tls=self.tls,
+                                 path=self.kwargs.get("path", "/events"))
         await self.listener.start()
         self.url = self.listener.url
-        self.base = self.url.rsplit("/", 1)[0]
+        scheme, _, rest = self.url.partition("://")
+        self.base = f"{scheme}://{rest.split('/', 1)[0]}"
         self.port = int(self.base.rsplit(":", 1)[1])
-        self.session = aiohttp.ClientSession()
+        connector = None if self.trust is None else aiohttp.TCPConnector(ssl=self.trust)
+        self.session = aiohttp.ClientSession(connector=connector)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
