@@ -156,6 +156,7 @@ LIMITS = web.AppKey("limits", Limits)
 RANDOM = web.AppKey("random", random.Random)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 SIGNATURES: web.AppKey[Optional[Signatures]] = web.AppKey("signatures")
+PATH = web.AppKey("path", str)
 
 
 class BadRequest(ValueError):
@@ -423,6 +424,7 @@ def make_app(inbox_path: Union[str, os.PathLike], *, faults: Faults = Faults(),
     check_max_group(max_group)
     app = web.Application(client_max_size=BODY_LIMIT)
     app[SIGNATURES] = signatures
+    app[PATH] = path
     app[COUNTERS] = Counters()
     app[FAULTS] = faults
     app[LIMITS] = limits
@@ -467,13 +469,13 @@ class Listener:
     """
 
     def __init__(self, app: web.Application, host: str, port: int, *,
-                 tls: Optional[ssl.SSLContext] = None, path: str = EVENTS_PATH) -> None:
+                 tls: Optional[ssl.SSLContext] = None) -> None:
         limits = app[LIMITS]
         self.app, self._tls = app, tls
         self._sock = _bind(host, port)
         bound_host, bound_port = self._sock.getsockname()[:2]
         scheme = "http" if tls is None else "https"
-        self.url = f"{scheme}://{_url_host(bound_host)}:{bound_port}{path}"
+        self.url = f"{scheme}://{_url_host(bound_host)}:{bound_port}{app[PATH]}"
         # keepalive_timeout bounds the wait for a request head (on a new
         # connection and between requests); lingering_time the wait for the
         # unread rest of a body after the answer.
@@ -625,7 +627,7 @@ async def serve(inbox_path: Union[str, os.PathLike], host: str = "127.0.0.1", po
     tls = None if tls_cert is None and tls_key is None else server_tls_context(tls_cert, tls_key)
     app = make_app(inbox_path, faults=faults, max_group=max_group, limits=limits,
                    secrets=secrets, tolerance_s=tolerance_s, path=path)
-    listener = Listener(app, host, port, tls=tls, path=path)
+    listener = Listener(app, host, port, tls=tls)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -40,8 +40,7 @@ class Running:
 
     async def __aenter__(self) -> Running:
         self.app = make_app(self.inbox, **self.kwargs)
-        self.listener = Listener(self.app, self.host, 0, tls=self.tls,
-                                 path=self.kwargs.get("path", "/events"))
+        self.listener = Listener(self.app, self.host, 0, tls=self.tls)
         await self.listener.start()
         self.url = self.listener.url
         scheme, _, rest = self.url.partition("://")

@@ -209,9 +209,18 @@ def test_serve_as_a_process_over_https_with_a_secret(ca, pair, tmp_path: Path):
         body = b'{"order": 5}'
         assert _post(rx.url, body, signed(body, "o-5"), context) == 200
         assert _post(rx.url, body, {"Content-Type": "application/json"}, context) == 401
+        for hostile in (b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n", b"\x16\x03\x01garbage"):
+            with socket.create_connection(("127.0.0.2", rx.port), timeout=10) as sock:
+                sock.sendall(hostile)  # plain http, a broken handshake: dropped, not logged
+                sock.shutdown(socket.SHUT_WR)
+                assert sock.recv(100) == b""
+        stranger = ssl.create_default_context()
+        with pytest.raises(OSError, match="certificate verify failed"):
+            _post(rx.url, body, signed(body, "o-6"), stranger)
         assert rx.stats()["applied"] == 1
         final = rx.final_counters()
     assert (final["applied"], final["process_refused_signature_missing"]) == (1, 1)
+    assert rx.stderr == "receiver stopped\n"  # no handshake failure logged
 
 
 def _post(url: str, body: bytes, headers: dict, context: ssl.SSLContext) -> int:
