@@ -17,11 +17,12 @@ if TYPE_CHECKING:
         LeaseLost,
         dispatcher_context,
         health_handler,
+        retry_delay_ms,
         run_once,
         run_until_signalled,
     )
     from asyncworker.receiver import Faults, make_app, serve
-    from asyncworker.sender import new_session, send_http
+    from asyncworker.sender import Destination, new_session, send_http
     from asyncworker.store import QueueThread
 
 _HOMES = {
@@ -30,8 +31,10 @@ _HOMES = {
     "LeaseLost": "dispatcher",
     "dispatcher_context": "dispatcher",
     "health_handler": "dispatcher",
+    "retry_delay_ms": "dispatcher",
     "run_once": "dispatcher",
     "run_until_signalled": "dispatcher",
+    "Destination": "sender",
     "Faults": "receiver",
     "make_app": "receiver",
     "serve": "receiver",
@@ -41,6 +44,7 @@ _HOMES = {
 }
 
 __all__ = [
+    "Destination",
     "Dispatcher",
     "DispatcherStats",
     "Faults",
@@ -50,6 +54,7 @@ __all__ = [
     "health_handler",
     "make_app",
     "new_session",
+    "retry_delay_ms",
     "run_once",
     "run_until_signalled",
     "send_http",

@@ -2,7 +2,9 @@
 
 It runs the product queue (``lease.sqlite``): lab events {"id", "qty"} and
 payload events {"id", "body"} alike, with a ``RetryPolicy`` (by default
-``lease.policy.DEFAULT_POLICY``, which rides out a receiver outage of hours).
+``lease.policy.DEFAULT_POLICY``, which rides out a receiver outage of hours),
+to one ``lease.http.Destination`` (https to any host, an ACK policy, signed
+requests) over one session, or through a ``send`` of the caller's.
 
 Per job: ``claim_jobs`` (on the queue's thread) -> ``await send`` on the event
 loop with no lock held, cut off before the lease runs out and extended
@@ -43,7 +45,7 @@ from aiohttp import web
 
 from asyncworker.sender import new_session, send_http
 from asyncworker.store import QueueThread, is_locked
-from lease.http import check_url
+from lease.http import Destination
 from lease.policy import DEFAULT_POLICY, PRODUCT, RetryPolicy
 from lease.sqlite import MAX_ERROR_CHARS, Attempt, Leased, claim_jobs, extend_lease, finish_jobs
 from lease.worker import (
@@ -67,6 +69,7 @@ __all__ = [
     "LeaseLost",
     "dispatcher_context",
     "health_handler",
+    "retry_delay_ms",
     "run_once",
     "run_until_signalled",
 ]
@@ -155,11 +158,17 @@ class _Held:
 class Dispatcher:
     """Own it with ``async with Dispatcher(path, owner, url=...) as d: await d.run()``.
 
-    Exactly one of ``url`` (the default sender, ``send_http`` with the claim
-    token) and ``send`` (a coroutine function ``send(event, token)``); the
-    event is the job as enqueued, {"id", "qty"} or {"id", "body"} with the
-    body as its canonical JSON text. ``policy`` spaces the retries
-    (``policy.classify``); ``lease_ms`` defaults to the policy's lease
+    Exactly one of ``url``, ``destination`` and ``send``. ``url`` is a
+    ``lease.http.Destination`` with the defaults (https to any host, plain
+    http to loopback, the echo-id ACK, unsigned); ``destination`` a whole
+    one (an ACK policy, a CA file, secrets). Both send with ``send_http``
+    and the claim token, over one session whose connections are kept alive,
+    signed (with secrets) at this dispatcher's clock in seconds. ``send``
+    is a coroutine function ``send(event, token)``. The event is the job as
+    enqueued, {"id", "qty"} or {"id", "body"} with the body as its
+    canonical JSON text. ``policy`` spaces the retries
+    (``policy.classify``; a receiver's Retry-After is honoured up to its
+    backoff cap, ``retry_delay_ms``); ``lease_ms`` defaults to the policy's lease
     (1 ms .. 1 h) and bounds each send. A job's budget (attempts, time to
     live) is the one it was enqueued with. ``clock`` returns milliseconds;
     ``jitter`` returns a uniform draw in 0..1 for each retry delay (the
@@ -181,6 +190,7 @@ class Dispatcher:
         owner: str,
         *,
         url: Optional[str] = None,
+        destination: Optional[Destination] = None,
         send: Optional[Send] = None,
         concurrency: int = 16,
         policy: RetryPolicy = DEFAULT_POLICY,
@@ -193,10 +203,7 @@ class Dispatcher:
         latencies: Optional[list[float]] = None,
     ) -> None:
         check_identifier("owner", owner)
-        if (url is None) == (send is None):
-            raise ValueError("give exactly one of url and send")
-        if url is not None:
-            check_url(url)
+        destination = _one_destination(url, destination, send)
         if type(concurrency) is not int or not 1 <= concurrency <= 10_000:
             raise ValueError(f"concurrency must be an int in 1..10000, got {concurrency!r}")
         if not isinstance(policy, RetryPolicy):
@@ -224,7 +231,7 @@ class Dispatcher:
         # Time kept back at the end of a lease for the finish transaction.
         self.finish_margin_ms = max(1, min(lease_ms // 5, 2_000))
         self.stats = DispatcherStats()
-        self._url = url
+        self.destination = destination  # None with a send of the caller's
         self._send = send
         self._clock = clock
         self._jitter = jitter
@@ -245,8 +252,9 @@ class Dispatcher:
 
     async def __aenter__(self) -> Dispatcher:
         await self._queue.open()
-        if self._send is None:
-            self._session = new_session(limit=self.concurrency)
+        if self.destination is not None:
+            self._session = new_session(limit=self.concurrency,
+                                        ssl_context=self.destination.ssl_context)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -508,7 +516,11 @@ class Dispatcher:
                            seen)
         verdict = self.policy.classify(error, ticket["attempt"], self._jitter())
         if verdict is not None:
-            return _Judged(verdict[0], verdict[1], seen)
+            outcome, delay_ms = verdict
+            if outcome == "retry":
+                delay_ms = retry_delay_ms(delay_ms, _retry_after_ms(error),
+                                          self.policy.backoff_cap_ms)
+            return _Judged(outcome, delay_ms, seen)
         if isinstance(error, BadAck):
             self.stats.bad_acks += 1
             log.warning("bad ACK id=%s token=%s: %s", ticket["id"], ticket["token"], error)
@@ -520,9 +532,10 @@ class Dispatcher:
     async def _call_send(self, event: dict, token: int) -> object:
         if self._send is not None:
             return await self._send(event, token)
-        assert self._url is not None
-        return await send_http(self._url, event, timeout=self.lease_ms / 1000, token=token,
-                               session=self._session)
+        assert self.destination is not None
+        return await send_http(self.destination, event, timeout=self.lease_ms / 1000,
+                               token=token, session=self._session,
+                               timestamp=self._now() // 1000)
 
     # --------------------------------------------------------------- leases
 
@@ -644,6 +657,27 @@ class Dispatcher:
             stats.count_dead(reason)
 
 
+def _one_destination(url: Optional[str], destination: object,
+                     send: object) -> Optional[Destination]:
+    """The destination of exactly one of url, destination and send (None: send)."""
+    if sum(given is not None for given in (url, destination, send)) != 1:
+        raise ValueError("give exactly one of url, destination and send")
+    if url is not None:
+        return Destination(url)  # every check of a destination, the type of url included
+    if destination is not None and not isinstance(destination, Destination):
+        raise ValueError(f"destination must be a lease.http.Destination, "
+                         f"got {type(destination).__name__}")
+    return destination
+
+
+def retry_delay_ms(policy_delay_ms: int, retry_after_ms: Optional[int], cap_ms: int) -> int:
+    """A retry's delay: the policy's, or longer when the receiver asked for
+    longer (Retry-After), but never past the policy's backoff cap for that."""
+    if retry_after_ms is None:
+        return policy_delay_ms
+    return max(policy_delay_ms, min(retry_after_ms, cap_ms))
+
+
 def _some_ids(helds: list[_Held], most: int = 20) -> str:
     """id/token of the first few jobs, for a log line that stays one line."""
     named = " ".join(f"{held.ticket['id']}/{held.ticket['token']}" for held in helds[:most])
@@ -695,6 +729,15 @@ def _http_status(error: BaseException) -> Optional[int]:
     except Exception:  # a foreign exception's property: no status, not a lost finish
         return None
     return status if type(status) is int and 100 <= status <= 999 else None
+
+
+def _retry_after_ms(error: BaseException) -> Optional[int]:
+    """The wait the receiver asked for, as the sender put it on its exception."""
+    try:
+        wait = getattr(error, "retry_after_ms", None)
+    except Exception:  # a foreign exception's property: no wait asked for
+        return None
+    return wait if type(wait) is int and wait >= 0 else None
 
 
 def _error_text(error: BaseException) -> str:

@@ -1,82 +1,103 @@
-"""The strict async sender on aiohttp; the request and the verdict come from
-``lease.http`` (``request_parts``, ``ack_verdict``), so both senders put the
-same bytes and headers on the wire and read an answer the same way."""
+"""The async sender on aiohttp; the destination, the request and the verdict
+come from ``lease.http`` (``as_destination``, ``signed_parts``,
+``answer_verdict``, ``transport_text``), so both senders put the same bytes
+and headers on the wire, read an answer the same way and name a failure in
+the same words."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Optional
+import ssl
+import time
+from typing import Optional, Union
 
 import aiohttp
+from yarl import URL
 
 from lease.http import (
     ACK_LIMIT,
+    Destination,
     Outgoing,
-    ack_verdict,
+    answer_verdict,
+    as_destination,
     check_timeout,
-    check_token,
-    check_url,
-    request_parts,
+    signed_parts,
+    transport_text,
 )
 from lease.worker import BadAck, Retryable
 
-__all__ = ["send_http", "new_session"]
+__all__ = ["Destination", "send_http", "new_session"]
 
 
-def new_session(limit: int = 100) -> aiohttp.ClientSession:
-    """A session for long-running use: no proxy settings read, ``limit`` connections."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=limit), trust_env=False, auto_decompress=False
-    )
+def new_session(limit: int = 100, *,
+                ssl_context: Optional[ssl.SSLContext] = None) -> aiohttp.ClientSession:
+    """A session for long-running use: no proxy settings read, ``limit``
+    connections kept alive for reuse, TLS by ``ssl_context`` (a
+    ``Destination``'s; each request names its own context as well)."""
+    connector = aiohttp.TCPConnector(limit=limit, ssl=ssl_context or True)
+    return aiohttp.ClientSession(connector=connector, trust_env=False, auto_decompress=False)
 
 
 async def send_http(
-    url: str,
+    url: Union[str, Destination],
     event: dict,
     *,
     timeout: float,
     token: Optional[int] = None,
     session: Optional[aiohttp.ClientSession] = None,
+    timestamp: Optional[int] = None,
 ) -> bool:
-    """POST one event, lab or payload; True only for a verifiable ACK (the
-    table in ``lease.http``, which also says when an error has ``http_status``).
+    """POST one event, lab or payload; True only for what the destination's
+    ACK policy takes as delivered (the table in ``lease.http``, which also
+    says when an error has ``http_status`` and ``retry_after_ms``).
 
-    ``timeout`` (seconds) bounds the whole exchange, from connecting to the
-    last byte read. Redirects are never followed; proxy settings are never
-    read (a caller's session must not set ``trust_env``). One request, no
-    retries. Without ``session``, a short-lived one is opened and closed.
+    ``url`` is the lab's strict URL (a str) or a ``Destination``.
+    ``timeout`` (seconds) bounds the whole exchange, from the wait for a
+    connection (DNS, connect, TLS handshake) to the last byte read.
+    Redirects are never followed; proxy settings are never read (a caller's
+    session must not set ``trust_env``). ``timestamp`` (int seconds, default
+    the wall clock) is when a signed request says it was signed. One
+    request, no retries. Without ``session``, a short-lived one is opened
+    and closed.
     """
-    check_url(url)
+    destination = as_destination(url)
     seconds = check_timeout(timeout)
-    outgoing = request_parts(event, check_token(token))
+    outgoing = signed_parts(destination, event, token, timestamp)
     if session is None:
-        async with new_session(limit=1) as own:
-            return await _exchange(own, url, outgoing, seconds)
+        async with new_session(limit=1, ssl_context=destination.ssl_context) as own:
+            return await _exchange(own, destination, outgoing, seconds)
     if session.trust_env:
         raise ValueError("session must not read proxy settings (trust_env=True)")
-    return await _exchange(session, url, outgoing, seconds)
+    return await _exchange(session, destination, outgoing, seconds)
 
 
-async def _exchange(session: aiohttp.ClientSession, url: str, outgoing: Outgoing,
-                    seconds: float) -> bool:
+async def _exchange(session: aiohttp.ClientSession, destination: Destination,
+                    outgoing: Outgoing, seconds: float) -> bool:
+    route = destination.route
     try:
         # aiohttp's total timeout runs from the wait for a pooled connection to
         # the last byte read: the whole exchange, with no extra task per send.
-        status, answer = await _post(session, url, outgoing, seconds)
+        status, answer, retry_after = await _post(session, destination, outgoing, seconds)
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise Retryable(f"timed out after {seconds}s") from exc
+    except aiohttp.ClientConnectorError as exc:  # DNS, refused, TLS: before any byte sent
+        text = transport_text(exc.os_error, route.host, route.port)
+        raise Retryable(text or f"connection failed: {exc!r:.200}") from exc
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
         raise Retryable(f"connection failed: {exc!r:.200}") from exc
     except aiohttp.ClientResponseError as exc:  # a malformed HTTP answer
         raise BadAck(f"malformed answer: {exc!r:.200}") from exc
-    return ack_verdict(status, answer, outgoing.event_id)
+    return answer_verdict(destination, status, answer, outgoing.event_id, retry_after,
+                          int(time.time() * 1000))
 
 
-async def _post(session: aiohttp.ClientSession, url: str, outgoing: Outgoing,
-                seconds: float) -> tuple[int, bytes]:
+async def _post(session: aiohttp.ClientSession, destination: Destination, outgoing: Outgoing,
+                seconds: float) -> tuple[int, bytes, Optional[str]]:
+    context = destination.ssl_context
     async with session.post(
-        url, data=outgoing.body, headers=outgoing.headers, allow_redirects=False,
-        timeout=aiohttp.ClientTimeout(total=seconds),
+        URL(destination.url, encoded=True), data=outgoing.body, headers=outgoing.headers,
+        allow_redirects=False, timeout=aiohttp.ClientTimeout(total=seconds),
+        ssl=True if context is None else context,
     ) as response:
         answer = bytearray()
         while len(answer) <= ACK_LIMIT:  # read one byte past the cap, never more
@@ -84,5 +105,4 @@ async def _post(session: aiohttp.ClientSession, url: str, outgoing: Outgoing,
             if not chunk:
                 break
             answer += chunk
-        return response.status, bytes(answer)
-
+        return response.status, bytes(answer), response.headers.get("Retry-After")
