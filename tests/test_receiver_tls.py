@@ -254,3 +254,27 @@ def test_an_expired_certificate_is_refused_by_a_verifying_client(ca, tmp_path: P
 
     message, stats = asyncio.run(attempt())
     assert "certificate has expired" in message and stats["process_requests"] == 0
+
+
+async def test_the_project_senders_deliver_signed_over_https(ca, pair, tmp_path: Path):
+    """Both senders, with a Destination (pinned CA, a secret), into the receiver
+    on 127.0.0.2: delivered and verified; a wrong secret is a permanent 401."""
+    from asyncworker import sender
+    from lease import http
+    from lease.worker import Permanent
+
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    async with Running(tmp_path / "inbox.db", host="127.0.0.2", tls=server_tls_context(*pair),
+                       trust=trusting(ca), secrets=[KEY], path="/hooks") as rx:
+        good = http.Destination(rx.url, ca_file=ca_file, secrets=(KEY,))
+        event = {"id": "job-1", "body": {"order": 1}}
+        assert await asyncio.to_thread(http.send_http, good, event, timeout=10, token=3)
+        assert await sender.send_http(good, {"id": "job-2", "qty": 3}, timeout=10, token=4)
+        wrong = http.Destination(rx.url, ca_file=ca_file, secrets=(bytes(range(1, 33)),))
+        with pytest.raises(Permanent) as refused:
+            await asyncio.to_thread(http.send_http, wrong, event, timeout=10)
+        stats = await rx.stats()
+    assert refused.value.http_status == 401  # type: ignore[attr-defined]
+    assert (stats["applied"], stats["stock"], stats["process_refused_signature_mismatch"]) == (
+        2, 3, 1)
