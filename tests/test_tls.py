@@ -165,11 +165,13 @@ async def test_dispatcher_delivers_signed_over_tls_on_kept_alive_connections(
         assert attempt["outcome"] == "ok" and attempt["error"] is None
 
 
+@pytest.mark.parametrize(("cert", "ca", "why"), UNTRUSTED, ids=["wrong CA", "expired",
+                                                               "hostname mismatch"])
 async def test_dispatcher_records_an_untrusted_certificate_in_the_attempt(
-        queue_path: Path, pki: Pki):
+        queue_path: Path, pki: Pki, cert, ca, why):
     enqueue(queue_path, [{"id": "order:1", "body": {"order": 1}}], now=wall_ms())
-    async with receiver(pki.expired) as rx:
-        destination = Destination(rx.url, ca_file=pki.ca_file)
+    async with receiver(getattr(pki, cert)) as rx:
+        destination = Destination(rx.url, ca_file=getattr(pki, ca))
         async with Dispatcher(queue_path, "d1", destination=destination) as d:
             run = asyncio.create_task(d.run())
             await _until(lambda: d.stats.retried == 1)
@@ -178,5 +180,5 @@ async def test_dispatcher_records_an_untrusted_certificate_in_the_attempt(
         assert rx.seen == []
     [first] = attempts(queue_path, "order:1")
     assert first["outcome"] == "retry" and first["http_status"] is None
-    assert first["error"].startswith("Retryable: TLS: certificate verify failed: "
-                                     "certificate has expired")
+    assert first["error"].startswith("Retryable: TLS: certificate verify failed: ")
+    assert why in first["error"]
