@@ -60,7 +60,7 @@ from aiohttp import StreamReader, web
 
 from lease.http import ID_HEADER
 from lease.policy import MAX_BODY_BYTES, PRODUCT, canonical_body
-from lease.signing import MAX_KEY_BYTES, MIN_KEY_BYTES, TOLERANCE_S, SignatureError, verify
+from lease.signing import TOLERANCE_S, SignatureError, check_secrets, verify
 from lease.worker import _immediate, check_job_id, parse_json
 
 __all__ = [
@@ -116,12 +116,10 @@ class Signatures:
     clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
-        secrets = self.secrets
-        if not isinstance(secrets, tuple) or not secrets or any(
-                type(key) is not bytes or not MIN_KEY_BYTES <= len(key) <= MAX_KEY_BYTES
-                for key in secrets):
-            raise ValueError("secrets must be a non-empty sequence of key bytes "
-                             "(lease.signing.read_secrets or parse_secret makes them)")
+        if not isinstance(self.secrets, tuple):
+            raise ValueError("secrets must be a tuple of key bytes "
+                             "(lease.signing.read_secrets makes one)")
+        check_secrets(self.secrets)
         check_tolerance(self.tolerance_s)
         if not callable(self.clock):
             raise ValueError(f"clock must be callable, got {type(self.clock).__name__}")

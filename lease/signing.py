@@ -39,6 +39,7 @@ __all__ = [
     "SIGNATURE_HEADER",
     "TOLERANCE_S",
     "SignatureError",
+    "check_secrets",
     "parse_secret",
     "read_secrets",
     "sign",
@@ -104,13 +105,15 @@ def read_secrets(path: Union[str, os.PathLike[str]]) -> tuple[Secret, ...]:
     return tuple(secrets)
 
 
-def _check_secrets(secrets: object) -> Sequence[Secret]:
+def check_secrets(secrets: object) -> tuple[Secret, ...]:
+    """Secrets as signing and verifying take them: a non-empty list or tuple
+    of key bytes (``parse_secret`` and ``read_secrets`` make them)."""
     if not isinstance(secrets, (list, tuple)) or not secrets:
         raise ValueError("secrets must be a non-empty list of key bytes")
     for key in secrets:
         if type(key) is not bytes or not MIN_KEY_BYTES <= len(key) <= MAX_KEY_BYTES:
             raise ValueError("each secret must be key bytes (parse_secret makes them)")
-    return secrets
+    return tuple(secrets)
 
 
 def sign(secret: Secret, msg_id: str, timestamp: int, body: bytes) -> str:
@@ -123,7 +126,7 @@ def sign(secret: Secret, msg_id: str, timestamp: int, body: bytes) -> str:
 def signature_headers(secrets: Sequence[Secret], msg_id: str, timestamp: int,
                       body: bytes) -> dict[str, str]:
     """The three headers of a signed request, one signature per secret."""
-    _check_secrets(secrets)
+    check_secrets(secrets)
     if type(timestamp) is not int or timestamp < 0:
         raise ValueError(f"timestamp must be an int >= 0, got {timestamp!r}")
     return {
@@ -142,7 +145,7 @@ def verify(secrets: Sequence[Secret], headers: Mapping[str, str], body: bytes, n
     The timestamp is checked before the signatures: a stale or future
     request is refused without computing an HMAC for it.
     """
-    _check_secrets(secrets)
+    check_secrets(secrets)
     msg_id = _one(headers, ID_HEADER)
     stamp = _one(headers, TIMESTAMP_HEADER)
     signatures = _one(headers, SIGNATURE_HEADER)

@@ -380,7 +380,8 @@ def _record_attempts(con: sqlite3.Connection, items: list, results: list, now_ms
     made a job done goes on the job's row (done_*: its end is available_at);
     every other attempt (a retry, a refusal, a stale finish, evidence only) is
     an attempts row."""
-    rows, done = [], []
+    rows: list[tuple] = []
+    done: list[tuple] = []
     last = con.execute("SELECT COALESCE(MAX(seq), 0) FROM attempts").fetchone()[0]
     for (ticket, outcome, _, seen), result in zip(items, results, strict=True):
         if result is not False and result[0] == "done":
