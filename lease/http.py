@@ -112,7 +112,7 @@ from typing import (
 from urllib.parse import urlsplit
 
 from lease.policy import MAX_BODY_BYTES, PRODUCT, check_product_event
-from lease.signing import MAX_KEY_BYTES, MIN_KEY_BYTES, signature_headers
+from lease.signing import check_secrets, signature_headers
 from lease.worker import MAX_TOKEN, BadAck, LeaseError, Permanent, Retryable, check_event
 
 if TYPE_CHECKING:
@@ -283,13 +283,10 @@ def _check_route(url: object, insecure_http: bool) -> _Route:
 
 
 def _check_secrets(secrets: object) -> Tuple[bytes, ...]:
-    if not isinstance(secrets, (list, tuple)):
-        raise ValueError(f"secrets must be a tuple of key bytes, got {type(secrets).__name__}")
-    for key in secrets:
-        if type(key) is not bytes or not MIN_KEY_BYTES <= len(key) <= MAX_KEY_BYTES:
-            raise ValueError(f"each secret must be {MIN_KEY_BYTES}..{MAX_KEY_BYTES} key bytes "
-                             "(lease.signing.parse_secret or read_secrets makes them)")
-    return tuple(secrets)
+    """No secrets (unsigned), or secrets as ``lease.signing`` checks them."""
+    if isinstance(secrets, (list, tuple)) and not secrets:
+        return ()
+    return check_secrets(secrets)
 
 
 def _check_ca_path(ca_file: object) -> Optional[str]:

@@ -107,7 +107,7 @@ REFUSED = [
     ({"url": "https://o.example/", "ca_file": "/"}, "cannot load CA certificates"),
     ({"url": "https://o.example/", "ca_file": b"/ca.pem"}, "ca_file must be a path"),
     ({"url": "https://o.example/", "ca_file": 3}, "ca_file must be a path"),
-    ({"url": "https://o.example/", "secrets": KEY}, "secrets must be a tuple"),
+    ({"url": "https://o.example/", "secrets": KEY}, "secrets must be a"),
     ({"url": "https://o.example/", "secrets": (SECRET,)}, "key bytes"),
     ({"url": "https://o.example/", "secrets": (b"short",)}, "key bytes"),
     ({"url": "https://o.example/", "insecure_http": 1}, "insecure_http must be a bool"),
