@@ -51,7 +51,6 @@ from typing import (
 )
 
 from lease import observe
-from lease.http import check_url
 from lease.policy import (
     DEFAULT_POLICY,
     MAX_BODY_BYTES,
@@ -60,6 +59,7 @@ from lease.policy import (
     check_note,
     check_product_event,
 )
+from lease.signing import TOLERANCE_S
 from lease.sqlite import (
     cancel_jobs,
     enqueue_events,
@@ -82,6 +82,7 @@ from lease.worker import (
 # other command starts in half the time.
 if TYPE_CHECKING:
     from asyncworker.dispatcher import Dispatcher, DispatcherStats
+    from lease.http import Destination
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DEAD = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130
@@ -98,6 +99,7 @@ exit codes:
   130  interrupted (run and serve stop gracefully on SIGINT/SIGTERM instead)"""
 
 DEAD_REASONS = ("deadline", "exhausted", "permanent", "cancelled")
+ACK_POLICIES = ("echo-id", "status")
 # A JSON line's cap: a body's canonical text is at most MAX_BODY_BYTES, but the
 # line may spell it with spaces and \u escapes (an astral character is 12 bytes
 # as \ud83d\ude00, 4 as UTF-8). A longer line cannot hold a valid event.
@@ -244,14 +246,6 @@ def _reason(text: str) -> str:
     return text
 
 
-def _url(text: str) -> str:
-    try:
-        check_url(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
 def _default_owner() -> str:
     host = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:40] or "host"
     return f"{host}-{os.getpid()}"
@@ -303,9 +297,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("serve", "run the receiver (an inbox that deduplicates)", _serve)
     p.add_argument("--inbox", metavar="PATH", required=True,
                    help="inbox file (created if missing, in an existing folder)")
-    p.add_argument("--host", default="127.0.0.1", help="loopback address (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1); one that is not loopback "
+                        "(0.0.0.0, a network's address) needs --secret-file")
     p.add_argument("--port", metavar="PORT", type=_int_in(0, 65535), default=0,
                    help="port (default 0: any)")
+    p.add_argument("--path", metavar="PATH", default="/events",
+                   help="the path events are POSTed to (default /events); GET /stats and "
+                        "/metrics stay at the root")
     p.add_argument("--latency-ms", metavar="MS", type=_int_in(0, 60000), default=0,
                    help="injected delay before each commit")
     p.add_argument("--p-503", metavar="P", type=_probability, default=0.0,
@@ -316,13 +315,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the injected faults")
     p.add_argument("--group", metavar="N", type=_int_in(1, 10000), default=64,
                    help="most requests in one commit (1 turns grouping off)")
+    p.add_argument("--tls-cert", metavar="PATH", default=None,
+                   help="serve https with this certificate chain (PEM), with --tls-key")
+    p.add_argument("--tls-key", metavar="PATH", default=None,
+                   help="the certificate's private key (PEM, unencrypted)")
+    p.add_argument("--secret-file", metavar="PATH", default=None,
+                   help="verify every POST's Standard Webhooks signature against the whsec_ "
+                        "secrets in this file, one a line (any one verifies: rotation); a "
+                        "request that fails is 401, nothing touched")
+    p.add_argument("--signature-tolerance-s", metavar="S", type=_int_in(1, 86_400),
+                   default=None,
+                   help=f"how far a signed request's timestamp may be from this clock, in "
+                        f"seconds (default {TOLERANCE_S}; a replay inside it is a duplicate)")
 
     p = command("stats", "counts by status, oldest unfinished age, attempts, dead, redrives, "
                 "cancels, stale finishes (reads only)", _stats)
     p.add_argument("queue", help="existing queue file")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--receiver", metavar="URL", type=_url, default=None,
-                   help="also show this receiver's counters (its /events URL)")
+    p.add_argument("--receiver", metavar="URL", default=None,
+                   help="also show this receiver's counters (the URL it receives on: https, "
+                        "or http to loopback)")
+    p.add_argument("--ca-file", metavar="PATH", default=None,
+                   help="--receiver over https: trust only the CA certificates in this file")
+    p.add_argument("--insecure-plain-http", action="store_true",
+                   help="--receiver over plain http to a host that is not loopback")
 
     p = command("dead", "list dead jobs and each one's last error (reads only)", _dead)
     p.add_argument("queue", help="existing queue file")
@@ -383,8 +399,12 @@ def _enqueue_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("queue", help="existing queue file")
-    p.add_argument("--url", metavar="URL", type=_url, required=True,
-                   help="receiver URL, http://127.0.0.1:PORT/events")
+    p.add_argument("--url", metavar="URL", required=True,
+                   help="the receiver: https://HOST[:PORT]/PATH (its certificate and host "
+                        "name verified), or http:// to a loopback address (127.0.0.1, ::1, "
+                        "localhost); plain http to any other host only with "
+                        "--insecure-plain-http")
+    _destination_arguments(p)
     p.add_argument("--concurrency", metavar="N", type=_int_in(1, 10_000), default=16,
                    help="sends in flight (default 16)")
     p.add_argument("--lease-ms", metavar="MS", type=_int_in(1, PRODUCT.max_lease_ms),
@@ -413,6 +433,22 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--crash-after-acks", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="failure drill: die by SIGKILL right after the N-th ACK, before "
                         "recording it")
+
+
+def _destination_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ack", choices=ACK_POLICIES, default="echo-id",
+                   help="what counts as delivered: echo-id (default) a 2xx JSON object naming "
+                        "the job's id, the receiver's proof it read this request; status any "
+                        "2xx (the webhook convention: weaker evidence, see the README)")
+    p.add_argument("--ca-file", metavar="PATH", default=None,
+                   help="https: trust only the CA certificates (PEM) in this file, not the "
+                        "system's store")
+    p.add_argument("--secret-file", metavar="PATH", default=None,
+                   help="sign every request (Standard Webhooks) with the whsec_ secrets in "
+                        "this file, one a line (# comments); two during a rotation")
+    p.add_argument("--insecure-plain-http", action="store_true",
+                   help="allow plain http to a host that is not loopback: anyone on the path "
+                        "can read the events and the signatures, and delay or drop them")
 
 
 def _operator_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
@@ -502,6 +538,107 @@ def _readonly_queue(path: str) -> sqlite3.Connection:
         raise
     except (ValueError, sqlite3.DatabaseError) as exc:  # not a queue: usage, exit 2
         raise UsageError(f"{path}: {exc}") from None
+
+
+# A secrets file holds a few lines; a larger one is a wrong path (a log, an image).
+MAX_SECRETS_FILE_BYTES = 64 * 1024
+
+
+def _check_small_file(flag: str, path: str, cap: int = 1 << 20) -> None:
+    """An existing, readable, regular file of at most ``cap`` bytes: a device, a FIFO
+    or a folder named by mistake is refused before anything reads it."""
+    if not os.path.exists(path):
+        raise UsageError(f"{flag}: file not found: {path}")
+    if not os.path.isfile(path):
+        raise UsageError(f"{flag}: not a file: {path}")
+    try:
+        with open(path, "rb") as file:
+            size = len(file.read(cap + 1))
+    except OSError as exc:  # permission denied, say
+        raise UsageError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
+    if size > cap:
+        raise UsageError(f"{flag}: {path} is larger than {cap} bytes: not the file meant")
+
+
+def read_secret_file(path: str) -> tuple[bytes, ...]:
+    """The keys of a secrets file; a one-line UsageError that names the file and
+    the line, never a secret (lease.signing's messages never quote one)."""
+    from lease.signing import read_secrets
+
+    _check_small_file("--secret-file", path, MAX_SECRETS_FILE_BYTES)
+    try:
+        return read_secrets(path)
+    except UnicodeDecodeError:
+        raise UsageError(f"--secret-file: {path} is not UTF-8 text") from None
+    except ValueError as exc:
+        raise UsageError(f"--secret-file: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"--secret-file: cannot read {path}: {exc.strerror or exc}") from None
+
+
+def check_ca_file(path: str) -> None:
+    """A regular file from which the senders' TLS context loads CA certificates."""
+    from lease.http import client_context
+
+    _check_small_file("--ca-file", path)
+    try:
+        client_context(path)
+    except ValueError as exc:
+        raise UsageError(f"--ca-file: {exc}") from None
+
+
+class _EncryptedKey(Exception):
+    """OpenSSL asked for a passphrase: a daemon has no one to type it."""
+
+
+def _no_passphrase() -> str:
+    raise _EncryptedKey
+
+
+def check_tls_files(cert: Optional[str], key: Optional[str]) -> None:
+    """--tls-cert and --tls-key: both or neither, each a file, the key unencrypted
+    and the certificate's own. Loaded here once so that each fault has its name
+    (ssl says "PEM lib" for most of them)."""
+    import ssl
+
+    if (cert is None) != (key is None):
+        raise UsageError("--tls-cert and --tls-key go together")
+    if cert is None or key is None:
+        return
+    _check_small_file("--tls-cert", cert)
+    _check_small_file("--tls-key", key)
+    try:
+        ssl.create_default_context(cafile=cert)
+    except ssl.SSLError:
+        raise UsageError(f"--tls-cert: {cert} holds no PEM certificate") from None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key, password=_no_passphrase)
+    except _EncryptedKey:
+        raise UsageError(f"--tls-key: {key} is encrypted (a passphrase): give the key "
+                         "unencrypted, readable only by the receiver's user") from None
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise UsageError(f"--tls-key: {key} is not the key of --tls-cert {cert}") from None
+        raise UsageError(f"--tls-key: {key} holds no PEM private key ({exc.reason or exc})"
+                         ) from None
+
+
+def _destination(args: argparse.Namespace) -> Destination:
+    """run's --url and its flags, as the destination the senders check once more:
+    every fault here is a usage error, before the queue is opened."""
+    from lease.http import Destination
+
+    secrets = () if args.secret_file is None else read_secret_file(args.secret_file)
+    if args.ca_file is not None:
+        if not args.url.startswith("https://"):
+            raise UsageError("--ca-file goes with an https:// --url")
+        check_ca_file(args.ca_file)
+    try:
+        return Destination(args.url, ack=args.ack, ca_file=args.ca_file, secrets=secrets,
+                           insecure_http=args.insecure_plain_http)
+    except ValueError as exc:
+        raise UsageError(f"--url: {exc}") from None
 
 
 def _print_table(rows: list[tuple], out: TextIO = sys.stdout) -> None:
@@ -698,22 +835,25 @@ def _retry_policy(args: argparse.Namespace) -> RetryPolicy:
 
 def _run(args: argparse.Namespace) -> int:
     policy = _retry_policy(args)
+    destination = _destination(args)
     _existing_queue(args.queue).close()  # missing or foreign: exit 2 before anything runs
     from asyncworker.dispatcher import Dispatcher
 
     owner = args.owner or _default_owner()
     send = None
     if args.crash_after_acks is not None:
-        send = _crashing_sender(args.url, args.lease_ms, args.crash_after_acks)
+        send = _crashing_sender(destination, args.lease_ms, args.crash_after_acks)
     try:
-        dispatcher = Dispatcher(args.queue, owner, url=None if send else args.url, send=send,
-                                concurrency=args.concurrency, lease_ms=args.lease_ms,
+        dispatcher = Dispatcher(args.queue, owner, destination=None if send else destination,
+                                send=send, concurrency=args.concurrency, lease_ms=args.lease_ms,
                                 poll_interval=args.poll_ms / 1000, batch_size=args.batch_size,
                                 policy=policy)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    banner = (f"run: owner {owner}, queue {args.queue}, url {args.url}, concurrency "
-              f"{args.concurrency}, lease {args.lease_ms} ms, backoff "
+    keys = len(destination.secrets)  # how many, never which
+    signed = f"signed with {keys} secret{'s' if keys > 1 else ''}" if keys else "unsigned"
+    banner = (f"run: owner {owner}, queue {args.queue}, url {args.url} (ack {args.ack}, "
+              f"{signed}), concurrency {args.concurrency}, lease {args.lease_ms} ms, backoff "
               f"{policy.backoff_base_ms}..{policy.backoff_cap_ms} ms, jitter {policy.jitter}")
     import asyncio
 
@@ -725,8 +865,9 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_DEAD if stats.dead else EXIT_OK
 
 
-def _crashing_sender(url: str, lease_ms: int, after: int) -> Any:
-    """The default send, plus a failure drill: SIGKILL itself right after an ACK."""
+def _crashing_sender(destination: Destination, lease_ms: int, after: int) -> Any:
+    """The default send to the destination (its TLS, ACK policy and signatures),
+    plus a failure drill: SIGKILL itself right after an ACK."""
     import signal
 
     from asyncworker.sender import send_http
@@ -735,7 +876,7 @@ def _crashing_sender(url: str, lease_ms: int, after: int) -> Any:
 
     async def send(event: dict, token: int) -> object:
         nonlocal acks
-        acked = await send_http(url, event, timeout=lease_ms / 1000, token=token)
+        acked = await send_http(destination, event, timeout=lease_ms / 1000, token=token)
         acks += 1
         if acks >= after:
             os.kill(os.getpid(), signal.SIGKILL)  # the receiver committed; we never record it
@@ -803,6 +944,12 @@ async def _progress(stats: DispatcherStats) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # The flags' files first, before aiohttp is even imported; serve checks the
+    # rest (the host with the secrets, the path, the inbox) before it binds.
+    check_tls_files(args.tls_cert, args.tls_key)
+    secrets = None if args.secret_file is None else read_secret_file(args.secret_file)
+    if args.signature_tolerance_s is not None and secrets is None:
+        raise UsageError("--signature-tolerance-s goes with --secret-file")
     import asyncio
 
     from asyncworker.receiver import Faults, serve
@@ -810,17 +957,16 @@ def _serve(args: argparse.Namespace) -> int:
     faults = Faults(latency_ms=args.latency_ms, p_503=args.p_503, p_drop=args.p_drop,
                     seed=args.seed)
     try:
-        check_url(f"http://{args.host}:1/events" if ":" not in args.host
-                  else f"http://[{args.host}]:1/events")
-    except ValueError as exc:
-        raise UsageError(f"--host: {exc}") from None
-    try:
-        asyncio.run(serve(args.inbox, args.host, args.port, faults=faults, max_group=args.group))
+        asyncio.run(serve(args.inbox, args.host, args.port, faults=faults, max_group=args.group,
+                          secrets=secrets, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                          tolerance_s=args.signature_tolerance_s or TOLERANCE_S,
+                          path=args.path))
     except BrokenPipeError:
         raise
-    # The receiver refuses before it prints its URL: a foreign or damaged inbox
-    # (ValueError, or SQLite's own error) or a port it cannot bind (OSError).
-    except ValueError as exc:  # the receiver's message names the file
+    # The receiver refuses before it binds or prints its URL: a foreign or damaged
+    # inbox, a network address without a secret, a bad path (ValueError, or
+    # SQLite's own error), or a port it cannot bind (OSError).
+    except ValueError as exc:  # the receiver's message names the file or the flag
         raise UsageError(str(exc)) from None
     except sqlite3.DatabaseError as exc:
         raise UsageError(f"--inbox {args.inbox}: {exc}") from None
@@ -832,13 +978,36 @@ def _serve(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ looking
 
 
-def receiver_stats(events_url: str) -> dict:
-    """GET the receiver's /stats (no proxy, loopback only)."""
+def _stats_url(url: str, ca_file: Optional[str] = None, insecure_http: bool = False) -> str:
+    """The /stats beside a receiver's POST URL, by the senders' rule for the URL
+    (https anywhere, plain http to loopback unless insecure_http); else ValueError."""
+    from urllib.parse import urlsplit
+
+    from lease.http import Destination
+
+    Destination(url, ca_file=ca_file, insecure_http=insecure_http)
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}/stats"
+
+
+def receiver_stats(url: str, ca_file: Optional[str] = None, insecure_http: bool = False
+                   ) -> dict:
+    """GET the receiver's /stats: no proxy read, no redirect followed, https with
+    its certificate verified (against ``ca_file`` only, when given)."""
+    import ssl
     import urllib.request
 
-    check_url(events_url)
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(events_url.rsplit("/", 1)[0] + "/stats", timeout=10) as answer:
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any) -> None:
+            return None  # a 3xx is an answer, not a receiver's stats
+
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({}),
+                                                  NoRedirect()]
+    if url.startswith("https://"):
+        context = ssl.create_default_context(cafile=ca_file)
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    opener = urllib.request.build_opener(*handlers)
+    with opener.open(_stats_url(url, ca_file, insecure_http), timeout=10) as answer:
         found = json.loads(answer.read(1 << 20))
     if not isinstance(found, dict):
         raise ValueError(f"a JSON {type(found).__name__}, not an object")
@@ -846,11 +1015,21 @@ def receiver_stats(events_url: str) -> dict:
 
 
 def _stats(args: argparse.Namespace) -> int:
+    if args.receiver is not None:  # checked before the queue is opened
+        if args.ca_file is not None:
+            check_ca_file(args.ca_file)
+        try:
+            _stats_url(args.receiver, args.ca_file, args.insecure_plain_http)
+        except ValueError as exc:
+            raise UsageError(f"--receiver: {exc}") from None
+    elif args.ca_file is not None or args.insecure_plain_http:
+        raise UsageError("--ca-file and --insecure-plain-http go with --receiver")
     with closing(_readonly_queue(args.queue)) as con:
         snap = observe.snapshot(con, wall_clock_ms())
     if args.receiver:
         try:
-            snap["receiver"] = receiver_stats(args.receiver)
+            snap["receiver"] = receiver_stats(args.receiver, args.ca_file,
+                                              args.insecure_plain_http)
         except OSError as exc:
             raise WorkFailed(f"receiver at {args.receiver} did not answer: {exc}") from None
         except ValueError as exc:  # another server on that port, say

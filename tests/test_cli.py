@@ -116,8 +116,8 @@ BAD_USAGE = [
     (["enqueue", "{queue}", "--file", "{missing}"], "file not found"),
     (["run", "{missing}", "--url", "http://127.0.0.1:9/events"], "queue file not found"),
     (["run", "{queue}", "--url", "http://10.0.0.1:9/events"], "loopback"),
-    (["run", "{queue}", "--url", "http://127.0.0.1:9/eventsx"], "/events"),
-    (["run", "{queue}", "--url", "https://127.0.0.1:9/events"], "http://"),
+    (["run", "{queue}", "--url", "http://127.0.0.1:9/events#top"], "fragment"),
+    (["run", "{queue}", "--url", "gopher://127.0.0.1:9/events"], "https://"),
     (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--concurrency", "0"],
      "--concurrency"),
     (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--lease-ms", "0"], "--lease-ms"),
@@ -141,7 +141,7 @@ BAD_USAGE = [
     (["redrive", "{queue}", "a", "--note", "fix", "--dry-run"], "go with --reason"),
     (["stats", "{foreign}"], "not a queue file"),
     (["bogus"], "invalid choice"),
-    (["serve", "--inbox", "{tmp}/i.db", "--host", "0.0.0.0"], "loopback"),
+    (["serve", "--inbox", "{tmp}/i.db", "--host", "0.0.0.0"], "--secret-file"),
     (["serve", "--inbox", "{tmp}/i.db", "--p-drop", "2"], "--p-drop"),
     (["demo", "--jobs", "0"], "--jobs"),
     (["demo", "--keep", "{queue}"], "new or empty folder"),
@@ -221,6 +221,45 @@ def test_run_until_idle_stats_dead_inspect_redrive(queue: Path, tmp_path: Path):
         assert out.returncode == 0 and json.loads(out.stdout)["ok"] == 1  # 0: none went dead
         assert json.loads(out.stdout)["dead"] == 0
     assert job_rows(queue)["late"]["status"] == "done"
+
+
+def test_run_to_any_path_on_loopback_and_serve_on_that_path(queue: Path, tmp_path: Path):
+    """The path is the operator's (/hooks/orders), on the receiver and the dispatcher
+    alike; stats finds the receiver's /stats at its root."""
+    lines = "".join(json.dumps({"id": f"order:{n}", "body": {"n": n}}) + "\n" for n in range(5))
+    assert cli("enqueue", str(queue), "--file", "-", stdin=lines).returncode == 0
+    with ReceiverProcess(tmp_path / "inbox.db", "--path", "/hooks/orders") as rx:
+        assert rx.url.endswith("/hooks/orders")
+        out = cli("run", str(queue), "--url", rx.url, "--until-idle")
+        assert out.returncode == 0, out.stderr
+        assert f"url {rx.url} (ack echo-id, unsigned)" in out.stderr  # the banner
+        snap = json.loads(cli("stats", str(queue), "--json", "--receiver", rx.url).stdout)
+        assert snap["receiver"]["applied"] == 5 and snap["by_status"]["done"] == 5
+
+
+def test_a_plain_ok_receiver_is_delivered_under_status_and_a_bad_ack_under_echo_id(
+        queue: Path, tmp_path: Path):
+    """An ordinary webhook receiver answers 200 "OK" in plain text: under --ack status
+    that is a delivery; under echo-id it proves nothing, and the job ends dead."""
+    from .servers import HostileServer, answer
+
+    for n in (1, 2):
+        assert cli("enqueue", str(queue), "--id", f"order:{n}", "--body", "{}").returncode == 0
+    with HostileServer(answer(200, b"OK", {"Content-Type": "text/plain"})) as server:
+        url = f"http://127.0.0.1:{server.port}/webhooks/orders"
+        out = cli("run", str(queue), "--url", url, "--until-idle", "--ack", "status")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["ok"] == 2
+        assert {r.line for r in server.requests} == {"POST /webhooks/orders HTTP/1.1"}
+
+        assert cli("enqueue", str(queue), "--id", "order:3", "--body", "{}", "--max-attempts",
+                   "2").returncode == 0
+        out = cli("run", str(queue), "--url", url, "--until-idle", "--lease-ms", "300",
+                  "--backoff-base-ms", "1", "--backoff-cap-ms", "10")
+        assert out.returncode == 3, out.stderr  # a job went dead in this run
+        summary = json.loads(out.stdout)
+        assert summary["ok"] == 0 and summary["bad_acks"] == 2
+        assert summary["dead_by_reason"]["exhausted"] == 1
 
 
 def test_sigint_during_run_stops_gracefully(queue: Path, tmp_path: Path):

@@ -8,6 +8,7 @@ the folder as it was: the bytes of each, and the folder listing.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Iterator, Optional, Union
 
 import pytest
+import trustme
+from cryptography.hazmat.primitives import serialization
 
 from lease import sqlite as store
 from lease import worker
@@ -674,3 +677,166 @@ def test_run_with_its_stderr_closed_still_does_its_work_and_reports(work: Path,
     summary = json.loads(out.stdout)
     assert out.returncode == 3  # some went dead in this run
     assert (summary["dead"], summary["dead_by_reason"]["deadline"]) == (45, 45)
+
+
+# ------------------------------------------------------------------ across hosts: secrets,
+# certificates, URLs and addresses, each refused before a queue or an inbox is opened
+
+SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
+NOT_A_WEBHOOK_SECRET = "sk_live_do-not-echo-me-4242"
+
+
+def build_keys(folder: Path) -> None:
+    """Secrets files good and bad, a CA, a certificate with its key, a key of
+    another certificate, an encrypted key, and files that are not what they say."""
+    folder.mkdir()
+    ca = trustme.CA()
+    leaf = ca.issue_cert("localhost", "127.0.0.1")
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    (folder / "cert.pem").write_bytes(b"".join(b.bytes() for b in leaf.cert_chain_pems))
+    leaf.private_key_pem.write_to_path(str(folder / "key.pem"))
+    trustme.CA().issue_cert("other").private_key_pem.write_to_path(str(folder / "other-key.pem"))
+    key = serialization.load_pem_private_key(leaf.private_key_pem.bytes(), None)
+    (folder / "encrypted-key.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"pass-77-word")))
+    (folder / "garbage.pem").write_bytes(b"-----BEGIN CERTIFICATE-----\nnot base64\n")
+    files = {
+        "secrets": f"# orders\n{SECRET}\n",
+        "not-whsec": f"# the payment provider's key, by mistake\n{NOT_A_WEBHOOK_SECRET}\n",
+        "bad-base64": "whsec_!!not*base64!!\n",
+        "short": "whsec_" + base64.b64encode(b"k" * 8).decode() + "\n",
+        "comments-only": "# nothing yet\n\n",
+        "empty": "",
+        "big": "#" * 100 + "\n" + "# padding\n" * 8000,
+    }
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    (folder / "binary").write_bytes(b"\xff\xfe" + SECRET.encode("utf-16-le"))
+
+
+@pytest.fixture(scope="module")
+def keys_zoo(zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("keys") / "k"
+    build_keys(folder)
+    return folder
+
+
+@pytest.fixture
+def armed(work: Path, keys_zoo: Path) -> Path:
+    """A fresh copy of the zoo with the keys in {w}/k."""
+    shutil.copytree(keys_zoo, work / "k")
+    return work
+
+
+RUN = ["run", "{w}/queue.db", "--until-idle"]
+HTTPS = "https://127.0.0.1:9/hooks"
+SERVE = ["serve", "--inbox", "{w}/new-inbox.db"]
+TLS = ["--tls-cert", "{w}/k/cert.pem", "--tls-key", "{w}/k/key.pem"]
+HOST_FLAGS: list[tuple[list[Arg], str]] = [
+    # run --secret-file
+    (RUN + ["--url", HTTPS, "--secret-file", "{w}/k/missing"], "--secret-file: file not found"),
+    (RUN + ["--url", HTTPS, "--secret-file", "{w}/k"], "--secret-file: not a file"),
+    (RUN + ["--url", HTTPS, "--secret-file", "/dev/zero"], "--secret-file: not a file"),
+    (RUN + ["--url", HTTPS, "--secret-file", "{w}/k/not-whsec"], "not-whsec line 2: "),
+    (RUN + ["--url", HTTPS, "--secret-file", "{w}/k/bad-base64"], "line 1: "),
+    (RUN + ["--url", HTTPS, "--secret-file", "{w}/k/short"], "bytes"),
+    (RUN + ["--url", HTTPS, "--secret-file", "{w}/k/comments-only"], "holds no secret"),
+    (RUN + ["--url", HTTPS, "--secret-file", "{w}/k/empty"], "holds no secret"),
+    (RUN + ["--url", HTTPS, "--secret-file", "{w}/k/binary"], "not UTF-8"),
+    (RUN + ["--url", HTTPS, "--secret-file", "{w}/k/big"], "larger than"),
+    # run --ca-file, --url, --ack
+    (RUN + ["--url", HTTPS, "--ca-file", "{w}/k/garbage.pem"], "cannot load CA certificates"),
+    (RUN + ["--url", HTTPS, "--ca-file", "{w}/k/key.pem"], "cannot load CA certificates"),
+    (RUN + ["--url", HTTPS, "--ca-file", "{w}/k/missing.pem"], "--ca-file: file not found"),
+    (RUN + ["--url", HTTPS, "--ca-file", "/dev/zero"], "--ca-file: not a file"),
+    (RUN + ["--url", "http://127.0.0.1:9/hooks", "--ca-file", "{w}/k/ca.pem"],
+     "--ca-file goes with an https"),
+    (RUN + ["--url", "http://orders.example/hooks"], "--insecure-plain-http"),
+    (RUN + ["--url", "http://10.1.2.3:8080/hooks"], "--insecure-plain-http"),
+    (RUN + ["--url", "ftp://orders.example/hooks"], "--url"),
+    (RUN + ["--url", "https://orders.example/hooks#frag"], "--url"),
+    (RUN + ["--url", "https://user:pw@orders.example/hooks"], "credentials"),
+    (RUN + ["--url", "https://orders.example:99999/hooks"], "--url"),
+    (RUN + ["--url", HTTPS, "--ack", "bogus"], "--ack"),
+    # the destination is checked before the queue: the URL's fault, not the missing file
+    (["run", "{w}/missing.db", "--url", "http://orders.example/hooks"], "--insecure-plain-http"),
+    (["run", "{w}/missing.db", "--url", HTTPS, "--secret-file", "{w}/k/empty"],
+     "holds no secret"),
+    # serve
+    (SERVE + ["--tls-cert", "{w}/k/cert.pem"], "--tls-cert and --tls-key go together"),
+    (SERVE + ["--tls-key", "{w}/k/key.pem"], "--tls-cert and --tls-key go together"),
+    (SERVE + ["--tls-cert", "{w}/k/garbage.pem", "--tls-key", "{w}/k/key.pem"],
+     "--tls-cert: {w}/k/garbage.pem holds no PEM certificate"),
+    (SERVE + ["--tls-cert", "{w}/k/key.pem", "--tls-key", "{w}/k/key.pem"],
+     "--tls-cert: {w}/k/key.pem holds no PEM certificate"),
+    (SERVE + ["--tls-cert", "{w}/k/cert.pem", "--tls-key", "{w}/k/garbage.pem"],
+     "--tls-key: {w}/k/garbage.pem holds no PEM private key"),
+    (SERVE + ["--tls-cert", "{w}/k/cert.pem", "--tls-key", "{w}/k/other-key.pem"],
+     "is not the key of --tls-cert"),
+    (SERVE + ["--tls-cert", "{w}/k/cert.pem", "--tls-key", "{w}/k/encrypted-key.pem"],
+     "encrypted-key.pem is encrypted (a passphrase)"),
+    (SERVE + ["--tls-cert", "{w}/k/cert.pem", "--tls-key", "{w}/k/missing.pem"],
+     "--tls-key: file not found"),
+    (SERVE + ["--tls-cert", "/dev/zero", "--tls-key", "{w}/k/key.pem"], "--tls-cert: not a file"),
+    (SERVE + ["--host", "0.0.0.0"], "--secret-file"),
+    (SERVE + ["--host", "0.0.0.0", *TLS], "--secret-file"),
+    (SERVE + ["--host", "::"], "--secret-file"),
+    (SERVE + ["--signature-tolerance-s", "60"], "--signature-tolerance-s goes with"),
+    (SERVE + ["--secret-file", "{w}/k/secrets", "--signature-tolerance-s", "0"],
+     "--signature-tolerance-s: must be in 1..86400"),
+    (SERVE + ["--secret-file", "{w}/k/not-whsec"], "not-whsec line 2: "),
+    (SERVE + ["--secret-file", "{w}/k/missing"], "--secret-file: file not found"),
+    (SERVE + ["--path", "hooks"], "path must be an absolute URL path"),
+    (SERVE + ["--path", "/stats"], "cannot take events"),
+    # stats --receiver
+    (["stats", "{w}/queue.db", "--receiver", "http://orders.example/hooks"], "--receiver"),
+    (["stats", "{w}/queue.db", "--ca-file", "{w}/k/ca.pem"], "go with --receiver"),
+    (["stats", "{w}/queue.db", "--insecure-plain-http"], "go with --receiver"),
+    (["stats", "{w}/queue.db", "--receiver", HTTPS, "--ca-file", "{w}/k/garbage.pem"],
+     "cannot load CA certificates"),
+    (["stats", "{w}/missing.db", "--receiver", "http://orders.example/hooks"], "--receiver"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), HOST_FLAGS,
+                         ids=[f"{n}-{a[0]}" for n, (a, _) in enumerate(HOST_FLAGS)])
+def test_bad_flags_across_hosts_are_one_line_and_change_nothing(armed: Path, args: list[Arg],
+                                                                message: str):
+    before = state(armed)
+    out = run_cli(expand(args, armed))
+    assert_one_line_error(out, 2, message.replace("{w}", str(armed)))
+    assert out.stdout == b""  # no URL printed: nothing listened, nothing ran
+    assert changes(before, state(armed)) == []
+    for secret in (SECRET, NOT_A_WEBHOOK_SECRET, "pass-77-word"):  # never echoed
+        assert secret.encode() not in out.stderr
+
+
+UNREADABLE_SECRETS: list[list[Arg]] = [
+    ["run", "{w}/queue.db", "--url", HTTPS, "--secret-file", "{w}/secret.jsonl"],
+    ["serve", "--inbox", "{w}/inbox.db", "--secret-file", "{w}/secret.jsonl"],
+    ["serve", "--inbox", "{w}/inbox.db", "--tls-cert", "{w}/secret.jsonl", "--tls-key",
+     "{w}/secret.jsonl"],
+    ["run", "{w}/queue.db", "--url", HTTPS, "--ca-file", "{w}/secret.jsonl"],
+]
+
+
+@pytest.mark.parametrize("args", UNREADABLE_SECRETS, ids=[a[-2] for a in UNREADABLE_SECRETS])
+def test_a_secret_or_key_file_it_may_not_read_is_one_line(locked, args: list[Arg]):
+    """As an unprivileged user, with a python that has no aiohttp: the files are
+    checked before the receiver or the dispatcher is even imported."""
+    folder, python, as_root = locked
+    before = state(folder)
+    out = run_cli(expand(args, folder), python=python, user=as_root, cwd=Path("/"))
+    assert_one_line_error(out, 2, "ermission denied")
+    assert changes(before, state(folder)) == []
+
+
+@pytest.mark.parametrize("flag", ["--secret-file", "--ca-file"])
+def test_a_fifo_named_as_a_secret_or_ca_file_is_refused_without_waiting(work: Path, flag: str):
+    """Opening a FIFO to read waits for a writer that never comes: refused unopened."""
+    os.mkfifo(work / "fifo")
+    before = state(work)
+    out = run_cli(["run", str(work / "queue.db"), "--url", HTTPS, flag, str(work / "fifo")])
+    assert_one_line_error(out, 2, f"{flag}: not a file")
+    assert changes(before, state(work)) == []
