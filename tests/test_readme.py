@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from asyncworker.cli import build_parser
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -40,3 +45,39 @@ def test_every_test_named_in_the_guarantees_exists():
     named = set(re.findall(r"::(test_\w+)", docs))
     assert len(named) > 20
     assert sorted(n for n in named if f"def {n}(" not in sources) == []
+
+
+def test_the_readme_shows_the_orders_service_example_file_whole():
+    """The README's copy is the file a test runs as a service (tests/test_idempotent*)."""
+    text = README.read_text()
+    code = re.search(r"<!-- example: orders_service \(docs/examples/orders_service\.py\) -->\n"
+                     r"```python\n(.*?)\n```\n", text, re.S)
+    assert code is not None
+    example = README.parent / "docs" / "examples" / "orders_service.py"
+    assert code.group(1) + "\n" == example.read_text()
+
+
+def _command_lines(text: str) -> list[list[str]]:
+    """Every `asyncworker ...` line of the README's sh blocks, continuations joined,
+    comments dropped; a line with a placeholder ("...", "[--json]") is left out."""
+    found = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].strip()
+            if line.startswith("asyncworker ") and "..." not in line and "[" not in line:
+                found.append(shlex.split(line)[1:])
+    return found
+
+
+def test_every_command_line_in_the_readme_parses():
+    lines = _command_lines(README.read_text())
+    deploying = [args for args in lines if "--secret-file" in args]
+    assert len(deploying) >= 2  # the receiver on a network and the dispatcher pointed at it
+    parser = build_parser()
+    for args in lines:
+        try:
+            parser.parse_args(args)
+        except SystemExit as exc:  # --version exits 0; a bad command 2, its message on stderr
+            if exc.code:
+                pytest.fail(f"the README's command does not parse: asyncworker "
+                            f"{shlex.join(args)}")
