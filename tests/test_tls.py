@@ -182,3 +182,15 @@ async def test_dispatcher_records_an_untrusted_certificate_in_the_attempt(
     assert first["outcome"] == "retry" and first["http_status"] is None
     assert first["error"].startswith("Retryable: TLS: certificate verify failed: ")
     assert why in first["error"]
+
+
+async def test_a_payload_at_the_size_cap_goes_out_whole_over_tls(send, pki: Pki):
+    """The sync sender writes over TLS in a loop of sends, each given the time left."""
+    from lease.policy import MAX_BODY_BYTES, canonical_body
+
+    body, _ = canonical_body({"pad": "x" * (MAX_BODY_BYTES - 20)})
+    assert MAX_BODY_BYTES - 20 < len(body.encode()) <= MAX_BODY_BYTES
+    async with receiver(pki.good) as rx:
+        destination = Destination(rx.url, ca_file=pki.ca_file)
+        assert await send(destination, {"id": "big:1", "body": body}, timeout=10) is True
+        assert rx.seen[0].body == body.encode()
