@@ -191,8 +191,8 @@ async def test_the_limits_come_first_and_still_hold(tmp_path: Path):
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"secrets": []}, "secrets must be a non-empty"),
-    ({"secrets": [b"short"]}, "secrets must be a non-empty"),
-    ({"secrets": ["whsec_" + "A" * 44]}, "secrets must be a non-empty"),  # text, not key bytes
+    ({"secrets": [b"short"]}, "each secret must be key bytes"),
+    ({"secrets": ["whsec_" + "A" * 44]}, "each secret must be key bytes"),  # text, not key bytes
     ({"secrets": [KEY], "tolerance_s": 0}, "tolerance_s must be an int in 1..86400"),
     ({"tolerance_s": 1.5}, "tolerance_s must be an int in 1..86400"),
     ({"path": "/stats"}, "cannot take events"),
