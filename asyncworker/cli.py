@@ -61,12 +61,14 @@ from lease.policy import (
 )
 from lease.signing import TOLERANCE_S
 from lease.sqlite import (
+    SCHEMA_VERSION,
     cancel_jobs,
     enqueue_events,
     migrate,
     open_store,
     prune_done,
     redrive_jobs,
+    schema_version,
 )
 from lease.worker import (
     MAX_BATCH,
@@ -515,14 +517,24 @@ def _check_queue_path(path: str) -> None:
         raise UsageError(f"not a file: {path}")
 
 
-def _existing_queue(path: str) -> sqlite3.Connection:
+def _existing_queue(path: str, *, migrate_now: bool = True) -> sqlite3.Connection:
     """Open an existing queue to change it, migrated to this version (open_store);
-    a missing, foreign or newer file is a usage error."""
+    a missing, foreign or newer file is a usage error. ``migrate_now=False``
+    leaves the migration to the intake's own transaction (enqueue_events), so
+    an intake refused halfway leaves a contract file exactly as it was."""
     _check_queue_path(path)
     if os.path.getsize(path) == 0:  # SQLite would take it for an empty queue and fill it
         raise UsageError(f"{path}: not a queue file: it is empty (init makes one)")
     try:
-        return open_store(path, create=False)
+        if migrate_now:
+            return open_store(path, create=False)
+        con = open_queue(path, create=False)
+        version = schema_version(con)
+        if version > SCHEMA_VERSION:
+            con.close()
+            raise UsageError(f"{path}: queue file has schema version {version}, newer than "
+                             f"this code's {SCHEMA_VERSION}: use a newer lease-dispatcher")
+        return con
     except sqlite3.OperationalError:  # locked, read-only, I/O: the work failed, exit 1
         raise
     except (ValueError, sqlite3.DatabaseError) as exc:  # not a queue: usage, exit 2
@@ -782,7 +794,7 @@ def _enqueue(args: argparse.Namespace) -> int:
             if source is not sys.stdin.buffer:
                 stack.enter_context(source)
             lines = JsonLines(source)
-        con = stack.enter_context(closing(_existing_queue(args.queue)))
+        con = stack.enter_context(closing(_existing_queue(args.queue, migrate_now=False)))
         results = _intake(con, [event] if lines is None else lines, policy, args.delay_ms)
     return _report_intake(results, lines)
 

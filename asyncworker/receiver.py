@@ -672,6 +672,8 @@ def server_tls_context(cert: Optional[Union[str, os.PathLike]],
     if cert is None or key is None:
         raise ValueError("TLS needs both a certificate and its key (--tls-cert and --tls-key)")
     for what, name in (("certificate", cert), ("key", key)):
+        if os.path.exists(name) and not os.path.isfile(name):  # a FIFO would block open()
+            raise ValueError(f"TLS {what} {os.fsdecode(name)}: not a regular file")
         try:
             with open(name, "rb") as file:
                 file.read(1)

@@ -390,3 +390,17 @@ def test_prune_inbox_removes_old_rows_and_its_help_states_the_trade_off(tmp_path
     text = " ".join(cli("prune-inbox", "--help").stdout.split())
     assert "a pruned row is a duplicate no longer absorbed" in text.lower()
     assert "longer than the senders' whole retry budget" in text
+
+
+def test_an_enqueue_refused_halfway_leaves_a_contract_file_as_it_was(tmp_path: Path):
+    import shutil
+
+    queue = tmp_path / "old.db"
+    shutil.copy(Path(__file__).parent / "data" / "queue-v0.db", queue)
+    before = queue.read_bytes()
+    lines = tmp_path / "events.jsonl"
+    lines.write_text('{"id": "fine", "body": {"a": 1}}\n{"id": "bad"}\n')
+    out = subprocess.run([sys.executable, "-m", "asyncworker", "enqueue", str(queue),
+                          "--file", str(lines)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "line 2" in out.stderr, out.stderr
+    assert queue.read_bytes() == before  # not even migrated
