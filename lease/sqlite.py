@@ -345,11 +345,12 @@ def finish_jobs(
     finishing = [(t, o, d) for t, o, d, _ in items if o is not None]
     merged: list = []
 
-    def record(con: sqlite3.Connection, results: list) -> None:
-        outcomes = iter(results)
+    def record(con: sqlite3.Connection, results: list, seqs: list) -> None:
+        outcomes, rows = iter(results), iter(seqs)
         merged.extend(next(outcomes) if outcome is not None else ("leased", None)
                       for _, outcome, _, _ in items)
-        _record_attempts(con, items, merged, now_ms)
+        found = [next(rows) if outcome is not None else None for _, outcome, _, _ in items]
+        _record_attempts(con, items, merged, found, now_ms)
 
     _finish_tx(con, finishing, now_ms, fault, record)
     return merged
@@ -375,7 +376,8 @@ def _check_item(item: object) -> None:
                          f"{type(attempt.error).__name__}")
 
 
-def _record_attempts(con: sqlite3.Connection, items: list, results: list, now_ms: int) -> None:
+def _record_attempts(con: sqlite3.Connection, items: list, results: list, seqs: list,
+                     now_ms: int) -> None:
     """Inside the finish transaction: each attempt's evidence. The attempt that
     made a job done goes on the job's row (done_*: its end is available_at);
     every other attempt (a retry, a refusal, a stale finish, evidence only) is
@@ -383,10 +385,10 @@ def _record_attempts(con: sqlite3.Connection, items: list, results: list, now_ms
     rows: list[tuple] = []
     done: list[tuple] = []
     last = con.execute("SELECT COALESCE(MAX(seq), 0) FROM attempts").fetchone()[0]
-    for (ticket, outcome, _, seen), result in zip(items, results, strict=True):
+    for (ticket, outcome, _, seen), result, seq in zip(items, results, seqs, strict=True):
         if result is not False and result[0] == "done":
             done.append((ticket["owner"], seen.started_ms, seen.latency_ms, seen.http_status,
-                         last + len(rows), ticket["id"]))
+                         last + len(rows), seq))
             continue
         status, reason = ("stale", None) if result is False else result
         error = None if seen.error is None else seen.error[:MAX_ERROR_CHARS]
@@ -396,7 +398,7 @@ def _record_attempts(con: sqlite3.Connection, items: list, results: list, now_ms
     if done:
         con.executemany(
             "UPDATE jobs SET done_by = ?, done_started_ms = ?, done_latency_ms = ?,"
-            " done_http_status = ?, done_after = ? WHERE id = ?", done)
+            " done_http_status = ?, done_after = ? WHERE seq = ?", done)
     if rows:
         con.executemany(
             "INSERT INTO attempts (id, token, attempt, owner, started_ms, ended_ms, outcome,"

@@ -816,19 +816,20 @@ def finish_batch(
     return _finish_tx(con, items, now_ms, fault)
 
 
-Record = Optional[Callable[[sqlite3.Connection, list], None]]
+Record = Optional[Callable[[sqlite3.Connection, list, list], None]]
 
 
 def _finish_tx(
     con: sqlite3.Connection, items: list, now_ms: int, fault: Fault, record: Record = None
 ) -> list:
     """The finish transaction, arguments already checked. ``record(con,
-    results)``, when given, writes more rows in the same transaction (the
-    product's evidence of each attempt) before the hooks."""
+    results, seqs)``, when given, writes more in the same transaction (the
+    product's evidence of each attempt) before the hooks; ``seqs`` holds each
+    finished row's seq (None for a stale ticket)."""
     with _immediate(con):
-        results = _finish_marked(con, items, now_ms) if items else []
+        results, seqs = _finish_marked(con, items, now_ms) if items else ([], [])
         if record is not None:
-            record(con, results)
+            record(con, results, seqs)
         changed = any(results)
         if changed:
             _call(fault, "after-finish")
@@ -837,21 +838,24 @@ def _finish_tx(
     return results
 
 
-def _finish_marked(con: sqlite3.Connection, items: list, now_ms: int) -> list:
+def _finish_marked(con: sqlite3.Connection, items: list, now_ms: int) -> Tuple[list, list]:
     """Inside a transaction: the fenced finish of each (ticket, outcome, delay_ms),
     in order, as single finishes in sequence would do it (a job finished earlier
-    in the list is no longer leased for a later item). (status, reason), or False."""
+    in the list is no longer leased for a later item). Per item (status,
+    reason) or False, and the row's seq (None when False)."""
     ids = sorted({ticket["id"] for ticket, _, _ in items})
     found = _select(
-        con, f"SELECT * FROM jobs WHERE id IN ({', '.join('?' * len(ids))})", ids
+        con, f"SELECT {_MARKED} FROM jobs WHERE id IN ({', '.join('?' * len(ids))})", ids
     ).fetchall()
     rows = {row["id"]: dict(row) for row in found}
     results: list = []
+    seqs: list = []
     updates = []
     for ticket, outcome, delay_ms in items:
         row = rows.get(ticket["id"])
         if row is None or not _marker_matches(row, ticket, now_ms):
             results.append(False)
+            seqs.append(None)
             continue
         status, reason, available_at = finish_decision(
             outcome, row["attempts"], row["max_attempts"], row["deadline"], now_ms, delay_ms
@@ -860,12 +864,17 @@ def _finish_marked(con: sqlite3.Connection, items: list, now_ms: int) -> list:
                    lease_until=None)
         updates.append((status, reason, available_at, row["seq"]))
         results.append((status, reason))
+        seqs.append(row["seq"])
     con.executemany(
         "UPDATE jobs SET status = ?, reason = ?, available_at = ?,"
         " owner = NULL, lease_until = NULL WHERE seq = ?",
         updates,
     )
-    return results
+    return results, seqs
+
+
+# What a finish reads of a row: the marker and the budget, never a payload.
+_MARKED = "seq, id, qty, status, attempts, max_attempts, token, deadline, owner, lease_until"
 
 
 def redrive(
