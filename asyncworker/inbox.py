@@ -51,6 +51,7 @@ from typing import NamedTuple, Optional, Union
 import aiosqlite
 
 from lease.worker import MAX_NOW_MS, _check_int, _immediate, check_now
+from lease.worker import _check_path as check_path
 
 INBOX_VERSION = 3  # PRAGMA user_version of the inbox this code writes
 NEW = 0  # a missing or empty file: no version yet
@@ -179,12 +180,7 @@ def _check_magic(where: Path, text: str) -> None:
 
 
 def _check_path(path: object) -> str:
-    if not isinstance(path, (str, os.PathLike)):
-        raise ValueError(f"inbox path must be a str or os.PathLike, got {type(path).__name__}")
-    text = os.fsdecode(path)
-    if text in ("", ":memory:") or text.startswith("file:"):
-        raise ValueError(f"inbox path must name a local file, got {text!r}")
-    return text
+    return check_path(path, "inbox path")  # the queue's rule, in the inbox's words
 
 
 def _connect_readonly(path: Path) -> sqlite3.Connection:

@@ -460,12 +460,12 @@ def _check_schema(con: sqlite3.Connection) -> bool:
     return found.issuperset(_INDEXES)
 
 
-def _check_path(path: object) -> str:
+def _check_path(path: object, what: str = "path") -> str:
     if not isinstance(path, (str, os.PathLike)):
-        raise ValueError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+        raise ValueError(f"{what} must be a str or os.PathLike, got {type(path).__name__}")
     text = os.fsdecode(path)
     if text in ("", ":memory:") or text.startswith("file:"):
-        raise ValueError(f"path must name a local file, got {text!r}")
+        raise ValueError(f"{what} must name a local file, got {text!r}")
     return text
 
 

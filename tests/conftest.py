@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lease import worker
+from lease.sqlite import open_store
 
 T0 = 1_000_000  # a clock value well inside the contract's range
 
@@ -50,6 +51,23 @@ def con(queue_path: Path):
     connection = worker.open_queue(queue_path)
     yield connection
     connection.close()
+
+
+@pytest.fixture
+def queue(tmp_path: Path) -> Path:
+    """A product queue file, made and closed: for tests that drive the CLI."""
+    path = tmp_path / "queue.db"
+    open_store(path).close()
+    return path
+
+
+def job_rows(path: Path) -> dict[str, dict]:
+    """Every job of a queue file, by id, read through a fresh connection."""
+    con = worker.open_queue(path, create=False)
+    try:
+        return {r["id"]: r for r in rows(con)}
+    finally:
+        con.close()
 
 
 def add(con: sqlite3.Connection, job_id: str = "snack-1", qty: int = 7, *, now: int = T0,

@@ -19,7 +19,7 @@ from asyncworker import demo
 from lease import sqlite as store
 from lease import worker
 
-from .conftest import T0, rows
+from .conftest import T0, job_rows
 from .servers import ReceiverProcess
 
 COMMANDS = ["init", "enqueue", "run", "serve", "stats", "dead", "inspect", "redrive", "cancel",
@@ -31,21 +31,6 @@ def cli(*args: str, stdin: str | None = None, env: dict | None = None,
     return subprocess.run([sys.executable, "-m", "asyncworker", *args], input=stdin,
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
-
-
-@pytest.fixture
-def queue(tmp_path: Path) -> Path:
-    path = tmp_path / "queue.db"
-    store.open_store(path).close()
-    return path
-
-
-def job_rows(path: Path) -> dict[str, dict]:
-    con = worker.open_queue(path, create=False)
-    try:
-        return {r["id"]: r for r in rows(con)}
-    finally:
-        con.close()
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)])

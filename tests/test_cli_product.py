@@ -18,24 +18,9 @@ from lease import worker
 from lease.http import send_http
 from lease.policy import DEFAULT_POLICY, MAX_BODY_BYTES, canonical_body
 
-from .conftest import T0, rows
+from .conftest import T0, job_rows, rows
 from .servers import ReceiverProcess
 from .test_cli import cli
-
-
-@pytest.fixture
-def queue(tmp_path: Path) -> Path:
-    path = tmp_path / "queue.db"
-    store.open_store(path).close()
-    return path
-
-
-def job_rows(path: Path) -> dict[str, dict]:
-    con = worker.open_queue(path, create=False)
-    try:
-        return {r["id"]: r for r in rows(con)}
-    finally:
-        con.close()
 
 
 def table(path: Path, name: str) -> list[dict]:
