@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import pty
 import sqlite3
+import subprocess
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import pytest
 
@@ -68,6 +73,47 @@ def job_rows(path: Path) -> dict[str, dict]:
         return {r["id"]: r for r in rows(con)}
     finally:
         con.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def send(request: pytest.FixtureRequest) -> Callable[..., Awaitable[object]]:
+    """Either sender, as an awaitable taking a destination (a lab URL or a
+    Destination) first: ``await send(destination, event, timeout=...)``. The
+    lab sender's own tests (test_sender*.py) keep fixtures of their own shape."""
+    from asyncworker import send_http as async_send
+    from lease import http as sync_http
+
+    if request.param == "async":
+        return async_send
+
+    async def via_thread(destination: object, event: dict, **kwargs: object) -> object:
+        return await asyncio.to_thread(sync_http.send_http, destination, event, **kwargs)
+
+    return via_thread
+
+
+def run_on_a_terminal(args: list[str]) -> tuple[subprocess.CompletedProcess, str]:
+    """Run a command with its stderr on a pseudo-terminal (stdout piped):
+    what it did, and everything it drew on the terminal."""
+    master, slave = pty.openpty()
+    try:
+        try:
+            proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=slave, text=True,
+                                  timeout=120)
+        finally:
+            os.close(slave)
+        screen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal's other end is closed: all read
+                break
+            if not chunk:
+                break
+            screen += chunk
+    finally:
+        os.close(master)
+    return proc, screen.decode()
 
 
 def add(con: sqlite3.Connection, job_id: str = "snack-1", qty: int = 7, *, now: int = T0,

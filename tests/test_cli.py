@@ -19,7 +19,7 @@ from asyncworker import demo
 from lease import sqlite as store
 from lease import worker
 
-from .conftest import T0, job_rows
+from .conftest import T0, job_rows, run_on_a_terminal
 from .servers import ReceiverProcess
 
 COMMANDS = ["init", "enqueue", "run", "serve", "stats", "dead", "inspect", "redrive", "cancel",
@@ -346,33 +346,13 @@ def test_bench_quick_smoke():
 
 
 def test_run_on_a_terminal_draws_one_live_line(queue: Path, tmp_path: Path):
-    import pty
-
     lines = "".join(json.dumps({"id": f"t-{n}", "qty": 1}) + "\n" for n in range(30))
     cli("enqueue", str(queue), "--file", "-", stdin=lines)
     with ReceiverProcess(tmp_path / "inbox.db", "--latency-ms", "25") as rx:
-        master, slave = pty.openpty()
-        try:
-            try:
-                proc = subprocess.run(
-                    [sys.executable, "-m", "asyncworker", "run", str(queue), "--url", rx.url,
-                     "--until-idle", "--concurrency", "1"],
-                    stdout=subprocess.PIPE, stderr=slave, text=True, timeout=120)
-            finally:
-                os.close(slave)
-            screen = b""
-            while True:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # the terminal's other end is closed: all read
-                    break
-                if not chunk:
-                    break
-                screen += chunk
-        finally:
-            os.close(master)
+        proc, text = run_on_a_terminal(
+            [sys.executable, "-m", "asyncworker", "run", str(queue), "--url", rx.url,
+             "--until-idle", "--concurrency", "1"])
     assert proc.returncode == 0
-    text = screen.decode()
     assert "\r\x1b[2K" in text  # redrawn in place, not scrolled
     assert text.count("\r\x1b[2K") >= 2 and "done 30" in text
     assert "summary:" not in text  # the plain-log form is for pipes and files

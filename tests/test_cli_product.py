@@ -4,7 +4,6 @@ cancel, prune, prune-inbox, the evidence shown, and migration of contract files.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from lease import worker
 from lease.http import send_http
 from lease.policy import DEFAULT_POLICY, MAX_BODY_BYTES, canonical_body
 
-from .conftest import T0, job_rows, rows
+from .conftest import T0, job_rows, rows, run_on_a_terminal
 from .servers import ReceiverProcess
 from .test_cli import cli
 
@@ -207,31 +206,11 @@ def test_enqueue_streams_a_large_file_in_bounded_memory(tmp_path: Path):
 
 
 def test_enqueue_shows_its_progress_on_a_terminal_only(queue: Path, tmp_path: Path):
-    import pty
-
     events = tmp_path / "events.jsonl"
     events.write_text("".join(f'{{"id": "p-{n}", "qty": 1}}\n' for n in range(25_000)))
-    master, slave = pty.openpty()
-    try:
-        try:
-            proc = subprocess.run([sys.executable, "-m", "asyncworker", "enqueue", str(queue),
-                                   "--file", str(events)], stdout=subprocess.PIPE,
-                                  stderr=slave, text=True, timeout=120)
-        finally:
-            os.close(slave)
-        screen = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the terminal's other end is closed: all read
-                break
-            if not chunk:
-                break
-            screen += chunk
-    finally:
-        os.close(master)
+    proc, text = run_on_a_terminal([sys.executable, "-m", "asyncworker", "enqueue", str(queue),
+                                    "--file", str(events)])
     assert proc.returncode == 0 and proc.stdout.strip() == "25000 new, 0 duplicate, 0 conflicting"
-    text = screen.decode()
     assert "\r\x1b[2Kenqueue: 10000 events read" in text and "enqueue: 20000 events" in text
     assert text.endswith("\r\x1b[2K")  # erased at the end: the summary stands alone
     out = cli("enqueue", str(queue), "--file", str(events))  # a pipe: no progress

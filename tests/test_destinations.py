@@ -18,8 +18,6 @@ import pytest
 from standardwebhooks import Webhook
 
 from asyncworker import Dispatcher, retry_delay_ms
-from asyncworker import send_http as async_send
-from lease import http as sync_http
 from lease import signing
 from lease.http import (
     ACK_LIMIT,
@@ -44,18 +42,6 @@ KEY = bytes(range(32))
 OTHER_KEY = bytes(range(100, 132))
 SECRET = signing.new_secret(random=KEY)
 OTHER_SECRET = signing.new_secret(random=OTHER_KEY)
-
-
-@pytest.fixture(params=["sync", "async"])
-def send(request):
-    """send(destination, event, timeout=..., ...) awaitable, whichever sender is under test."""
-    if request.param == "async":
-        return async_send
-
-    async def via_thread(destination, event, **kwargs):
-        return await asyncio.to_thread(sync_http.send_http, destination, event, **kwargs)
-
-    return via_thread
 
 
 # ---------------------------------------------------------------- construction

@@ -17,7 +17,6 @@ import pytest
 from standardwebhooks import Webhook
 
 from asyncworker import Dispatcher
-from asyncworker import send_http as async_send
 from lease import http as sync_http
 from lease import signing
 from lease.http import Destination
@@ -35,18 +34,6 @@ SECRET = signing.new_secret(random=KEY)
 @pytest.fixture
 def pki(tmp_path: Path) -> Pki:
     return Pki(tmp_path)
-
-
-@pytest.fixture(params=["sync", "async"])
-def send(request):
-    """send(destination, event, timeout=..., ...) awaitable, whichever sender is under test."""
-    if request.param == "async":
-        return async_send
-
-    async def via_thread(destination, event, **kwargs):
-        return await asyncio.to_thread(sync_http.send_http, destination, event, **kwargs)
-
-    return via_thread
 
 
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.2"])
