@@ -15,11 +15,17 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from lease.policy import PRODUCT
-from lease.sqlite import stale_finishes
-from lease.worker import _check_path, _check_schema, check_identifier, check_job_id, check_now
+from lease.worker import (
+    NotAQueue,
+    _check_path,
+    _check_schema,
+    check_identifier,
+    check_job_id,
+    check_now,
+)
 
 __all__ = ["open_readonly", "snapshot", "counts", "is_drained", "job_history", "dead_jobs",
-           "jobs_with_status"]
+           "jobs_with_status", "stale_finishes"]
 
 STATUSES = ("pending", "leased", "done", "dead")
 
@@ -46,7 +52,7 @@ def open_readonly(path: Union[str, os.PathLike[str]]) -> sqlite3.Connection:
     with open(text, "rb") as file:
         header = file.read(100)
     if len(header) < 100 or not header.startswith(_HEADER):
-        raise ValueError("not a queue file: not a SQLite database" if header
+        raise NotAQueue("not a queue file: not a SQLite database" if header
                          else "not a queue file: it is empty")
     uri = Path(text).resolve().as_uri() + "?mode=ro"
     if header[18] == _WAL_READ_VERSION and not os.path.exists(text + "-wal"):
@@ -63,13 +69,13 @@ def open_readonly(path: Union[str, os.PathLike[str]]) -> sqlite3.Connection:
         if not con.execute(
             "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'jobs')"
         ).fetchone()[0]:
-            raise ValueError("not a queue file yet: it has no tables (asyncworker init makes them)")
+            raise NotAQueue("not a queue file yet: it has no tables (asyncworker init makes them)")
     except sqlite3.OperationalError:  # locked, or an I/O error: no verdict on the file
         con.close()
         raise
     except sqlite3.DatabaseError as exc:
         con.close()
-        raise ValueError(f"not a queue file: {exc}") from None
+        raise NotAQueue(f"not a queue file: {exc}") from None
     except BaseException:
         con.close()
         raise
@@ -162,6 +168,12 @@ def _product_figures(con: sqlite3.Connection) -> dict[str, Any]:
         ).fetchone()[0],
         "stale_finishes": stale_finishes(con),
     }
+
+
+def stale_finishes(con: sqlite3.Connection) -> int:
+    """Finishes refused because their lease was gone, all time (pruning keeps it)."""
+    row = con.execute("SELECT n FROM tallies WHERE name = 'stale_finishes'").fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def job_history(con: sqlite3.Connection, job_id: str) -> Optional[dict[str, Any]]:

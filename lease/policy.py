@@ -41,6 +41,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "MAX_NOTE_CHARS",
     "RetryPolicy",
+    "retry_delay_ms",
     "DEFAULT_POLICY",
     "LAB_POLICY",
     "Intake",
@@ -111,6 +112,35 @@ class RetryPolicy:
         return classify_error(error, attempt, self.ratio(random_ratio),
                               base_ms=self.backoff_base_ms, cap_ms=self.backoff_cap_ms,
                               limits=PRODUCT)
+
+    def judge(self, error: BaseException, attempt: int,
+              random_ratio: float) -> Optional[Verdict]:
+        """A failed send's (outcome, delay_ms) by this policy, None when it is
+        not ours to judge (a bad ACK, an unclassified error). A receiver's
+        Retry-After (``error.retry_after_ms``, as the senders set it) is
+        honoured up to the backoff cap."""
+        verdict = self.classify(error, attempt, random_ratio)
+        if verdict is None or verdict[0] != "retry":
+            return verdict
+        return ("retry", retry_delay_ms(verdict[1], _retry_after_ms(error),
+                                        self.backoff_cap_ms))
+
+
+def retry_delay_ms(policy_delay_ms: int, retry_after_ms: Optional[int], cap_ms: int) -> int:
+    """A retry's delay: the policy's, or longer when the receiver asked for
+    longer (Retry-After), but never past the policy's backoff cap for that."""
+    if retry_after_ms is None:
+        return policy_delay_ms
+    return max(policy_delay_ms, min(retry_after_ms, cap_ms))
+
+
+def _retry_after_ms(error: BaseException) -> Optional[int]:
+    """The wait the receiver asked for, as the sender put it on its exception."""
+    try:
+        wait = getattr(error, "retry_after_ms", None)
+    except Exception:  # a foreign exception's property: no wait asked for
+        return None
+    return wait if type(wait) is int and wait >= 0 else None
 
 
 DEFAULT_POLICY = RetryPolicy()

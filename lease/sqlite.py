@@ -26,8 +26,12 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from typing import Callable, Iterable, NamedTuple, Optional, Tuple, Union
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Optional, Tuple, Union
 
+from lease import observe
+from lease.observe import stale_finishes
 from lease.policy import (
     DEFAULT_POLICY,
     PRODUCT,
@@ -37,14 +41,19 @@ from lease.policy import (
     check_note,
     check_product_event,
 )
+from lease.store import MAX_ERROR_CHARS, Attempt, Claimed, Leased
 from lease.worker import (
     MAX_BATCH,
+    Busy,
     Conflict,
     Fault,
+    NotAQueue,
+    StoreError,
     _call,
     _check_connection,
     _check_fault,
     _check_int,
+    _check_path,
     _claim_tx,
     _extend_tx,
     _finish_tx,
@@ -74,10 +83,10 @@ __all__ = [
     "cancel_jobs",
     "prune_done",
     "stale_finishes",
+    "SQLiteStore",
 ]
 
 SCHEMA_VERSION = 1
-MAX_ERROR_CHARS = 500  # an attempt's error text, as kept
 
 _MIGRATIONS: dict[int, Tuple[str, ...]] = {
     1: (
@@ -123,31 +132,6 @@ _TABLES_V1 = {
     "cancels": ["seq", "id", "token", "at_ms", "note", "was"],
     "tallies": ["name", "n"],
 }
-
-
-class Attempt(NamedTuple):
-    """What one attempt saw, recorded with its finish. ``started_ms`` is the
-    clock value of the claim; ``latency_ms`` the send's own duration."""
-
-    started_ms: int
-    latency_ms: Optional[int] = None
-    http_status: Optional[int] = None
-    error: Optional[str] = None
-
-
-class Leased(NamedTuple):
-    """A claimed job: its ticket (the contract's six keys) and its body's
-    canonical JSON text (None for a {"id", "qty"} event)."""
-
-    ticket: dict
-    body: Optional[str]
-
-    @property
-    def event(self) -> dict:
-        """The event as enqueued: {"id", "qty"} or {"id", "body"} (body as text)."""
-        if self.body is None:
-            return {"id": self.ticket["id"], "qty": self.ticket["qty"]}
-        return {"id": self.ticket["id"], "body": self.body}
 
 
 # ------------------------------------------------------------------ opening
@@ -196,7 +180,7 @@ def _migrate_here(con: sqlite3.Connection) -> int:
 def _check_version(con: sqlite3.Connection) -> int:
     version = schema_version(con)
     if version > SCHEMA_VERSION:
-        raise ValueError(f"queue file has schema version {version}, newer than this code's "
+        raise NotAQueue(f"queue file has schema version {version}, newer than this code's "
                          f"{SCHEMA_VERSION}: open it with a newer lease-dispatcher")
     return version
 
@@ -205,7 +189,7 @@ def _check_tables(con: sqlite3.Connection) -> None:
     for name, columns in _TABLES_V1.items():
         found = [row[1] for row in con.execute(f"PRAGMA table_info({name})")]
         if found != columns:
-            raise ValueError(f"not a version {SCHEMA_VERSION} queue: table {name!r} has "
+            raise NotAQueue(f"not a version {SCHEMA_VERSION} queue: table {name!r} has "
                              f"columns {found}")
 
 
@@ -414,12 +398,6 @@ def _tally(con: sqlite3.Connection, name: str, n: int) -> None:
                 " ON CONFLICT (name) DO UPDATE SET n = n + excluded.n", (name, n))
 
 
-def stale_finishes(con: sqlite3.Connection) -> int:
-    """Finishes refused because their lease was gone, all time (pruning keeps it)."""
-    row = con.execute("SELECT n FROM tallies WHERE name = 'stale_finishes'").fetchone()
-    return 0 if row is None else int(row[0])
-
-
 # ------------------------------------------------------------------ the operator
 
 
@@ -537,3 +515,138 @@ def prune_done(
         con.executemany("DELETE FROM cancels WHERE id = ?", ids)
         con.executemany("DELETE FROM jobs WHERE seq = ?", [(seq,) for seq, _ in done])
     return len(done)
+
+
+# ------------------------------------------------------------------ the store
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@contextmanager
+def _store_errors() -> Iterator[None]:
+    """sqlite3's errors in the store's words: a held write lock is Busy (a
+    short pause cures it); a file that is not a database is NotAQueue; any
+    other failure of the file is a StoreError. The transaction was rolled
+    back in every case (``_immediate``)."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise Busy(f"the queue file is locked by another writer: {exc}") from exc
+        raise StoreError(f"queue file: {exc}") from exc
+    except sqlite3.DatabaseError as exc:
+        raise NotAQueue(f"not a queue file: {exc}") from exc
+
+
+class SQLiteStore:
+    """The ``lease.store.Store`` of one SQLite file (the functions above, and
+    ``lease.observe`` for the reads) on one connection: one thread at a time.
+
+    The store's clock is this host's wall clock: every writer of a local file
+    runs on the same host. ``connection`` is the file's sqlite3 connection,
+    for the contract's own functions.
+    """
+
+    kind = "sqlite"
+    threads = 1
+
+    def __init__(self, path: Union[str, os.PathLike[str]], *, create: bool = False,
+                 read_only: bool = False, clock: Optional[Callable[[], int]] = None) -> None:
+        self.name = _check_path(path, "queue")
+        self.read_only = read_only
+        self._clock = clock or wall_clock_ms
+        with _store_errors():
+            if read_only:
+                self.connection = observe.open_readonly(self.name)
+            else:
+                if not create and not os.path.isfile(self.name):
+                    raise FileNotFoundError(f"queue file not found: {self.name}")
+                self.connection = open_store(self.name, create=create)
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def __enter__(self) -> SQLiteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def now_ms(self) -> int:
+        return check_now(self._clock(), "clock value")
+
+    def _now(self, now_ms: Optional[int]) -> int:
+        return self.now_ms() if now_ms is None else now_ms
+
+    def schema_version(self) -> int:
+        with _store_errors():
+            return schema_version(self.connection)
+
+    def enqueue_events(self, events: Iterable[object], policy: RetryPolicy = DEFAULT_POLICY, *,
+                       now_ms: Optional[int] = None, not_before_ms: Optional[int] = None,
+                       on_progress: Optional[Callable[[int], None]] = None) -> list:
+        with _store_errors():
+            return enqueue_events(self.connection, events, self._now(now_ms), policy,
+                                  not_before_ms=not_before_ms, on_progress=on_progress)
+
+    def claim_jobs(self, owner: str, lease_ms: int, limit: int = 1, *,
+                   now_ms: Optional[int] = None, fault: Fault = None) -> Claimed:
+        now = self._now(now_ms)
+        with _store_errors():
+            leased, moved = claim_jobs(self.connection, owner, now, lease_ms, limit, fault)
+        return Claimed(leased, moved, now)
+
+    def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: Optional[int] = None,
+                     fault: Fault = None) -> Union[dict, bool]:
+        with _store_errors():
+            return extend_lease(self.connection, ticket, self._now(now_ms), lease_ms, fault)
+
+    def finish_jobs(self, items: list, *, now_ms: Optional[int] = None,
+                    fault: Fault = None) -> list:
+        with _store_errors():
+            return finish_jobs(self.connection, items, self._now(now_ms), fault)
+
+    def redrive_jobs(self, job_ids: list, ttl_ms: int, note: str, *,
+                     now_ms: Optional[int] = None, fault: Fault = None) -> list:
+        with _store_errors():
+            return redrive_jobs(self.connection, job_ids, self._now(now_ms), ttl_ms, note, fault)
+
+    def cancel_jobs(self, job_ids: list, note: str, *, now_ms: Optional[int] = None,
+                    fault: Fault = None) -> list:
+        with _store_errors():
+            return cancel_jobs(self.connection, job_ids, self._now(now_ms), note, fault)
+
+    def prune_done(self, finished_before_ms: int, limit: int = MAX_BATCH) -> int:
+        with _store_errors():
+            return prune_done(self.connection, finished_before_ms, limit)
+
+    def counts(self) -> dict[str, int]:
+        with _store_errors():
+            return observe.counts(self.connection)
+
+    def is_drained(self) -> bool:
+        with _store_errors():
+            return observe.is_drained(self.connection)
+
+    def snapshot(self, now_ms: Optional[int] = None) -> dict[str, Any]:
+        with _store_errors():
+            return observe.snapshot(self.connection, self._now(now_ms))
+
+    def job_history(self, job_id: str) -> Optional[dict[str, Any]]:
+        with _store_errors():
+            return observe.job_history(self.connection, job_id)
+
+    def dead_jobs(self, reason: Optional[str] = None,
+                  limit: Optional[int] = None) -> list[dict[str, Any]]:
+        with _store_errors():
+            return observe.dead_jobs(self.connection, reason, limit)
+
+    def jobs_with_status(self, status: str) -> list[dict[str, Any]]:
+        with _store_errors():
+            return observe.jobs_with_status(self.connection, status)
+
+    def stale_finishes(self) -> int:
+        with _store_errors():
+            return stale_finishes(self.connection)

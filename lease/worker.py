@@ -39,6 +39,9 @@ __all__ = [
     "Retryable",
     "Permanent",
     "BadAck",
+    "StoreError",
+    "Busy",
+    "NotAQueue",
     "MAX_NOW_MS",
     "Limits",
     "LAB",
@@ -97,6 +100,20 @@ class Permanent(LeaseError):
 
 class BadAck(LeaseError):
     """The send answered, but not with evidence of completion."""
+
+
+class StoreError(LeaseError):
+    """The store could not do what was asked; nothing of the call was written."""
+
+
+class Busy(StoreError):
+    """Transient: another writer holds the lock, or the connection was lost
+    before anything committed. The same call may succeed after a short pause."""
+
+
+class NotAQueue(StoreError, ValueError):
+    """The file or database holds something other than a queue this code can
+    use (foreign tables, other columns, a newer schema). Nothing was changed."""
 
 
 # ---------------------------------------------------------------------------
@@ -450,12 +467,12 @@ def _check_schema(con: sqlite3.Connection) -> bool:
             "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
         ).fetchall()
         if others:
-            raise ValueError(f"not a queue file: it holds other tables ({others[0][0]!r}, ...)")
+            raise NotAQueue(f"not a queue file: it holds other tables ({others[0][0]!r}, ...)")
         return False
     for name, columns in _COLUMNS.items():
         have = present[name]
         if have != columns and not (version >= 1 and have[:len(columns)] == columns):
-            raise ValueError(f"not a queue file: table {name!r} has columns {have}")
+            raise NotAQueue(f"not a queue file: table {name!r} has columns {have}")
     found = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     return found.issuperset(_INDEXES)
 
