@@ -553,17 +553,29 @@ class SQLiteStore:
     threads = 1
 
     def __init__(self, path: Union[str, os.PathLike[str]], *, create: bool = False,
-                 read_only: bool = False, clock: Optional[Callable[[], int]] = None) -> None:
+                 read_only: bool = False, clock: Optional[Callable[[], int]] = None,
+                 migrate: bool = True) -> None:
+        """``migrate=False`` leaves a contract file at its version until the
+        first intake migrates it in its own transaction (``enqueue_events``):
+        an intake refused halfway then leaves the file exactly as it was."""
         self.name = _check_path(path, "queue")
         self.read_only = read_only
         self._clock = clock or wall_clock_ms
         with _store_errors():
             if read_only:
                 self.connection = observe.open_readonly(self.name)
-            else:
-                if not create and not os.path.isfile(self.name):
-                    raise FileNotFoundError(f"queue file not found: {self.name}")
+                return
+            if not create and not os.path.isfile(self.name):
+                raise FileNotFoundError(f"queue file not found: {self.name}")
+            if migrate:
                 self.connection = open_store(self.name, create=create)
+                return
+            self.connection = open_queue(self.name, create=create)
+            try:
+                _check_version(self.connection)
+            except BaseException:
+                self.connection.close()
+                raise
 
     def close(self) -> None:
         self.connection.close()
