@@ -28,7 +28,7 @@ import os
 import sqlite3
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, Optional, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
 from lease import observe
 from lease.observe import stale_finishes
@@ -245,9 +245,7 @@ def _insert(con: sqlite3.Connection, intake: Intake, now_ms: int, available_at: 
     row = con.execute("SELECT qty, digest FROM jobs WHERE id = ?", (intake.id,)).fetchone()
     if row is not None:
         if (row[0], row[1]) != (intake.qty, intake.digest):
-            raise Conflict(f"job {intake.id!r} exists with other content "
-                           f"({_content(row[0], row[1])}, not "
-                           f"{_content(intake.qty, intake.digest)})")
+            raise _conflict(intake, row[0], row[1])
         return False
     con.execute(
         "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
@@ -257,6 +255,12 @@ def _insert(con: sqlite3.Connection, intake: Intake, now_ms: int, available_at: 
          available_at + policy.ttl_ms, intake.body, intake.digest),
     )
     return True
+
+
+def _conflict(intake: Intake, qty: int, digest: Optional[str]) -> Conflict:
+    """The intake's refusal of an id kept with other content, in every store's words."""
+    return Conflict(f"job {intake.id!r} exists with other content "
+                    f"({_content(qty, digest)}, not {_content(intake.qty, intake.digest)})")
 
 
 def _content(qty: int, digest: Optional[str]) -> str:
@@ -450,7 +454,11 @@ def cancel_jobs(
     check_note(note)
     _check_fault(fault)
     with _immediate(con):
-        results, audits = _cancel_decisions(con, job_ids)
+        unique = sorted(set(job_ids))
+        marks = ", ".join("?" * len(unique))
+        sql = f"SELECT seq, id, status, reason, token FROM jobs WHERE id IN ({marks})"
+        rows = {row["id"]: row for row in _select(con, sql, unique)} if unique else {}
+        results, audits = _cancel_decisions(rows, job_ids)
         if audits:
             con.executemany(
                 "INSERT INTO cancels (id, token, at_ms, note, was) VALUES (?, ?, ?, ?, ?)",
@@ -466,11 +474,10 @@ def cancel_jobs(
     return results
 
 
-def _cancel_decisions(con: sqlite3.Connection, job_ids: list) -> Tuple[list, list]:
-    unique = sorted(set(job_ids))
-    marks = ", ".join("?" * len(unique))
-    sql = f"SELECT seq, id, status, reason, token FROM jobs WHERE id IN ({marks})"
-    rows = {row["id"]: row for row in _select(con, sql, unique)} if unique else {}
+def _cancel_decisions(rows: Mapping[str, Mapping], job_ids: list) -> Tuple[list, list]:
+    """Pure: given the rows of the ids (id -> row with seq, id, status, reason,
+    token), per id True or its ValueError, in order; the audit rows
+    (seq, id, token, was). Every store calls this."""
     cancelled: set = set()
     results: list = []
     audits: list = []

@@ -947,7 +947,11 @@ def _redrive_tx(
 ) -> list:
     """The redrive transaction, arguments already checked."""
     with _immediate(con):
-        results, audits, releases = _redrive_decisions(con, job_ids)
+        unique = sorted(set(job_ids))
+        marks = ", ".join("?" * len(unique))
+        sql = f"SELECT seq, id, status, token FROM jobs WHERE id IN ({marks})"
+        rows = {row["id"]: row for row in _select(con, sql, unique)} if unique else {}
+        results, audits, releases = _redrive_decisions(rows, job_ids)
         if audits:
             con.executemany(
                 "INSERT INTO redrives (id, token, at_ms, note) VALUES (?, ?, ?, ?)",
@@ -965,13 +969,10 @@ def _redrive_tx(
     return results
 
 
-def _redrive_decisions(con: sqlite3.Connection, job_ids: list) -> Tuple[list, list, list]:
-    """Inside a transaction: per id True or its ValueError, in order; the audit
-    rows (id, token) and the seqs to release."""
-    unique = sorted(set(job_ids))
-    marks = ", ".join("?" * len(unique))
-    sql = f"SELECT seq, id, status, token FROM jobs WHERE id IN ({marks})"
-    rows = {row["id"]: row for row in _select(con, sql, unique)} if unique else {}
+def _redrive_decisions(rows: Mapping[str, Mapping], job_ids: list) -> Tuple[list, list, list]:
+    """Pure: given the rows of the ids (id -> row with seq, id, status, token;
+    a missing id has none), per id True or its ValueError, in order; the audit
+    rows (id, token) and the seqs to release. Every store calls this."""
     released: set = set()
     results: list = []
     audits, releases = [], []
