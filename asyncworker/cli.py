@@ -1,11 +1,17 @@
 """The ``asyncworker`` command line (also ``python -m asyncworker``).
 
-Every argument is checked before a file is opened. An error is one line on
-stderr, never a traceback, and leaves every file as it was. The commands that
-write open a queue with ``lease.sqlite.open_store``: a file written by the
-contract alone (schema version 0) is migrated forward once, every row kept;
-the commands that look (stats, dead, inspect) open it read-only, whatever
-its version.
+QUEUE, wherever a command names one, is a SQLite file's path or a
+``postgresql://`` (``postgres://``) URL: every command opens it through
+``lease.store.open_store`` and speaks to the ``Store`` alone, so a command
+does the same on either store. A URL is shown without its password, in every
+line the command prints.
+
+Every argument is checked before a queue is opened. An error is one line on
+stderr, never a traceback, and leaves every queue as it was. The commands that
+write open a queue migrated to this version: a file written by the contract
+alone (schema version 0) is migrated forward once, every row kept; the
+commands that look (stats, dead, inspect) open it read-only, whatever its
+version, and write nothing.
 
 Exit codes (the same text is in ``--help`` and in the README):
 
@@ -13,11 +19,12 @@ Exit codes (the same text is in ``--help`` and in the README):
 - 1: the work failed: a conflict (``enqueue``), a refused redrive or cancel,
   no such job (``inspect``), a receiver that did not answer (``stats``),
   evidence that contradicts itself (``demo``), a database or file error such
-  as a read-only or locked queue, or a folder it cannot write in (any
-  command). Standard output closed early (``| head``): 1 as well, quietly.
-- 2: bad usage, or a missing, foreign or damaged file or folder (a queue of a
-  newer schema version too); for ``serve`` also an inbox it cannot open or a
-  port it cannot bind.
+  as a read-only or locked queue, a folder it cannot write in, or a database
+  server it cannot reach or log in to (any command). Standard output closed
+  early (``| head``): 1 as well, quietly.
+- 2: bad usage, or a missing, foreign or damaged file or folder, or a database
+  without a queue (a queue of a newer schema version too); for ``serve`` also
+  an inbox it cannot open or a port it cannot bind.
 - 3: ``run`` only: some jobs went dead in this run (its summary counts them
   by reason).
 - 130: interrupted by Ctrl-C (``run`` and ``serve`` stop gracefully instead).
@@ -50,7 +57,6 @@ from typing import (
     TextIO,
 )
 
-from lease import observe
 from lease.policy import (
     DEFAULT_POLICY,
     MAX_BODY_BYTES,
@@ -60,23 +66,13 @@ from lease.policy import (
     check_product_event,
 )
 from lease.signing import TOLERANCE_S
-from lease.sqlite import (
-    SCHEMA_VERSION,
-    cancel_jobs,
-    enqueue_events,
-    migrate,
-    open_store,
-    prune_done,
-    redrive_jobs,
-    schema_version,
-)
+from lease.store import NotAQueue, Store, StoreError, is_postgres_url, open_store
 from lease.worker import (
     MAX_BATCH,
     MAX_QTY,
     Conflict,
     check_identifier,
     check_job_id,
-    open_queue,
     parse_json,
 )
 
@@ -94,9 +90,11 @@ exit codes:
   0    done (run: and no job went dead in this run)
   1    the work failed: a conflict, a refused redrive or cancel, no such job,
        no answer from the receiver, a database or file error (read-only,
-       locked); also, quietly, when standard output is closed early (| head)
-  2    bad usage, or a missing, foreign, damaged or newer-version file or folder
-       (serve: also an inbox it cannot open or a port it cannot bind)
+       locked, a server it cannot reach or log in to); also, quietly, when
+       standard output is closed early (| head)
+  2    bad usage, or a missing, foreign, damaged or newer-version file or folder,
+       or a database without a queue (serve: also an inbox it cannot open or a
+       port it cannot bind)
   3    run: some jobs went dead in this run (the summary counts them by reason)
   130  interrupted (run and serve stop gracefully on SIGINT/SIGTERM instead)"""
 
@@ -272,9 +270,19 @@ than the senders' whole retry budget (a job's time to live: {_ms(DEFAULT_POLICY.
 by default) plus the time a stale sender may still be sending."""
 
 
+QUEUE_HELP = ("the queue: a SQLite file's path, or a postgresql:// URL "
+              "(postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE)")
+
+
+def _queue_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("queue", metavar="QUEUE", help=f"{QUEUE_HELP}; it must exist")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="asyncworker",
-                    description="A durable job dispatcher on one SQLite file.")
+                    description="A durable job dispatcher on one SQLite file, or on one "
+                                "PostgreSQL database shared by many hosts. QUEUE is a file's "
+                                "path or a postgresql:// URL.")
     parser.add_argument("--version", action=_Version, nargs=0, help="print the version")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      parser_class=Parser)
@@ -285,11 +293,15 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    p = command("init", "create a queue file, or migrate an older one forward", _init,
-                "create a queue file; an existing queue is kept, and one written by an "
-                "older version (the contract's schema) is migrated forward once, in one "
-                "transaction, every row kept")
-    p.add_argument("queue", help="queue file to create or bring to this version")
+    p = command("init", "create a queue (a file, or the tables in a PostgreSQL database), "
+                "or migrate an older one forward", _init,
+                "create a queue: a SQLite file, or the queue's tables (schema \"lease\") in "
+                "a PostgreSQL database; an existing queue is kept, and one written by an "
+                "older version (a file of the contract's schema) is migrated forward once, in "
+                "one transaction, every row kept")
+    p.add_argument("queue", metavar="QUEUE",
+                   help="the queue to create or bring to this version: a file's path, or a "
+                        "postgresql:// URL of an existing database")
 
     _enqueue_arguments(command("enqueue", "add jobs: one with --id and --qty or --body, or "
                                "JSON lines with --file", _enqueue))
@@ -332,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("stats", "counts by status, oldest unfinished age, attempts, dead, redrives, "
                 "cancels, stale finishes (reads only)", _stats)
-    p.add_argument("queue", help="existing queue file")
+    _queue_argument(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--receiver", metavar="URL", default=None,
                    help="also show this receiver's counters (the URL it receives on: https, "
@@ -343,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--receiver over plain http to a host that is not loopback")
 
     p = command("dead", "list dead jobs and each one's last error (reads only)", _dead)
-    p.add_argument("queue", help="existing queue file")
+    _queue_argument(p)
     p.add_argument("--reason", metavar="REASON", type=_reason, default=None,
                    help=f"only this reason ({', '.join(DEAD_REASONS)})")
     p.add_argument("--limit", metavar="N", type=_int_in(1, 10**9), default=None,
@@ -351,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("inspect", "a job's row, every attempt, its redrives and cancels (reads only)",
                 _inspect)
-    p.add_argument("queue", help="existing queue file")
+    _queue_argument(p)
     p.add_argument("id", type=_job_id, help="job id")
     p.add_argument("--json", action="store_true", help="the whole record as JSON")
 
@@ -369,11 +381,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sends in flight per dispatcher (default 16)")
     p.add_argument("--keep", default=None,
                    help="keep the files in this folder (new or empty)")
+    p.add_argument("--store", metavar="URL", default=None,
+                   help="tell it on this PostgreSQL database (a postgresql:// URL) instead of "
+                        "a new queue file: its queue is created if missing and must hold no "
+                        "job (the demo never mixes with real work); the demo's jobs stay in "
+                        "it afterwards")
     return parser
 
 
 def _enqueue_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("queue", help="existing queue file")
+    _queue_argument(p)
     p.add_argument("--id", metavar="ID", type=_job_id,
                    help=f"job id: {PRODUCT.job_id_rule}, e.g. a UUID, order:123, tenant/7")
     p.add_argument("--qty", metavar="N", type=_int_in(1, MAX_QTY),
@@ -400,7 +417,7 @@ def _enqueue_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _run_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("queue", help="existing queue file")
+    _queue_argument(p)
     p.add_argument("--url", metavar="URL", required=True,
                    help="the receiver: https://HOST[:PORT]/PATH (its certificate and host "
                         "name verified), or http:// to a loopback address (127.0.0.1, ::1, "
@@ -456,7 +473,7 @@ def _destination_arguments(p: argparse.ArgumentParser) -> None:
 def _operator_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("redrive", "release dead jobs with a fresh budget, one audit row each",
                 _redrive)
-    p.add_argument("queue", help="existing queue file")
+    _queue_argument(p)
     p.add_argument("id", nargs="?", type=_job_id, default=None, help="one dead job's id")
     p.add_argument("--reason", metavar="REASON", type=_reason, default=None,
                    help=f"bulk: every dead job of this reason ({', '.join(DEAD_REASONS)})")
@@ -473,7 +490,7 @@ def _operator_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
                 "audit row (what it was, the note), together. A leased job is refused (its "
                 "send may be on the wire: cancel it once it is back), and so is a done one. "
                 "A cancelled job leaves the dead letters only by a redrive.")
-    p.add_argument("queue", help="existing queue file")
+    _queue_argument(p)
     p.add_argument("ids", nargs="*", type=_job_id, metavar="ID", help="jobs to cancel")
     p.add_argument("--reason", metavar="REASON", type=_reason, default=None,
                    help="bulk: every dead job of this reason "
@@ -487,7 +504,7 @@ def _operator_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
                 "their attempts and audit rows, in short transactions of up to "
                 f"{MAX_BATCH}. Pending, leased and dead jobs are never touched. An id whose "
                 "job was pruned is new again: enqueued again, it is a new job.")
-    p.add_argument("queue", help="existing queue file")
+    _queue_argument(p)
     p.add_argument("--older-than", metavar="AGE", type=parse_age, required=True,
                    help="7d, 12h, 30m, 90s, or milliseconds")
 
@@ -510,6 +527,42 @@ def _bulk_arguments(p: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------ helpers
 
 
+def shown(queue: str) -> str:
+    """A queue as it may be printed: a URL without its password (in its user
+    part or as a ``password=`` parameter); a path as it is."""
+    if not is_postgres_url(queue):
+        return queue
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(queue)
+    except ValueError:  # an unbalanced [ in the host, say: nothing of it is shown
+        return queue.split("://", 1)[0] + "://(a URL that does not parse)"
+    netloc = parts.netloc
+    if "@" in netloc:
+        user_part, _, hosts = netloc.rpartition("@")  # a password may hold an "@"
+        user = user_part.split(":", 1)[0]
+        netloc = f"{user}@{hosts}" if user else hosts
+    query = "&".join(item for item in parts.query.split("&")
+                     if item and item.split("=", 1)[0].strip().lower() != "password")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _passwords(queue: str) -> list[str]:
+    """The password a URL carries, in every spelling a message might quote."""
+    if not is_postgres_url(queue):
+        return []
+    from urllib.parse import parse_qsl, unquote, urlsplit
+
+    try:
+        parts = urlsplit(queue)
+        found = [parts.password or ""]
+        found += [value for key, value in parse_qsl(parts.query) if key.lower() == "password"]
+    except ValueError:
+        return []
+    return [word for text in found if text for word in {text, unquote(text)}]
+
+
 def _check_queue_path(path: str) -> None:
     if not os.path.exists(path):
         raise UsageError(f"queue file not found: {path}")
@@ -517,39 +570,36 @@ def _check_queue_path(path: str) -> None:
         raise UsageError(f"not a file: {path}")
 
 
-def _existing_queue(path: str, *, migrate_now: bool = True) -> sqlite3.Connection:
-    """Open an existing queue to change it, migrated to this version (open_store);
-    a missing, foreign or newer file is a usage error. ``migrate_now=False``
-    leaves the migration to the intake's own transaction (enqueue_events), so
-    an intake refused halfway leaves a contract file exactly as it was."""
-    _check_queue_path(path)
-    if os.path.getsize(path) == 0:  # SQLite would take it for an empty queue and fill it
-        raise UsageError(f"{path}: not a queue file: it is empty (init makes one)")
-    try:
-        if migrate_now:
-            return open_store(path, create=False)
-        con = open_queue(path, create=False)
-        version = schema_version(con)
-        if version > SCHEMA_VERSION:
-            con.close()
-            raise UsageError(f"{path}: queue file has schema version {version}, newer than "
-                             f"this code's {SCHEMA_VERSION}: use a newer lease-dispatcher")
-        return con
-    except sqlite3.OperationalError:  # locked, read-only, I/O: the work failed, exit 1
-        raise
-    except (ValueError, sqlite3.DatabaseError) as exc:  # not a queue: usage, exit 2
-        raise UsageError(f"{path}: {exc}") from None
+def open_queue_store(queue: str, *, create: bool = False, read_only: bool = False,
+                     migrate: bool = True) -> Store:
+    """The store QUEUE names, for a command: a file is checked first (missing, a
+    folder, empty: usage errors), a URL's server is reached and its queue found.
 
-
-def _readonly_queue(path: str) -> sqlite3.Connection:
-    """Open an existing queue only to look: nothing is written, not even the journal mode."""
-    _check_queue_path(path)
+    Not a queue (a foreign file or database, a newer version): UsageError, exit 2,
+    nothing changed. A store that fails (locked, read-only, a server that cannot
+    be reached): StoreError, exit 1 (main). ``read_only`` writes nothing at all
+    (a file's journal mode included); otherwise the queue is migrated to this
+    version, unless ``migrate=False`` leaves a file's migration to the intake's
+    own transaction, so an intake refused halfway leaves it exactly as it was.
+    """
+    if not is_postgres_url(queue) and not create:
+        _check_queue_path(queue)
+        if not read_only and os.path.getsize(queue) == 0:  # SQLite would fill it silently
+            raise UsageError(f"{queue}: not a queue file: it is empty (init makes one)")
     try:
-        return observe.open_readonly(path)
-    except sqlite3.OperationalError:  # locked, I/O: the work failed, exit 1
+        if migrate or is_postgres_url(queue):
+            return open_store(queue, create=create, read_only=read_only)
+        from lease.sqlite import SQLiteStore
+
+        return SQLiteStore(queue, create=create, migrate=False)
+    except NotAQueue as exc:
+        raise UsageError(f"{shown(queue)}: {exc}") from None
+    except StoreError:  # locked, read-only, unreachable: the work failed, exit 1
         raise
-    except (ValueError, sqlite3.DatabaseError) as exc:  # not a queue: usage, exit 2
-        raise UsageError(f"{path}: {exc}") from None
+    except FileNotFoundError as exc:  # removed since it was checked
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:  # a foreign file, by the contract's own refusal
+        raise UsageError(f"{shown(queue)}: {exc}") from None
 
 
 # A secrets file holds a few lines; a larger one is a wrong path (a log, an image).
@@ -688,29 +738,38 @@ def _when(ms: Optional[int]) -> str:
 
 
 def _init(args: argparse.Namespace) -> int:
-    if os.path.exists(args.queue) and not os.path.isfile(args.queue):
-        raise UsageError(f"not a file: {args.queue}")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(args.queue))):
-        raise UsageError(f"folder not found: {os.path.dirname(args.queue)}")
-    existed = os.path.exists(args.queue) and os.path.getsize(args.queue) > 0
-    try:
-        # open_store, spelled out: init says which version the file had.
-        with closing(open_queue(args.queue)) as con:
-            before = migrate(con)
-    except sqlite3.OperationalError:  # locked, a folder it cannot write in: exit 1
-        raise
-    except (ValueError, sqlite3.DatabaseError) as exc:  # not a queue: usage, exit 2
-        raise UsageError(f"{args.queue}: {exc}") from None
-    from lease.sqlite import SCHEMA_VERSION
-
-    if not existed:
-        print(f"created queue {args.queue} (schema version {SCHEMA_VERSION})")
-    elif before < SCHEMA_VERSION:
-        print(f"migrated queue {args.queue} from schema version {before} to "
-              f"{SCHEMA_VERSION}, every row kept")
+    queue = args.queue
+    if not is_postgres_url(queue):
+        if os.path.exists(queue) and not os.path.isfile(queue):
+            raise UsageError(f"not a file: {queue}")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(queue))):
+            raise UsageError(f"folder not found: {os.path.dirname(queue)}")
+    before = _version_before(queue)
+    with closing(open_queue_store(queue, create=True)) as store:
+        after = store.schema_version()
+    if before is None:
+        print(f"created queue {shown(queue)} (schema version {after})")
+    elif before < after:
+        print(f"migrated queue {shown(queue)} from schema version {before} to {after}, "
+              f"every row kept")
     else:
-        print(f"kept existing queue {args.queue} (schema version {SCHEMA_VERSION})")
+        print(f"kept existing queue {shown(queue)} (schema version {after})")
     return EXIT_OK
+
+
+def _version_before(queue: str) -> Optional[int]:
+    """The schema version QUEUE has before init, None when there is no queue yet.
+    Looking changes nothing: a file is opened unmigrated, a database read-only."""
+    if not is_postgres_url(queue):
+        if not os.path.exists(queue) or os.path.getsize(queue) == 0:
+            return None
+        with closing(open_queue_store(queue, migrate=False)) as store:
+            return store.schema_version()
+    try:
+        with closing(open_store(queue, read_only=True)) as store:
+            return store.schema_version()
+    except NotAQueue:  # no queue's tables yet (or foreign ones: creating says which)
+        return None
 
 
 def parse_event_line(raw: bytes) -> Optional[object]:
@@ -786,7 +845,8 @@ def _single_event(args: argparse.Namespace) -> Optional[dict]:
 def _enqueue(args: argparse.Namespace) -> int:
     event = _single_event(args)
     policy = RetryPolicy(max_attempts=args.max_attempts, ttl_ms=args.ttl_ms)
-    _check_queue_path(args.queue)  # before a FIFO is read: a missing queue fails at once
+    if not is_postgres_url(args.queue):
+        _check_queue_path(args.queue)  # before a FIFO is read: a missing queue fails at once
     with ExitStack() as stack:
         lines = None
         if event is None:
@@ -794,19 +854,22 @@ def _enqueue(args: argparse.Namespace) -> int:
             if source is not sys.stdin.buffer:
                 stack.enter_context(source)
             lines = JsonLines(source)
-        con = stack.enter_context(closing(_existing_queue(args.queue, migrate_now=False)))
-        results = _intake(con, [event] if lines is None else lines, policy, args.delay_ms)
+        store = stack.enter_context(closing(open_queue_store(args.queue, migrate=False)))
+        results = _intake(store, [event] if lines is None else lines, policy, args.delay_ms)
     return _report_intake(results, lines)
 
 
-def _intake(con: sqlite3.Connection, events: Any, policy: RetryPolicy, delay_ms: int) -> list:
-    """enqueue_events, a bad line named by its number; a progress line on a terminal."""
-    now = wall_clock_ms()
+def _intake(store: Store, events: Any, policy: RetryPolicy, delay_ms: int) -> list:
+    """enqueue_events, a bad line named by its number; a progress line on a terminal.
+    The delay is counted from the store's clock, as the job's first moment is."""
     live = sys.stderr.isatty() and isinstance(events, JsonLines)
     try:
-        return enqueue_events(con, events, now, policy,
-                              not_before_ms=now + delay_ms if delay_ms else None,
-                              on_progress=_enqueue_progress if live else None)
+        now = store.now_ms()
+        return store.enqueue_events(events, policy, now_ms=now,
+                                    not_before_ms=now + delay_ms if delay_ms else None,
+                                    on_progress=_enqueue_progress if live else None)
+    except NotAQueue as exc:  # found by the intake's migration: nothing was enqueued
+        raise UsageError(f"{shown(store.name)}: {exc}") from None
     except ValueError as exc:
         where = f"line {events.number}: " if isinstance(events, JsonLines) else ""
         raise UsageError(f"{where}{exc}; nothing was enqueued") from None
@@ -848,7 +911,8 @@ def _retry_policy(args: argparse.Namespace) -> RetryPolicy:
 def _run(args: argparse.Namespace) -> int:
     policy = _retry_policy(args)
     destination = _destination(args)
-    _existing_queue(args.queue).close()  # missing or foreign: exit 2 before anything runs
+    # missing or foreign: exit 2 before anything runs; a file is migrated here, once
+    open_queue_store(args.queue).close()
     from asyncworker.dispatcher import Dispatcher
 
     owner = args.owner or _default_owner()
@@ -864,15 +928,15 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     keys = len(destination.secrets)  # how many, never which
     signed = f"signed with {keys} secret{'s' if keys > 1 else ''}" if keys else "unsigned"
-    banner = (f"run: owner {owner}, queue {args.queue}, url {args.url} (ack {args.ack}, "
+    banner = (f"run: owner {owner}, queue {shown(args.queue)}, url {args.url} (ack {args.ack}, "
               f"{signed}), concurrency {args.concurrency}, lease {args.lease_ms} ms, backoff "
               f"{policy.backoff_base_ms}..{policy.backoff_cap_ms} ms, jitter {policy.jitter}")
     import asyncio
 
     try:
         stats = asyncio.run(_dispatch(dispatcher, args.until_idle, banner))
-    except sqlite3.DatabaseError as exc:
-        raise WorkFailed(f"{args.queue}: {exc}") from None
+    except StoreError as exc:  # the queue failed under the run: its summary is not printed
+        raise WorkFailed(f"{shown(args.queue)}: {exc}") from None
     print(json.dumps({"owner": owner, **stats.as_dict()}))
     return EXIT_DEAD if stats.dead else EXIT_OK
 
@@ -1036,8 +1100,8 @@ def _stats(args: argparse.Namespace) -> int:
             raise UsageError(f"--receiver: {exc}") from None
     elif args.ca_file is not None or args.insecure_plain_http:
         raise UsageError("--ca-file and --insecure-plain-http go with --receiver")
-    with closing(_readonly_queue(args.queue)) as con:
-        snap = observe.snapshot(con, wall_clock_ms())
+    with closing(open_queue_store(args.queue, read_only=True)) as store:
+        snap = store.snapshot()  # at the store's clock: a database's is its server's
     if args.receiver:
         try:
             snap["receiver"] = receiver_stats(args.receiver, args.ca_file,
@@ -1083,8 +1147,8 @@ def _event_cell(job: dict) -> object:
 
 
 def _dead(args: argparse.Namespace) -> int:
-    with closing(_readonly_queue(args.queue)) as con:
-        jobs = observe.dead_jobs(con, args.reason, args.limit)
+    with closing(open_queue_store(args.queue, read_only=True)) as store:
+        jobs = store.dead_jobs(args.reason, args.limit)
     columns = _JOB_COLUMNS + (("last_error",) if jobs and "last_error" in jobs[0] else ())
     if jobs:
         _print_table([columns] + [
@@ -1096,10 +1160,10 @@ def _dead(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    with closing(_readonly_queue(args.queue)) as con:
-        history = observe.job_history(con, args.id)
+    with closing(open_queue_store(args.queue, read_only=True)) as store:
+        history = store.job_history(args.id)
     if history is None:
-        raise WorkFailed(f"no job {args.id!r} in {args.queue}")
+        raise WorkFailed(f"no job {args.id!r} in {shown(args.queue)}")
     if args.json:
         print(json.dumps(history, indent=2, ensure_ascii=False))
     else:
@@ -1163,30 +1227,29 @@ def _print_records(title: str, records: list[dict], columns: tuple) -> None:
 # ------------------------------------------------------------------ the operator
 
 
-def apply_in_chunks(con: sqlite3.Connection, ids: list[str],
-                    apply: Callable[[sqlite3.Connection, list[str]], list],
+def apply_in_chunks(ids: list[str], apply: Callable[[list[str]], list],
                     done: str) -> list[tuple[str, object]]:
     """(id, True or its ValueError) for each id, MAX_BATCH per transaction.
 
-    A failure part-way (a database error) leaves the chunks before it whole
+    A failure part-way (a store error) leaves the chunks before it whole
     and the rest untouched; it is raised as WorkFailed with that count."""
     results: list[tuple[str, object]] = []
     for start in range(0, len(ids), MAX_BATCH):
         chunk = ids[start:start + MAX_BATCH]
         try:
-            answers = apply(con, chunk)
-        except sqlite3.Error as exc:
+            answers = apply(chunk)
+        except StoreError as exc:
             count = sum(answer is True for _, answer in results)
             raise WorkFailed(f"{exc}; {count} {done} before it, the rest untouched") from None
         results += zip(chunk, answers, strict=True)
     return results
 
 
-def _bulk_ids(args: argparse.Namespace, con: sqlite3.Connection, ids: list[str]) -> list[str]:
+def _bulk_ids(args: argparse.Namespace, store: Store, ids: list[str]) -> list[str]:
     """The ids given, or every dead job of --reason (at most --limit)."""
     if ids:
         return ids
-    return [job["id"] for job in observe.dead_jobs(con, args.reason, args.limit)]
+    return [job["id"] for job in store.dead_jobs(args.reason, args.limit)]
 
 
 def _check_bulk(args: argparse.Namespace, ids: list[str]) -> None:
@@ -1203,11 +1266,10 @@ def _redrive(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(args, "redrive")
 
-    def redrive(con: sqlite3.Connection, chunk: list[str]) -> list:
-        return redrive_jobs(con, chunk, wall_clock_ms(), args.ttl_ms, args.note)
-
-    with closing(_existing_queue(args.queue)) as con:
-        results = apply_in_chunks(con, _bulk_ids(args, con, ids), redrive, "redriven")
+    with closing(open_queue_store(args.queue)) as store:
+        results = apply_in_chunks(
+            _bulk_ids(args, store, ids),
+            lambda chunk: store.redrive_jobs(chunk, args.ttl_ms, args.note), "redriven")
     done = [f"redrove {job_id}" for job_id, answer in results if answer is True]
     refused = [f"not redriven: {answer}" for _, answer in results if answer is not True]
     return _print_outcome(done, refused, args, "redriven")
@@ -1226,8 +1288,8 @@ def _print_outcome(done: list[str], refused: list[str], args: argparse.Namespace
 def _dry_run(args: argparse.Namespace, verb: str) -> int:
     """The dead jobs of --reason, listed from a read-only look: nothing changes, not
     even a migration."""
-    with closing(_readonly_queue(args.queue)) as con:
-        ids = _bulk_ids(args, con, [])
+    with closing(open_queue_store(args.queue, read_only=True)) as store:
+        ids = _bulk_ids(args, store, [])
     _print_bounded([f"would {verb} {job_id}" for job_id in ids], args.verbose, sys.stdout)
     print(f"{len(ids)} to {verb} (dry run, nothing changed)")
     return EXIT_OK
@@ -1240,26 +1302,25 @@ def _cancel(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(args, "cancel")
 
-    def cancel(con: sqlite3.Connection, chunk: list[str]) -> list:
-        return cancel_jobs(con, chunk, wall_clock_ms(), args.note)
-
-    with closing(_existing_queue(args.queue)) as con:
-        results = apply_in_chunks(con, _bulk_ids(args, con, args.ids), cancel, "cancelled")
+    with closing(open_queue_store(args.queue)) as store:
+        results = apply_in_chunks(_bulk_ids(args, store, args.ids),
+                                  lambda chunk: store.cancel_jobs(chunk, args.note),
+                                  "cancelled")
     done = [f"cancelled {job_id}" for job_id, answer in results if answer is True]
     refused = [f"not cancelled: {answer}" for _, answer in results if answer is not True]
     return _print_outcome(done, refused, args, "cancelled")
 
 
 def _prune(args: argparse.Namespace) -> int:
-    with closing(_existing_queue(args.queue)) as con:
-        cutoff = max(0, wall_clock_ms() - args.older_than)
+    with closing(open_queue_store(args.queue)) as store:
+        cutoff = max(0, store.now_ms() - args.older_than)  # the store's clock judges its jobs
         pruned = 0
         while True:  # short transactions: a running dispatcher waits for none for long
             try:
-                count = prune_done(con, cutoff, MAX_BATCH)
-            except sqlite3.Error as exc:
-                raise WorkFailed(f"{args.queue}: {exc}; {pruned} pruned before it, the rest "
-                                 "untouched") from None
+                count = store.prune_done(cutoff, MAX_BATCH)
+            except StoreError as exc:
+                raise WorkFailed(f"{shown(args.queue)}: {exc}; {pruned} pruned before it, the "
+                                 "rest untouched") from None
             if not count:
                 break
             pruned += count
@@ -1303,7 +1364,23 @@ def _demo(args: argparse.Namespace) -> int:
         keep = Path(args.keep)
         if keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
             raise UsageError(f"--keep needs a new or empty folder: {args.keep}")
-    return run_demo(jobs=args.jobs, concurrency=args.concurrency, keep=args.keep)
+    if args.store is not None:
+        _check_demo_store(args.store)
+    return run_demo(jobs=args.jobs, concurrency=args.concurrency, keep=args.keep,
+                    store=args.store)
+
+
+def _check_demo_store(url: str) -> None:
+    """--store: a PostgreSQL database whose queue is empty (created if missing)."""
+    if not is_postgres_url(url):
+        raise UsageError(f"--store needs a postgresql:// URL (the default is a new queue "
+                         f"file): {shown(url)!r:.80}")
+    with closing(open_queue_store(url, create=True)) as store:
+        jobs = sum(store.counts().values())
+    if jobs:
+        raise UsageError(f"--store {shown(url)}: its queue holds {jobs} job(s); the demo "
+                         f"needs an empty queue so it never mixes with real work (give it a "
+                         f"database of its own)")
 
 
 def _quiet_exit_on_broken_pipe() -> int:
@@ -1316,9 +1393,15 @@ def _quiet_exit_on_broken_pipe() -> int:
     return EXIT_FAILED
 
 
-def _where(args: argparse.Namespace) -> str:
-    path = getattr(args, "queue", None) or getattr(args, "inbox", None)
-    return f"{path}: " if path else ""
+def _named(args: argparse.Namespace) -> Optional[str]:
+    return getattr(args, "queue", None) or getattr(args, "store", None) or getattr(
+        args, "inbox", None)
+
+
+def _where(args: argparse.Namespace, message: str) -> str:
+    """The message, led by the queue or inbox it is about unless it names it already."""
+    name = _named(args)
+    return message if not name or shown(name) in message else f"{shown(name)}: {message}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -1336,8 +1419,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _fail(args, f"error: {exc}", EXIT_USAGE)
     except WorkFailed as exc:
         return _fail(args, str(exc), EXIT_FAILED)
-    except sqlite3.Error as exc:  # a read-only, locked or damaged file, whatever the command
-        return _fail(args, f"{_where(args)}{exc}", EXIT_FAILED)
+    except NotAQueue as exc:  # found after the open (a table gone meanwhile, say)
+        return _fail(args, f"error: {_where(args, str(exc))}", EXIT_USAGE)
+    except StoreError as exc:  # locked, read-only, a server unreachable or refusing us
+        return _fail(args, _where(args, str(exc)), EXIT_FAILED)
+    except sqlite3.Error as exc:  # an inbox's file: read-only, locked or damaged
+        return _fail(args, _where(args, str(exc)), EXIT_FAILED)
     except OSError as exc:
         return _fail(args, str(exc), EXIT_FAILED)
     except KeyboardInterrupt:
@@ -1345,5 +1432,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _fail(args: argparse.Namespace, message: str, code: int) -> int:
+    name = _named(args)
+    for password in _passwords(name) if name else ():  # whatever a driver's message quoted
+        message = message.replace(password, "***")
     _log(f"asyncworker {args.command}: {one_line(message)}\n")
     return code

@@ -14,6 +14,13 @@
    second dispatcher delivers it.
 6. The evidence is read from the three places that hold it (the queue file,
    the inbox file, the receiver's counters) and checked against each other.
+
+With ``store`` (``asyncworker demo --store postgresql://...``) the queue is
+that PostgreSQL database's instead of a new file: the same story, the
+dispatchers sharing it as hosts would. Every step speaks to the queue through
+``lease.store``, so the story and its checks are the same on both stores. The
+database's queue must hold no job (the CLI checks), so the demo's figures are
+the demo's own; its jobs stay there afterwards.
 """
 
 from __future__ import annotations
@@ -31,10 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from asyncworker.cli import receiver_stats
+from asyncworker.cli import receiver_stats, shown
 from asyncworker.inbox import read_inbox
-from lease import observe
-from lease.worker import enqueue_many, open_queue, redrive
+from lease.policy import RetryPolicy
+from lease.store import Store, open_store
 
 LEASE_MS = 1500
 
@@ -47,13 +54,16 @@ class Check:
     expected: str
 
 
-def run_demo(*, jobs: int = 300, concurrency: int = 16, keep: Optional[str] = None) -> int:
+def run_demo(*, jobs: int = 300, concurrency: int = 16, keep: Optional[str] = None,
+             store: Optional[str] = None) -> int:
+    """The story on a new queue file in the demo's folder, or on ``store`` (a
+    postgresql:// URL whose queue holds no job)."""
     folder = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="asyncworker-demo-"))
     folder.mkdir(parents=True, exist_ok=True)
     children: list[subprocess.Popen] = []
     started = time.monotonic()
     try:
-        evidence = tell_the_story(folder, jobs, concurrency, children)
+        evidence = tell_the_story(folder, jobs, concurrency, children, store)
     except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as exc:
         print(f"demo failed before its evidence was complete: {exc!r}")
         return 1
@@ -75,6 +85,8 @@ def run_demo(*, jobs: int = 300, concurrency: int = 16, keep: Optional[str] = No
           f"{evidence['receiver']['duplicates']} duplicate sends absorbed ({took:.1f} s)")
     if keep:
         print(f"files kept in {folder}")
+    if store:
+        print(f"the demo's jobs stay in {shown(store)}")
     return 0
 
 
@@ -90,9 +102,17 @@ def _spawn(children: list, args: list[str], log: Path) -> subprocess.Popen:
     return child
 
 
-def tell_the_story(folder: Path, jobs: int, concurrency: int, children: list) -> dict:
-    queue, inbox = folder / "queue.db", folder / "inbox.db"
-    open_queue(queue).close()
+def tell_the_story(folder: Path, jobs: int, concurrency: int, children: list,
+                   store: Optional[str] = None) -> dict:
+    queue, inbox = store or str(folder / "queue.db"), folder / "inbox.db"
+    with closing(open_store(queue, create=True)) as looking:
+        return _story(looking, queue, inbox, folder, jobs, concurrency, children)
+
+
+def _story(looking: Store, queue: str, inbox: Path, folder: Path, jobs: int,
+           concurrency: int, children: list) -> dict:
+    """The story, told by processes on ``queue``; the demo itself looks at it (and
+    enqueues, and redrives) through ``looking``, one store kept open throughout."""
 
     receiver = _spawn(children, ["serve", "--inbox", str(inbox), "--p-drop", "0.03",
                                  "--seed", "11", "--latency-ms", "2"], folder / "receiver.log")
@@ -105,7 +125,7 @@ def tell_the_story(folder: Path, jobs: int, concurrency: int, children: list) ->
     # Both dispatchers look for work every 5 ms, so dispatcher-1 claims its
     # share as soon as the orders arrive; K is small against that share.
     crash_after = max(1, min(concurrency // 4, jobs // 20))
-    run = ["run", str(queue), "--url", url, "--concurrency", str(concurrency),
+    run = ["run", queue, "--url", url, "--concurrency", str(concurrency),
            "--lease-ms", str(LEASE_MS), "--poll-ms", "5"]
     logs = [folder / "dispatcher-1.log", folder / "dispatcher-2.log"]
     first = _spawn(children, [*run, "--owner", "dispatcher-1", "--crash-after-acks",
@@ -115,17 +135,17 @@ def tell_the_story(folder: Path, jobs: int, concurrency: int, children: list) ->
     _say(f"2. two dispatchers wait on an empty queue; dispatcher-1 will die by SIGKILL "
          f"right after ACK #{crash_after}")
 
-    orders = _enqueue_orders(queue, jobs)
+    orders = _enqueue_orders(looking, jobs)
     _say(f"3. {len(orders)} snack orders enqueued (one with a 1 ms deadline); "
          f"both dispatchers compete for them")
-    _wait_for(lambda: first.poll() is not None or _unfinished(queue) == 0, "dispatcher-1")
+    _wait_for(lambda: first.poll() is not None or _unfinished(looking) == 0, "dispatcher-1")
     if first.poll() is None:  # it never got its ACK: the evidence will say so
         first.send_signal(signal.SIGTERM)
     first_exit = first.wait(timeout=60)
-    leased_at_death = _count(queue)["leased"]
+    leased_at_death = looking.counts()["leased"]
     _say(f"   dispatcher-1 exit {first_exit}; {leased_at_death} jobs leased at that moment")
 
-    _wait_for(lambda: _unfinished(queue) == 0, "the queue to drain")
+    _wait_for(lambda: _unfinished(looking) == 0, "the queue to drain")
     second.send_signal(signal.SIGTERM)
     second_out, _ = second.communicate(timeout=120)
     second_stats = json.loads(second_out.strip().splitlines()[-1])
@@ -133,7 +153,7 @@ def tell_the_story(folder: Path, jobs: int, concurrency: int, children: list) ->
          f"{second_stats['ok']}, retried {second_stats['retried']}; stopped by SIGTERM, "
          f"exit {second.returncode}")
 
-    redriven = _redrive_expired(queue)
+    redriven = _redrive_expired(looking)
     third = _spawn(children, [*run, "--owner", "dispatcher-2", "--until-idle"],
                    folder / "dispatcher-2b.log")
     third_out, _ = third.communicate(timeout=120)
@@ -143,8 +163,9 @@ def tell_the_story(folder: Path, jobs: int, concurrency: int, children: list) ->
     received = receiver_stats(url)
     receiver.send_signal(signal.SIGTERM)
     receiver_exit = receiver.wait(timeout=30)
-    _say("6. evidence, read from the queue file, the inbox file and the receiver:\n")
-    return gather_evidence(queue, inbox, orders, received, {
+    where = "database" if looking.kind == "postgresql" else "file"
+    _say(f"6. evidence, read from the queue {where}, the inbox file and the receiver:\n")
+    return gather_evidence(looking, inbox, orders, received, {
         "dispatcher_1_exit": first_exit, "dispatcher_2_exit": second.returncode,
         "dispatcher_2_redrive_pass_exit": third.returncode, "receiver_exit": receiver_exit,
         "leased_when_dispatcher_1_died": leased_at_death})
@@ -158,42 +179,36 @@ def _wait_for(condition: Any, what: str, timeout: float = 90) -> None:
         time.sleep(0.02)
 
 
-def _unfinished(queue: Path) -> int:
-    counts = _count(queue)
+def _unfinished(store: Store) -> int:
+    counts = store.counts()
     return counts["pending"] + counts["leased"]
 
 
-def _enqueue_orders(queue: Path, jobs: int) -> dict[str, int]:
+def _enqueue_orders(store: Store, jobs: int) -> dict[str, int]:
     rng = random.Random(7)
     orders = {f"snack-{n:05d}": rng.randint(1, 20) for n in range(jobs)}
     orders["snack-late"] = 5
-    now = int(time.time() * 1000)
-    with closing(open_queue(queue)) as con:
-        # All at once, in one transaction: both dispatchers see every order together.
-        enqueue_many(con, [{"id": i, "qty": q} for i, q in orders.items() if i != "snack-late"],
-                     now, 60_000, 5)
-        enqueue_many(con, [{"id": "snack-late", "qty": orders["snack-late"]}], now - 1, 1, 5)
+    now = store.now_ms()
+    # All at once, in one transaction: both dispatchers see every order together.
+    store.enqueue_events([{"id": i, "qty": q} for i, q in orders.items() if i != "snack-late"],
+                         RetryPolicy(ttl_ms=60_000, max_attempts=5), now_ms=now)
+    # Its deadline is the moment it was enqueued: the first claim moves it to dead.
+    store.enqueue_events([{"id": "snack-late", "qty": orders["snack-late"]}],
+                         RetryPolicy(ttl_ms=1, max_attempts=5), now_ms=now - 1)
     return orders
 
 
-def _count(queue: Path) -> dict[str, int]:
-    with closing(open_queue(queue, create=False)) as con:
-        return observe.counts(con)
-
-
-def _redrive_expired(queue: Path) -> int:
-    with closing(open_queue(queue, create=False)) as con:
-        expired = observe.dead_jobs(con, "deadline")
-        for job in expired:
-            redrive(con, job["id"], int(time.time() * 1000), 60_000, "demo-redrive")
+def _redrive_expired(store: Store) -> int:
+    expired = [job["id"] for job in store.dead_jobs("deadline")]
+    if expired:
+        store.redrive_jobs(expired, 60_000, "demo-redrive")
     return len(expired)
 
 
-def gather_evidence(queue: Path, inbox: Path, orders: dict[str, int], received: dict,
+def gather_evidence(store: Store, inbox: Path, orders: dict[str, int], received: dict,
                     exits: dict) -> dict:
-    with closing(open_queue(queue, create=False)) as con:
-        snap = observe.snapshot(con, int(time.time() * 1000))
-        finished = observe.jobs_with_status(con, "done")
+    snap = store.snapshot()
+    finished = store.jobs_with_status("done")
     done = {job["id"]: job["qty"] for job in finished}
     max_token = max((job["token"] for job in finished), default=0)
     contents = read_inbox(inbox)
