@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     )
     from asyncworker.receiver import Faults, make_app, serve
     from asyncworker.sender import Destination, new_session, send_http
-    from asyncworker.store import QueueThread
+    from asyncworker.store import AsyncStore, QueueThread
 
 _HOMES = {
     "Dispatcher": "dispatcher",
@@ -41,9 +41,11 @@ _HOMES = {
     "new_session": "sender",
     "send_http": "sender",
     "QueueThread": "store",
+    "AsyncStore": "store",
 }
 
 __all__ = [
+    "AsyncStore",
     "Destination",
     "Dispatcher",
     "DispatcherStats",

@@ -32,25 +32,26 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import random
 import signal
-import sqlite3
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Optional, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import aiohttp
 from aiohttp import web
 
+from asyncworker.finisher import GroupFinisher, Judged, Recorded
+from asyncworker.leases import Held, LeaseKeeper, StoreTime, half_way
 from asyncworker.sender import new_session, send_http
-from asyncworker.store import QueueThread, is_locked
+from asyncworker.store import AsyncStore, Target
 from lease.http import Destination
-from lease.policy import DEFAULT_POLICY, PRODUCT, RetryPolicy
-from lease.sqlite import MAX_ERROR_CHARS, Attempt, Leased, claim_jobs, extend_lease, finish_jobs
+from lease.policy import DEFAULT_POLICY, PRODUCT, RetryPolicy, retry_delay_ms
+from lease.store import Attempt, Claimed, Store
 from lease.worker import (
     MAX_BATCH,
     BadAck,
+    Busy,
     Retryable,
     check_identifier,
     check_jitter,
@@ -88,15 +89,6 @@ class LeaseLost(Exception):
     """An extension found the marker changed: someone else owns the job now."""
 
 
-class _Judged(NamedTuple):
-    """What one attempt came to: the outcome to finish with (None: evidence
-    only, the job stays leased), its retry delay, and what the attempt saw."""
-
-    outcome: Optional[str]
-    delay_ms: int
-    seen: Attempt
-
-
 DEATH_REASONS = ("deadline", "exhausted", "permanent")
 
 
@@ -123,7 +115,7 @@ class DispatcherStats:
     stale: int = 0  # a finish (or an extension) that found the lease gone
     bad_acks: int = 0  # answers that were no evidence: the job stays leased
     errors: int = 0  # jobs that failed (send or finish unclassified): the job stays leased
-    lock_retries: int = 0  # another process held the write lock: waited and retried
+    lock_retries: int = 0  # the store was busy (a write lock, a lost connection): retried
     extended: int = 0  # leases pushed forward for sends still running
     in_flight: int = 0  # jobs claimed and not yet recorded (a finish may wait for its group)
     sending: int = 0  # send slots in use: claimed jobs whose send has not ended (<= concurrency)
@@ -138,46 +130,74 @@ class DispatcherStats:
         self.dead_by_reason[reason] += n
 
 
-@dataclass(eq=False)  # identity: a job in flight is itself, whatever its ticket says
-class _Held:
-    """A job in flight. Only the queue's thread replaces ``ticket`` (on an
-    extension), so the ticket a finish uses is always the one in the file."""
+class SendSlots:
+    """The bound on sends in flight: a job takes a slot when it is claimed and
+    gives it back the moment its send ends (its finish is written in a group
+    while the next sends already run). ``Slot.give_back`` is idempotent."""
 
-    ticket: dict
-    event: dict  # what is sent: {"id", "qty"} or {"id", "body"}
-    first_ms: int
-    extend_at: int  # clock value at half of the current lease
-    claimed_at: float = field(default_factory=time.perf_counter)
-    task: Optional[asyncio.Task] = None
-    cut: Optional[str] = None  # why the lease keeper cancelled the send: timeout | lost
-    can_extend: bool = True
-    send_over: bool = False  # its send slot has been given back
-    handed_over: bool = False  # its finish is queued: the flusher records it
+    def __init__(self, size: int, stats: DispatcherStats) -> None:
+        self.size = size
+        self._stats = stats  # sending and peak_sending are the slots' own figures
+        self.freed = asyncio.Event()
+
+    @property
+    def used(self) -> int:
+        return self._stats.sending
+
+    @property
+    def free(self) -> int:
+        return self.size - self._stats.sending
+
+    def take(self) -> Slot:
+        assert self.free > 0, "a claim took more jobs than there are free slots"
+        self._stats.sending += 1
+        self._stats.peak_sending = max(self._stats.peak_sending, self._stats.sending)
+        return Slot(self)
+
+    def _give(self) -> None:
+        self._stats.sending -= 1
+        self.freed.set()
+
+
+class Slot:
+    __slots__ = ("_slots",)
+
+    def __init__(self, slots: SendSlots) -> None:
+        self._slots: Optional[SendSlots] = slots
+
+    def give_back(self) -> None:
+        slots, self._slots = self._slots, None
+        if slots is not None:
+            slots._give()
 
 
 class Dispatcher:
-    """Own it with ``async with Dispatcher(path, owner, url=...) as d: await d.run()``.
+    """Own it with ``async with Dispatcher(queue, owner, url=...) as d: await d.run()``.
 
-    Exactly one of ``url``, ``destination`` and ``send``. ``url`` is a
-    ``lease.http.Destination`` with the defaults (https to any host, plain
-    http to loopback, the echo-id ACK, unsigned); ``destination`` a whole
-    one (an ACK policy, a CA file, secrets). Both send with ``send_http``
-    and the claim token, over one session whose connections are kept alive,
-    signed (with secrets) at this dispatcher's clock in seconds. ``send``
-    is a coroutine function ``send(event, token)``. The event is the job as
-    enqueued, {"id", "qty"} or {"id", "body"} with the body as its
-    canonical JSON text. ``policy`` spaces the retries
-    (``policy.classify``; a receiver's Retry-After is honoured up to its
-    backoff cap, ``retry_delay_ms``); ``lease_ms`` defaults to the policy's lease
-    (1 ms .. 1 h) and bounds each send. A job's budget (attempts, time to
-    live) is the one it was enqueued with. ``clock`` returns milliseconds;
-    ``jitter`` returns a uniform draw in 0..1 for each retry delay (the
-    policy makes its jitter of it). ``poll_interval`` (seconds) is how long
-    an idle dispatcher waits before it looks for work again. ``concurrency`` bounds
-    the sends in flight; ``batch_size`` bounds the jobs one claim or finish
-    transaction handles. ``create`` makes a missing queue file (by default a
-    missing queue is FileNotFoundError, as for ``run_file``). ``latencies``,
-    when a list, receives each job's claim-to-finish time in seconds.
+    ``queue`` is a SQLite file's path, a ``postgresql://`` URL, or a function that opens a
+    ``lease.store.Store`` of the caller's. Exactly one of ``url``, ``destination`` and ``send``.
+    ``url`` is a ``lease.http.Destination`` with the defaults (https to any host, plain http to
+    loopback, the echo-id ACK, unsigned); ``destination`` a whole one (an ACK policy, a CA file,
+    secrets). Both send with ``send_http`` and the claim token, over one session whose
+    connections are kept alive, signed (with secrets) at this host's clock in seconds. ``send``
+    is a coroutine function ``send(event, token)``. The event is the job as enqueued, {"id",
+    "qty"} or {"id", "body"} with the body as its canonical JSON text. ``policy`` spaces the
+    retries (``policy.judge``: a receiver's Retry-After is honoured up to its backoff cap);
+    ``lease_ms`` defaults to the policy's lease (1 ms .. 1 h) and bounds each send. A job's
+    budget (attempts, time to live) is the one it was enqueued with.
+
+    Time: leases are judged by the store's clock (the database server's for
+    PostgreSQL), unless ``clock`` (milliseconds) is given, which then judges
+    every call. ``jitter`` returns a uniform draw in 0..1 for each retry delay
+    (the policy makes its jitter of it). ``poll_interval`` (seconds) is how
+    long an idle dispatcher waits before it looks for work again; a
+    PostgreSQL store also wakes it when work is enqueued or redriven.
+    ``concurrency`` bounds the sends in flight; ``batch_size`` bounds the jobs
+    one claim or finish transaction handles; ``threads`` the store calls at
+    once (PostgreSQL; a SQLite file has one). ``create`` makes a missing
+    queue (by default a missing queue is FileNotFoundError for a file,
+    NotAQueue for a database). ``latencies``, when a list, receives each
+    job's claim-to-finish time in seconds.
 
     It runs once: after ``stop()`` (even one that came before ``run()``
     started), after ``run()`` returned or after a failure, ``run()`` does not
@@ -186,7 +206,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        queue_path: Union[str, os.PathLike],
+        queue_path: Target,
         owner: str,
         *,
         url: Optional[str] = None,
@@ -195,12 +215,13 @@ class Dispatcher:
         concurrency: int = 16,
         policy: RetryPolicy = DEFAULT_POLICY,
         lease_ms: Optional[int] = None,
-        clock: Callable[[], int] = wall_clock_ms,
+        clock: Optional[Callable[[], int]] = None,
         jitter: Callable[[], float] = random.random,
         poll_interval: float = 0.05,
         batch_size: int = 64,
         create: bool = False,
         latencies: Optional[list[float]] = None,
+        threads: Optional[int] = None,
     ) -> None:
         check_identifier("owner", owner)
         destination = _one_destination(url, destination, send)
@@ -235,14 +256,18 @@ class Dispatcher:
         self._send = send
         self._clock = clock
         self._jitter = jitter
-        self._queue = QueueThread(queue_path, create=create)
+        self._time = StoreTime(clock)
+        self._queue = AsyncStore(queue_path, create=create, threads=threads, listen=True)
         self._session: Optional[aiohttp.ClientSession] = None
         self._tasks: set[asyncio.Task] = set()
-        self._sending: set[_Held] = set()
-        self._slot_freed = asyncio.Event()
+        self._slots = SendSlots(concurrency, self.stats)
         self._claim_at_least = max(1, min(batch_size, concurrency // 8))
-        self._to_finish: list[tuple[_Held, _Judged, asyncio.Future]] = []
-        self._flusher: Optional[asyncio.Task] = None
+        self._keeper = LeaseKeeper(self._queue, self._time, lease_ms, self.finish_margin_ms,
+                                   on_extended=self._count_extended, on_busy=self._count_busy,
+                                   on_failure=self._keeper_failed)
+        self._finisher = GroupFinisher(self._queue, self._time, batch_size,
+                                       on_recorded=self._recorded, on_failed=self._finish_failed,
+                                       on_committed=self._count_group, on_busy=self._count_busy)
         self._stop = asyncio.Event()  # set once, never cleared: a stop is final
         self._running = False
         self._failure: Optional[BaseException] = None
@@ -252,6 +277,11 @@ class Dispatcher:
 
     async def __aenter__(self) -> Dispatcher:
         await self._queue.open()
+        try:
+            await self._time.read(self._queue)
+        except BaseException:
+            await self._queue.close()
+            raise
         if self.destination is not None:
             self._session = new_session(limit=self.concurrency,
                                         ssl_context=self.destination.ssl_context)
@@ -266,8 +296,8 @@ class Dispatcher:
         await self._queue.close()
 
     @property
-    def queue(self) -> QueueThread:
-        """The queue's connection thread: enqueue, redrive, snapshot, ..."""
+    def queue(self) -> AsyncStore:
+        """The store, off the event loop: enqueue, redrive, snapshot, ..."""
         return self._queue
 
     @property
@@ -291,7 +321,7 @@ class Dispatcher:
 
     def health(self) -> dict[str, Any]:
         """The answer to "is it dispatching?", JSON-serialisable. ``last_claim_ms``
-        is the clock value of the last claim transaction that committed."""
+        is the store's time of the last claim transaction that committed."""
         failure = self._failure
         return {
             "state": self.state,
@@ -343,21 +373,20 @@ class Dispatcher:
 
     async def _dispatch(self, until_idle: bool) -> None:
         stop_wait = asyncio.ensure_future(self._stop.wait())
-        keeper = asyncio.create_task(self._keep_leases(), name="lease keeper")
+        keeper = asyncio.create_task(self._keeper.run(), name="lease keeper")
         keeper.add_done_callback(self._keeper_died)
         try:
             while not self._stop.is_set():
-                free = self.concurrency - self.stats.sending
-                if free < self._claim_at_least and self.stats.sending:
+                if self._slots.free < self._claim_at_least and self._slots.used:
                     # Wait for a few slots, then claim them in one transaction: fewer,
                     # fuller claim transactions for the same sends in flight.
-                    await self._slot_or_stop(stop_wait, None)
+                    await self._wait(stop_wait, None)
                     continue
                 if await self._claim_some():
                     continue
                 if until_idle and not self._tasks and await self._queue.is_drained():
                     break
-                await self._slot_or_stop(stop_wait, self.poll_interval)
+                await self._wait(stop_wait, self.poll_interval, work=True)
             if self._tasks:  # graceful: in-flight sends end within their leases
                 await asyncio.wait(self._tasks)
         except Exception as exc:
@@ -371,15 +400,21 @@ class Dispatcher:
             keeper.remove_done_callback(self._keeper_died)
             keeper.cancel()
 
-    async def _slot_or_stop(self, stop_wait: asyncio.Future, timeout: Optional[float]) -> None:
-        """Wait until a send ends (a slot is free), a job ends, stop(), or the timeout."""
-        self._slot_freed.clear()
-        slot = asyncio.ensure_future(self._slot_freed.wait())
+    async def _wait(self, stop_wait: asyncio.Future, timeout: Optional[float], *,
+                    work: bool = False) -> None:
+        """Wait until a slot is free (a send ended), stop(), the timeout, or, when
+        idle (``work``), a wake-up from the store: work was enqueued or redriven."""
+        self._slots.freed.clear()
+        waits = {asyncio.ensure_future(self._slots.freed.wait())}
+        if work:
+            self._queue.work_arrived.clear()
+            waits.add(asyncio.ensure_future(self._queue.work_arrived.wait()))
         try:
-            await asyncio.wait({slot, stop_wait}, timeout=timeout,
+            await asyncio.wait(waits | {stop_wait}, timeout=timeout,
                                return_when=asyncio.FIRST_COMPLETED)
         finally:
-            slot.cancel()
+            for waiting in waits:
+                waiting.cancel()
 
     def _keeper_died(self, keeper: asyncio.Task) -> None:
         """Without its lease keeper no send is cut off in time: the run fails at
@@ -387,91 +422,85 @@ class Dispatcher:
         Not logged here: whoever awaits run() (or dispatcher_context) reports it once."""
         error = None if keeper.cancelled() else keeper.exception()
         if error is not None:
-            self._failure = self._failure or error
-            self.abort()
+            self._keeper_failed(error)
+
+    def _keeper_failed(self, error: BaseException) -> None:
+        self._failure = self._failure or error
+        self.abort()
 
     async def _settle(self) -> None:
         """Wait for the jobs to unwind and for every queued finish to be written."""
         if self._tasks:
             await asyncio.wait(self._tasks)
-        if self._flusher is not None:
-            await asyncio.wait({self._flusher})
+        await self._finisher.settle()
 
-    # --------------------------------------------------------------- one job
-
-    def _now(self) -> int:
-        return check_now(self._clock(), "clock value")
-
-    def _backoff(self) -> float:
-        """A short jittered pause before retrying a locked database (seconds)."""
-        return 0.001 + 0.009 * check_jitter(self._jitter())
+    # --------------------------------------------------------------- claims
 
     async def _claim_some(self) -> bool:
         """Claim as many jobs as there are free slots (up to batch_size), in one
-        transaction; start a task for each. False when there was nothing to claim."""
-        while not self._stop.is_set():
-            first_ms = self._now()
-            limit = min(self.concurrency - self.stats.sending, self.batch_size)
-            try:
-                leased, moved = await self._queue.try_call(claim_jobs, self.owner, first_ms,
-                                                           self.lease_ms, limit)
-            except sqlite3.OperationalError as exc:
-                if not is_locked(exc):
-                    raise
-                self.stats.lock_retries += 1
-                await asyncio.sleep(self._backoff())
-                continue
-            self._claimed(first_ms, leased, moved)
-            return bool(leased)
-        return False
+        transaction; start a task for each. False when there was nothing to claim
+        (or a stop came while the store was busy)."""
+        limit = min(self._slots.free, self.batch_size)
+        asked = self._time.asked()
 
-    def _claimed(self, first_ms: int, leased: list[Leased], moved: dict[str, int]) -> None:
+        def claim(store: Store) -> Claimed:
+            return store.claim_jobs(self.owner, self.lease_ms, limit, now_ms=self._time.given())
+
+        try:
+            claimed = await self._queue.call(claim, keep_trying=lambda: not self._stop.is_set(),
+                                             on_busy=lambda _: self._count_busy(),
+                                             draw=self._draw)
+        except Busy:
+            return False  # stopping
+        if not self._time.injected:
+            self._time.observe(claimed.now_ms, asked)
+        self._claimed(claimed)
+        return bool(claimed.leased)
+
+    def _claimed(self, claimed: Claimed) -> None:
         """Count a committed claim (its quarantine moves too) and start its jobs."""
         stats = self.stats
         stats.claim_calls += 1
-        self._last_claim_ms = first_ms
-        for reason, n in moved.items():
+        self._last_claim_ms = claimed.now_ms
+        for reason, n in claimed.moved.items():
             stats.count_dead(reason, n)
             stats.quarantined += n
-        if not leased:
+        if not claimed.leased:
             return
-        stats.claimed += len(leased)
+        stats.claimed += len(claimed.leased)
         stats.claim_batches += 1
-        stats.in_flight += len(leased)
-        stats.sending += len(leased)  # a slot per job from its claim to its send's end
-        stats.peak_sending = max(stats.peak_sending, stats.sending)
-        for job in leased:
+        stats.in_flight += len(claimed.leased)
+        first_ms = claimed.now_ms
+        for job in claimed.leased:
             ticket = job.ticket
-            held = _Held(ticket, job.event, first_ms, _half_way(first_ms, ticket["lease_until"]))
+            held = Held(ticket, job.event, first_ms, half_way(first_ms, ticket["lease_until"]))
+            slot = self._slots.take()  # from the claim to the end of the send
             held.task = asyncio.create_task(
-                self._work(held), name=f"job {ticket['id']} token {ticket['token']}")
+                self._work(held, slot), name=f"job {ticket['id']} token {ticket['token']}")
             self._tasks.add(held.task)
-            held.task.add_done_callback(functools.partial(self._job_done, held))
+            held.task.add_done_callback(functools.partial(self._job_done, held, slot))
 
-    def _job_done(self, held: _Held, task: asyncio.Task) -> None:
+    def _job_done(self, held: Held, slot: Slot, task: asyncio.Task) -> None:
         # A done callback, so it runs even for a task cancelled before its first step.
         self._tasks.discard(task)
-        self._send_done(held)
+        slot.give_back()
         if not held.handed_over:  # no finish queued: the job ends here, left leased
             self.stats.in_flight -= 1
-        self._slot_freed.set()
+        self._slots.freed.set()
 
-    def _send_done(self, held: _Held) -> None:
-        # The slot is free as soon as the send is over: the finish is written
-        # by the flusher, in a group, while the next sends already run.
-        if not held.send_over:
-            held.send_over = True
-            self.stats.sending -= 1
-            self._slot_freed.set()
+    # --------------------------------------------------------------- one job
 
-    async def _work(self, held: _Held) -> None:
+    async def _work(self, held: Held, slot: Slot) -> None:
         try:
-            await self._finish(held, await self._judged_send(held))
+            judged = await self._judged_send(held, slot)
+            await held.settled()  # an extension in flight first: its ticket is the store's
+            held.handed_over = True  # from here the finisher owns the outcome and counts it
+            await self._finisher.finish(held, judged)
         except Exception:
             self.stats.errors += 1
             log.exception("job failed id=%s token=%s", held.ticket["id"], held.ticket["token"])
 
-    async def _judged_send(self, held: _Held) -> _Judged:
+    async def _judged_send(self, held: Held, slot: Slot) -> Judged:
         """Send, and judge what came of it; the send's own duration is its latency.
 
         The lease keeper may cancel the send: at the end of its lease (a
@@ -481,7 +510,7 @@ class Dispatcher:
         """
         ticket = held.ticket
         error: Optional[BaseException] = None
-        self._sending.add(held)
+        self._keeper.watch(held)
         started = time.perf_counter()
         try:
             try:
@@ -497,14 +526,14 @@ class Dispatcher:
                 error = exc
         finally:
             latency_ms = round((time.perf_counter() - started) * 1000)
-            self._sending.discard(held)
-            self._send_done(held)
+            self._keeper.unwatch(held)
+            slot.give_back()
+        seen = Attempt.of(held.first_ms, latency_ms, error)
         if error is None:
-            return _Judged("ok", 0, Attempt(held.first_ms, latency_ms))
-        return self._judge_error(held, error, Attempt(
-            held.first_ms, latency_ms, _http_status(error), _error_text(error)))
+            return Judged("ok", 0, seen)
+        return self._judge_error(held, error, seen)
 
-    def _judge_error(self, held: _Held, error: BaseException, seen: Attempt) -> _Judged:
+    def _judge_error(self, held: Held, error: BaseException, seen: Attempt) -> Judged:
         """A failed send's outcome and delay by the policy. A lost lease is
         finished as a retry, which its fence refuses as stale: the attempt is
         recorded and counted like any late finish. A bad ACK or an
@@ -512,142 +541,49 @@ class Dispatcher:
         ticket = held.ticket
         if isinstance(error, LeaseLost):
             log.info("lease lost id=%s token=%s", ticket["id"], ticket["token"])
-            return _Judged("retry", self.policy.delay_ms(ticket["attempt"], self._jitter()),
-                           seen)
-        verdict = self.policy.classify(error, ticket["attempt"], self._jitter())
+            return Judged("retry", self.policy.delay_ms(ticket["attempt"], self._draw()), seen)
+        verdict = self.policy.judge(error, ticket["attempt"], self._draw())
         if verdict is not None:
-            outcome, delay_ms = verdict
-            if outcome == "retry":
-                delay_ms = retry_delay_ms(delay_ms, _retry_after_ms(error),
-                                          self.policy.backoff_cap_ms)
-            return _Judged(outcome, delay_ms, seen)
+            return Judged(verdict[0], verdict[1], seen)
         if isinstance(error, BadAck):
             self.stats.bad_acks += 1
             log.warning("bad ACK id=%s token=%s: %s", ticket["id"], ticket["token"], error)
         else:
             self.stats.errors += 1
             log.error("send failed id=%s token=%s: %r", ticket["id"], ticket["token"], error)
-        return _Judged(None, 0, seen)
+        return Judged(None, 0, seen)
 
     async def _call_send(self, event: dict, token: int) -> object:
         if self._send is not None:
             return await self._send(event, token)
         destination = self.destination
         assert destination is not None
-        # The clock is read for a signature only: an unsigned send reads it no more than before.
-        stamp = self._now() // 1000 if destination.secrets else None
+        # A signature's time is this host's (or the injected clock's): the
+        # receiver checks it against its own clock, not the store's.
+        stamp = (self._time.given() or wall_clock_ms()) // 1000 if destination.secrets else None
         return await send_http(destination, event, timeout=self.lease_ms / 1000, token=token,
                                session=self._session, timestamp=stamp)
 
-    # --------------------------------------------------------------- leases
+    def _draw(self) -> float:
+        return check_jitter(self._jitter())
 
-    async def _keep_leases(self) -> None:
-        """One task watches every send in flight: it extends a lease at half of
-        it, and cuts a send off before its lease ends (keeping time for the
-        finish). One task instead of a timer per job keeps the per-job cost low."""
-        tick = max(0.005, min(self.finish_margin_ms, self.lease_ms // 4) / 2000)
-        while True:
-            await asyncio.sleep(tick)
-            if self._sending:
-                await self._tend(list(self._sending))
+    # --------------------------------------------------------------- counting
 
-    async def _tend(self, sending: list[_Held]) -> None:
-        now = self._now()
-        for held in sending:
-            if held.cut is not None:
-                continue
-            if held.ticket["lease_until"] - self.finish_margin_ms <= now:
-                self._cut(held, "timeout")
-            elif held.can_extend and now >= held.extend_at:
-                await self._extend(held)
+    def _count_busy(self) -> None:
+        self.stats.lock_retries += 1
 
-    async def _extend(self, held: _Held) -> None:
-        try:
-            renewed = await self._queue.try_call(_extend_held, held, self._now(),
-                                                 self.lease_ms)
-        except sqlite3.OperationalError as exc:
-            if not is_locked(exc):
-                raise
-            self.stats.lock_retries += 1  # tried again at the next tick
-            return
-        if renewed is None:
-            self._cut(held, "lost")
-            return
+    def _count_group(self) -> None:
+        self.stats.finish_batches += 1
+
+    def _count_extended(self) -> None:
         self.stats.extended += 1
-        held.can_extend = renewed  # False once the lease is capped at the deadline
-        held.extend_at = _half_way(self._now(), held.ticket["lease_until"])
 
-    def _cut(self, held: _Held, why: str) -> None:
-        held.cut = why
-        if held.task is not None and held in self._sending:
-            held.task.cancel()
-
-    # --------------------------------------------------------------- finishes
-
-    async def _finish(self, held: _Held, judged: _Judged) -> None:
-        """Queue this outcome (or evidence only) for the next group commit and wait for it.
-
-        Finishes that arrive while a group is being written form the next
-        group: one transaction for all of them, started as soon as the queue's
-        thread is free, never held back waiting for more. The flusher task
-        owns the outcome once it is queued: cancelling this job (an abort)
-        cannot lose it, and the flusher counts it, written or failed.
-        """
-        result: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._to_finish.append((held, judged, result))
-        held.handed_over = True
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush_finishes(), name="finish flusher")
-        await result
-
-    async def _flush_finishes(self) -> None:
-        while self._to_finish:
-            group = self._to_finish[: self.batch_size]
-            del self._to_finish[: self.batch_size]
-            results: list[Optional[_Recorded]]
-            try:
-                results = list(await self._finish_group(group))
-            except Exception:
-                # Counted and logged here, once: the jobs' own tasks only wait. An
-                # evidence-only item was counted already, as the bad ACK or error it is.
-                self.stats.errors += sum(1 for _, judged, _ in group
-                                         if judged.outcome is not None)
-                log.exception("finish failed, %d jobs left leased: %s", len(group),
-                              _some_ids([held for held, _, _ in group]))
-                results = [None] * len(group)
-            for (held, judged, result), status in zip(group, results, strict=True):
-                self.stats.in_flight -= 1
-                if status is not None and judged.outcome is not None:
-                    self._count(*status)
-                    if self.latencies is not None:
-                        self.latencies.append(time.perf_counter() - held.claimed_at)
-                if not result.done():
-                    result.set_result(status)
-
-    async def _finish_group(self, group: list) -> list[_Recorded]:
-        """finish_jobs with a fresh clock value; a locked database is retried while
-        any lease in the group is still live (a finish after it would be False)."""
-        helds = [held for held, _, _ in group]
-        judged = [judged for _, judged, _ in group]
-        while True:
-            now = check_now(self._clock(), "clock value")
-            for held in helds:
-                check_second_clock(held.first_ms, now)
-            try:
-                statuses = await self._queue.try_call(_finish_helds, helds, judged, now)
-            except sqlite3.OperationalError as exc:
-                if not is_locked(exc):
-                    raise
-                self.stats.lock_retries += 1
-                if all(now >= held.ticket["lease_until"] for held in helds):
-                    return [(False, None)] * len(group)
-                await asyncio.sleep(self._backoff())
-                continue
-            self.stats.finish_batches += 1
-            return statuses
-
-    def _count(self, status: Union[str, bool], reason: Optional[str]) -> None:
+    def _recorded(self, held: Held, judged: Judged, recorded: Recorded) -> None:
         stats = self.stats
+        stats.in_flight -= 1
+        if judged.outcome is None:  # evidence only: counted as the bad ACK or error it is
+            return
+        status, reason = recorded
         if status is False:
             stats.stale += 1
         elif status == "done":
@@ -657,6 +593,15 @@ class Dispatcher:
         else:
             assert reason is not None
             stats.count_dead(reason)
+        if self.latencies is not None:
+            self.latencies.append(time.perf_counter() - held.claimed_at)
+
+    def _finish_failed(self, helds: list[Held], judged: list[Judged]) -> None:
+        """Counted and logged here, once: the jobs' own tasks only wait. An
+        evidence-only item was counted already, as the bad ACK or error it is."""
+        self.stats.in_flight -= len(helds)
+        self.stats.errors += sum(1 for one in judged if one.outcome is not None)
+        log.exception("finish failed, %d jobs left leased: %s", len(helds), _some_ids(helds))
 
 
 def _one_destination(url: Optional[str], destination: object,
@@ -672,22 +617,10 @@ def _one_destination(url: Optional[str], destination: object,
     return destination
 
 
-def retry_delay_ms(policy_delay_ms: int, retry_after_ms: Optional[int], cap_ms: int) -> int:
-    """A retry's delay: the policy's, or longer when the receiver asked for
-    longer (Retry-After), but never past the policy's backoff cap for that."""
-    if retry_after_ms is None:
-        return policy_delay_ms
-    return max(policy_delay_ms, min(retry_after_ms, cap_ms))
-
-
-def _some_ids(helds: list[_Held], most: int = 20) -> str:
+def _some_ids(helds: list[Held], most: int = 20) -> str:
     """id/token of the first few jobs, for a log line that stays one line."""
     named = " ".join(f"{held.ticket['id']}/{held.ticket['token']}" for held in helds[:most])
     return named if len(helds) <= most else f"{named} and {len(helds) - most} more"
-
-
-def _half_way(now_ms: int, lease_until: int) -> int:
-    return now_ms + (lease_until - now_ms) // 2
 
 
 def _uncancel() -> None:
@@ -698,62 +631,8 @@ def _uncancel() -> None:
         task.uncancel()
 
 
-def _extend_held(con: sqlite3.Connection, held: _Held, now_ms: int,
-                 lease_ms: int) -> Optional[bool]:
-    """On the queue's thread: extend, and replace the ticket right there, so a
-    finish queued behind this call uses the new one. None: the lease is gone;
-    otherwise whether the lease actually moved (False once capped)."""
-    renewed = extend_lease(con, held.ticket, now_ms, lease_ms)
-    if renewed is False:
-        return None
-    assert isinstance(renewed, dict)
-    moved = renewed["lease_until"] > held.ticket["lease_until"]
-    held.ticket = renewed
-    return moved
-
-
-_Recorded = tuple[Union[str, bool], Optional[str]]  # (status or False, reason: the cause if dead)
-
-
-def _finish_helds(con: sqlite3.Connection, helds: list[_Held], judged: list[_Judged],
-                  now_ms: int) -> list[_Recorded]:
-    """On the queue's thread: finish_jobs with each job's current ticket and its
-    attempt's evidence; per job its status and reason, (False, None) for a
-    stale one, ("leased", None) for evidence only."""
-    items = [(held.ticket, *one) for held, one in zip(helds, judged, strict=True)]
-    return [result or (False, None) for result in finish_jobs(con, items, now_ms)]
-
-
-def _http_status(error: BaseException) -> Optional[int]:
-    """The HTTP status the sender put on its exception, if it is one."""
-    try:
-        status = getattr(error, "http_status", None)
-    except Exception:  # a foreign exception's property: no status, not a lost finish
-        return None
-    return status if type(status) is int and 100 <= status <= 999 else None
-
-
-def _retry_after_ms(error: BaseException) -> Optional[int]:
-    """The wait the receiver asked for, as the sender put it on its exception."""
-    try:
-        wait = getattr(error, "retry_after_ms", None)
-    except Exception:  # a foreign exception's property: no wait asked for
-        return None
-    return wait if type(wait) is int and wait >= 0 else None
-
-
-def _error_text(error: BaseException) -> str:
-    """The exception as evidence: its class and message, capped as it is kept."""
-    name = type(error).__name__
-    try:
-        text = str(error)
-    except Exception:  # a broken __str__ must not lose the finish: the class alone
-        return name
-    return f"{name}: {text}"[:MAX_ERROR_CHARS] if text else name
-
-
 async def run_once(
-    queue: QueueThread,
+    queue: AsyncStore,
     owner: str,
     clock: Callable[[], int],
     send: Callable[[dict], Awaitable[object]],
@@ -762,11 +641,12 @@ async def run_once(
 ) -> Optional[dict]:
     """The async twin of ``lease.run_once``: the same contract, the same rules.
 
-    ``queue`` is an open QueueThread; ``send`` is a coroutine function.
+    ``queue`` is an open AsyncStore on a SQLite file (the contract's own
+    functions run there); ``send`` is a coroutine function.
     """
     check_run_args(owner, clock, send, jitter, lease_ms)
     first_ms = check_now(clock(), "clock value")
-    ticket = await queue.call(claim, owner, first_ms, lease_ms)
+    ticket = await queue.call_contract(claim, owner, first_ms, lease_ms)
     if ticket is None:
         return None
     try:
@@ -778,7 +658,7 @@ async def run_once(
         verdict = classified
     second_ms = check_second_clock(first_ms, clock())
     outcome, delay_ms = verdict
-    status = await queue.call(finish, ticket, outcome, second_ms, delay_ms)
+    status = await queue.call_contract(finish, ticket, outcome, second_ms, delay_ms)
     return {"id": ticket["id"], "token": ticket["token"], "status": status or "stale"}
 
 

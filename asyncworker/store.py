@@ -1,16 +1,23 @@
-"""One thread owns the queue's sqlite3 connection; coroutines hand it whole calls.
+"""The store off the event loop: coroutines hand whole store calls to threads.
 
-Each call is a complete function of ``lease`` (``claim``, ``finish``, ...),
-so a transaction never spans an ``await``: the event loop never waits inside
-a transaction, and no two coroutines interleave statements on the one
-connection. The queue's SQL lives in ``lease`` alone: this thread runs
-``lease``'s functions and nothing else.
+``AsyncStore`` opens a ``lease.store.Store`` (a SQLite file or a
+``postgresql://`` URL) and runs each call on a thread of its own, so a
+transaction never spans an ``await``: the event loop never waits inside a
+transaction, and no two coroutines interleave statements on one
+connection. A SQLite file has one thread, which owns its one connection
+(SQLite has one writer at a time anyway); a PostgreSQL store has as many
+threads as its pool has connections, so claims, extensions and finishes of
+different jobs commit side by side. The store's SQL lives in the store alone.
 
-The queue is opened as a product queue (``lease.sqlite.open_store``): a file
-written by the contract alone is migrated forward, in one transaction, to
-the schema with payloads and the evidence of every attempt. That is
-intended: the contract's functions still work on a migrated file, but a
-file once opened here is never at the contract's version again.
+``Busy`` (a SQLite write lock held by another process, a PostgreSQL
+serialization failure or lost connection) is retried here, by the pause and
+patience of ``lease.store.BusyRetry``; each caller only says how long the
+answer is still worth having (``keep_trying``). With PostgreSQL a listener
+thread turns the store's NOTIFY into ``work_arrived``, so an idle dispatcher
+wakes when work is enqueued or redriven instead of at its next poll.
+
+A SQLite file is opened as a product queue (``lease.sqlite.SQLiteStore``): a
+file written by the contract alone is migrated forward, in one transaction.
 """
 
 from __future__ import annotations
@@ -18,133 +25,239 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import sqlite3
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, TypeVar, Union
 
-from lease import observe
+from lease import worker
 from lease.policy import DEFAULT_POLICY, RetryPolicy
-from lease.sqlite import enqueue_events, open_store
-from lease.worker import Conflict, enqueue, enqueue_many, redrive
+from lease.sqlite import _store_errors
+from lease.store import PATIENT, BusyRetry, Store, is_postgres_url, open_store
+from lease.worker import Busy, Conflict
+
+__all__ = ["AsyncStore", "QueueThread", "POSTGRES_THREADS"]
 
 T = TypeVar("T")
+# a SQLite file's path, a postgresql:// URL, or a function that opens a Store
+Target = Union[str, "os.PathLike[str]", Callable[[], Store]]
 
 BUSY_TIMEOUT_MS = 5
-LOCK_PATIENCE = 5.0  # seconds call() keeps retrying a locked database
+POSTGRES_THREADS = 4  # connections (and threads) of a dispatcher's PostgreSQL pool
+LISTEN_TICK_S = 0.5  # how often the listener thread looks whether it should stop
 
 
-def is_locked(error: BaseException) -> bool:
-    """A competing process holds the write lock: transient, worth a retry."""
-    return isinstance(error, sqlite3.OperationalError) and (
-        "locked" in str(error) or "busy" in str(error)
-    )
+class AsyncStore:
+    """``async with AsyncStore(target) as queue: await queue.run(lambda s: s.counts())``."""
 
-
-class QueueThread:
-    """``async with QueueThread(path) as queue: await queue.call(claim, owner, now)``."""
-
-    def __init__(self, path: Union[str, os.PathLike], *, create: bool = False) -> None:
-        self._path = path
+    def __init__(self, target: Target, *, create: bool = False,
+                 threads: Optional[int] = None, clock: Optional[Callable[[], int]] = None,
+                 listen: bool = False) -> None:
+        """``target``: a SQLite file's path, a ``postgresql://`` URL, or a function
+        that opens a Store of the caller's (called on a store thread; ``threads``
+        then defaults to 1). ``listen``: wake ``work_arrived`` on the store's
+        NOTIFY (PostgreSQL)."""
+        if not isinstance(target, (str, os.PathLike)) and not callable(target):
+            raise ValueError(f"queue must be a path, a postgresql:// URL or a function "
+                             f"opening a store, got {type(target).__name__}")
+        self._target = target
         self._create = create
+        self._clock = clock
+        self._listen = listen
+        postgres = is_postgres_url(target)
+        if threads is None:
+            threads = POSTGRES_THREADS if postgres else 1
+        if type(threads) is not int or not 1 <= threads <= 64 or (threads > 1 and not postgres):
+            raise ValueError(f"threads must be an int in 1..64 (1 for a SQLite file), "
+                             f"got {threads!r}")
+        self.threads = threads
         self._executor: Optional[ThreadPoolExecutor] = None
-        self._con: Optional[sqlite3.Connection] = None
+        self._store: Optional[Store] = None
+        self._listener: Optional[threading.Thread] = None
+        self._closing = threading.Event()
+        self.work_arrived = asyncio.Event()  # set by a NOTIFY; the waiter clears it
 
-    async def open(self) -> QueueThread:
-        # The connection is made on the thread that will use it, and only there.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queue")
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise RuntimeError("the queue is not open")
+        return self._store
+
+    @property
+    def kind(self) -> str:
+        return self.store.kind
+
+    async def open(self) -> AsyncStore:
+        self._executor = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="queue")
         try:
-            # Migrating a contract file takes the write lock once: wait out a
-            # short lock as every call does.
-            self._con = await self._patiently(open_store, self._path, create=self._create)
-            await self.try_call(_short_busy_wait)
+            # A SQLite connection is made on the thread that will use it (there is
+            # one); opening takes the write lock once to migrate: wait out a short
+            # lock as every call does.
+            self._store = await self._patiently(self._open_store)
+            if self._store.kind == "sqlite":
+                await self.run(_short_busy_wait)
+            if self._listen and hasattr(self._store, "listener"):
+                self._start_listener()
         except BaseException:
-            if self._con is not None:
-                self._executor.submit(self._con.close).result()
-                self._con = None
-            self._executor.shutdown(wait=True)
-            self._executor = None
+            await self.close()
             raise
         return self
+
+    def _open_store(self) -> Store:
+        target = self._target
+        if isinstance(target, (str, os.PathLike)):
+            return open_store(target, create=self._create, clock=self._clock,
+                              threads=self.threads)
+        store = target()
+        if not isinstance(store, Store):
+            raise ValueError(f"the store function returned {type(store).__name__}, not a Store")
+        return store
 
     async def close(self) -> None:
         executor, self._executor = self._executor, None
         if executor is None:
             return
-        con, self._con = self._con, None
-        if con is not None:
-            await asyncio.wrap_future(executor.submit(con.close))
+        self._closing.set()
+        if self._listener is not None:
+            await asyncio.to_thread(self._listener.join)
+            self._listener = None
+        store, self._store = self._store, None
+        if store is not None:
+            await asyncio.wrap_future(executor.submit(store.close))
         executor.shutdown(wait=True)
 
-    async def __aenter__(self) -> QueueThread:
+    async def __aenter__(self) -> AsyncStore:
         return await self.open()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        if self._executor is None:
-            raise RuntimeError("the queue is not open")
-        return await asyncio.wrap_future(self._executor.submit(fn, *args, **kwargs))
+    # ------------------------------------------------------------ calls
 
-    async def try_call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(con, *args, **kwargs)`` once on the connection's thread and await
-        it; a locked database raises (the caller decides how to retry)."""
-        return await self._run(self._with_con, fn, *args, **kwargs)
+    async def run(self, fn: Callable[[Store], T]) -> T:
+        """``fn(store)`` once on a store thread; Busy is raised to the caller."""
+        return await self._on_thread(fn, self.store)
 
-    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """try_call, retried with a short jittered pause while another process
-        holds the write lock, for up to LOCK_PATIENCE seconds."""
-        return await self._patiently(self._with_con, fn, *args, **kwargs)
-
-    async def _patiently(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        give_up = time.monotonic() + LOCK_PATIENCE
+    async def call(self, fn: Callable[[Store], T], *,
+                   keep_trying: Optional[Callable[[], bool]] = None,
+                   on_busy: Optional[Callable[[Busy], None]] = None,
+                   retry: BusyRetry = PATIENT,
+                   draw: Callable[[], float] = random.random) -> T:
+        """``fn(store)``, retried after a short jittered pause while the store is
+        Busy: for ``retry.patience_s``, or as long as ``keep_trying()`` says."""
+        give_up = time.monotonic() + retry.patience_s
         while True:
             try:
-                return await self._run(fn, *args, **kwargs)
-            except sqlite3.OperationalError as exc:
-                if not is_locked(exc) or time.monotonic() >= give_up:
+                return await self.run(fn)
+            except Busy as busy:
+                if on_busy is not None:
+                    on_busy(busy)
+                still = keep_trying() if keep_trying is not None else time.monotonic() < give_up
+                if not still:
                     raise
-            await asyncio.sleep(0.001 + 0.009 * random.random())
+            await asyncio.sleep(retry.pause_s(draw()))
 
-    def _with_con(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        assert self._con is not None
-        return fn(self._con, *args, **kwargs)
+    async def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._executor is None:
+            raise RuntimeError("the queue is not open")
+        return await asyncio.wrap_future(self._executor.submit(fn, *args))
 
-    # The operations an embedding service needs, each one thread hop.
+    async def _patiently(self, fn: Callable[[], T]) -> T:
+        give_up = time.monotonic() + PATIENT.patience_s
+        while True:
+            try:
+                return await self._on_thread(fn)
+            except Busy:
+                if time.monotonic() >= give_up:
+                    raise
+            await asyncio.sleep(PATIENT.pause_s(random.random()))
 
-    async def enqueue(self, event: dict, now_ms: int, ttl_ms: int,
-                      max_attempts: int = 3) -> bool:
-        return await self.call(enqueue, event, now_ms, ttl_ms, max_attempts)
+    # ------------------------------------------------------------ wake-ups
 
-    async def enqueue_many(self, events: list, now_ms: int, ttl_ms: int,
-                           max_attempts: int = 3) -> list[Union[bool, Conflict]]:
-        """All in one transaction (``lease.enqueue_many``): per event True (new),
-        False (duplicate) or the Conflict that refused it."""
-        return await self.call(enqueue_many, list(events), now_ms, ttl_ms, max_attempts)
+    def _start_listener(self) -> None:
+        loop = asyncio.get_running_loop()
+        listener = self.store.listener()  # type: ignore[attr-defined]
 
-    async def enqueue_events(self, events: list, now_ms: int,
+        def listen() -> None:
+            try:
+                while not self._closing.is_set():
+                    if listener.wait(LISTEN_TICK_S):
+                        loop.call_soon_threadsafe(self.work_arrived.set)
+            finally:
+                listener.close()
+
+        self._listener = threading.Thread(target=listen, name="queue listener", daemon=True)
+        self._listener.start()
+
+    # ------------------------------------------------------------ an embedding service's calls
+
+    async def enqueue_events(self, events: list, now_ms: Optional[int] = None,
                              policy: RetryPolicy = DEFAULT_POLICY, *,
                              not_before_ms: Optional[int] = None) -> list[Union[bool, Conflict]]:
-        """The product's intake (``lease.sqlite.enqueue_events``): {"id", "qty"}
-        or {"id", "body"} events with the policy's budget, all in one
-        transaction; per event True (new), False (duplicate) or its Conflict."""
-        return await self.call(enqueue_events, list(events), now_ms, policy,
-                               not_before_ms=not_before_ms)
+        """The product's intake: {"id", "qty"} or {"id", "body"} events with the
+        policy's budget, all in one transaction; per event True (new), False
+        (duplicate) or its Conflict. ``now_ms`` None: the store's clock."""
+        events = list(events)
+        return await self.call(lambda s: s.enqueue_events(events, policy, now_ms=now_ms,
+                                                          not_before_ms=not_before_ms))
 
-    async def redrive(self, job_id: str, now_ms: int, ttl_ms: int, note: str) -> bool:
-        return await self.call(redrive, job_id, now_ms, ttl_ms, note)
+    async def enqueue_many(self, events: list, now_ms: Optional[int], ttl_ms: int,
+                           max_attempts: int = 3) -> list[Union[bool, Conflict]]:
+        """Lab events {"id", "qty"} with an explicit budget, all in one transaction:
+        per event True (new), False (duplicate) or the Conflict that refused it."""
+        events = list(events)
+        for event in events:
+            worker.check_event(event)  # the lab's events, by the lab's rule
+        policy = RetryPolicy(max_attempts=max_attempts, ttl_ms=ttl_ms)
+        return await self.enqueue_events(events, now_ms, policy)
 
-    async def snapshot(self, now_ms: int) -> dict:
-        return await self.call(observe.snapshot, now_ms)
+    async def enqueue(self, event: dict, now_ms: Optional[int], ttl_ms: int,
+                      max_attempts: int = 3) -> bool:
+        [result] = await self.enqueue_many([event], now_ms, ttl_ms, max_attempts)
+        if isinstance(result, Conflict):
+            raise result
+        return result
+
+    async def redrive(self, job_id: str, ttl_ms: int, note: str, *,
+                      now_ms: Optional[int] = None) -> bool:
+        """Redrive one dead job (audit row and release together); ValueError if
+        it is missing or not dead."""
+        [result] = await self.call(lambda s: s.redrive_jobs([job_id], ttl_ms, note,
+                                                            now_ms=now_ms))
+        if isinstance(result, ValueError):
+            raise result
+        return True
+
+    async def snapshot(self, now_ms: Optional[int] = None) -> dict:
+        return await self.call(lambda s: s.snapshot(now_ms))
 
     async def is_drained(self) -> bool:
-        return await self.call(observe.is_drained)
+        return await self.call(lambda s: s.is_drained())
+
+    # ------------------------------------------------------------ the contract's functions
+
+    async def call_contract(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A ``lease.worker`` function of a SQLite connection (``claim``,
+        ``finish``, ...), run on the file's thread, riding out a held write lock."""
+        store = self.store
+        if store.kind != "sqlite":
+            raise TypeError("the contract's functions run on a SQLite queue file only")
+        connection = store.connection  # type: ignore[attr-defined]
+        return await self.call(lambda _: _translate_locked(fn, connection, *args, **kwargs))
 
 
-def _short_busy_wait(con: sqlite3.Connection) -> None:
+QueueThread = AsyncStore  # the name of the SQLite-only runtime before the store interface
+
+
+def _translate_locked(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """The contract raises sqlite3's own error for a held lock: in the store's words."""
+    with _store_errors():
+        return fn(*args, **kwargs)
+
+
+def _short_busy_wait(store: Store) -> None:
     # SQLite's own busy handler sleeps in growing steps (1, 2, 5, 10 ... 100 ms):
     # a process that waits on it keeps missing the short gaps between another
     # process's transactions and starves. A 5 ms busy wait, then our own short
     # jittered retry, keeps both in the race (see the fairness test).
-    con.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    store.connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # type: ignore[attr-defined]

@@ -15,6 +15,10 @@ import pytest
 from lease import worker
 from lease.sqlite import open_store
 
+# A real PostgreSQL server, started lazily by the suite (or TEST_DATABASE_URL):
+# the fixtures postgres_server, postgres_url and make_postgres_server.
+pytest_plugins = ["tests.postgres_server"]
+
 T0 = 1_000_000  # a clock value well inside the contract's range
 
 

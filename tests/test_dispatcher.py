@@ -19,7 +19,7 @@ from asyncworker import Dispatcher, QueueThread, dispatcher_context, send_http
 from lease import observe, worker
 from lease.policy import DEFAULT_POLICY, LAB_POLICY, RetryPolicy
 from lease.sqlite import SCHEMA_VERSION, enqueue_events, open_store, schema_version
-from lease.worker import Conflict, Permanent, Retryable
+from lease.worker import Busy, Conflict, Permanent, Retryable
 
 from .conftest import T0, add, job, rows
 from .servers import HostileServer, ReceiverProcess, ack_for
@@ -447,19 +447,19 @@ async def _ok(event: dict, token: int) -> bool:
 
 
 async def test_queue_calls_wait_out_a_short_lock(queue_path: Path):
-    """call() rides out another process's write lock; try_call() reports it at once."""
+    """call() rides out another process's write lock; run() reports it at once, as Busy."""
     import sqlite3 as sq
 
-    from asyncworker import QueueThread
+    from asyncworker import AsyncStore
 
     open_store(queue_path).close()  # migrated: opening needs no write lock
     holder = sq.connect(queue_path, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")
     released = threading.Timer(0.3, holder.execute, ("ROLLBACK",))
     try:
-        async with QueueThread(queue_path) as queue:
-            with pytest.raises(sq.OperationalError, match="locked"):
-                await queue.try_call(worker.enqueue, {"id": "a", "qty": 1}, T0, 1000)
+        async with AsyncStore(queue_path) as queue:
+            with pytest.raises(Busy, match="locked"):
+                await queue.run(lambda s: s.enqueue_events([{"id": "a", "qty": 1}], now_ms=T0))
             released.start()
             assert await queue.enqueue({"id": "a", "qty": 1}, T0, 1000) is True
     finally:
@@ -509,7 +509,7 @@ async def test_opening_waits_out_a_short_lock_to_migrate(queue_path: Path):
     released.start()
     try:
         async with QueueThread(queue_path) as queue:
-            assert await queue.call(schema_version) == SCHEMA_VERSION
+            assert await queue.run(lambda s: s.schema_version()) == SCHEMA_VERSION
     finally:
         released.join()
         holder.close()

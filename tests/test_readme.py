@@ -41,7 +41,7 @@ def test_ci_runs_the_readme_test_command():
 
 def test_every_test_named_in_the_guarantees_exists():
     docs = (README.parent / "docs" / "guarantees.md").read_text()
-    sources = "".join(p.read_text() for p in (README.parent / "tests").glob("test_*.py"))
+    sources = "".join(p.read_text() for p in (README.parent / "tests").rglob("test_*.py"))
     named = set(re.findall(r"::(test_\w+)", docs))
     assert len(named) > 20
     assert sorted(n for n in named if f"def {n}(" not in sources) == []

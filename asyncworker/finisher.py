@@ -1,0 +1,118 @@
+"""The finish group committer: the outcomes of many jobs in one transaction.
+
+Finishes that arrive while a group is being written form the next group:
+one transaction for all of them, started as soon as the last one is written,
+never held back waiting for more. Once an outcome is queued this committer
+owns it: cancelling the job's task (an abort) cannot lose it, and it is
+counted here, written or failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable, NamedTuple, Optional, Union
+
+from asyncworker.leases import Held, StoreTime
+from asyncworker.store import AsyncStore
+from lease.store import Attempt, Store
+from lease.worker import Busy, check_second_clock
+
+__all__ = ["Judged", "Recorded", "GroupFinisher"]
+
+log = logging.getLogger("asyncworker.finisher")
+
+# (status or False for stale, reason: the cause if dead); ("leased", None) for evidence only
+Recorded = tuple[Union[str, bool], Optional[str]]
+STALE: Recorded = (False, None)
+
+
+class Judged(NamedTuple):
+    """What one attempt came to: the outcome to finish with (None: evidence
+    only, the job stays leased), its retry delay, and what the attempt saw."""
+
+    outcome: Optional[str]
+    delay_ms: int
+    seen: Attempt
+
+
+class _Queued(NamedTuple):
+    held: Held
+    judged: Judged
+    result: asyncio.Future
+
+
+class GroupFinisher:
+    """``await finisher.finish(held, judged)`` -> what was recorded, or None if
+    the group's transaction failed (the job stays leased)."""
+
+    def __init__(self, queue: AsyncStore, store_time: StoreTime, batch_size: int, *,
+                 on_recorded: Callable[[Held, Judged, Recorded], None],
+                 on_failed: Callable[[list[Held], list[Judged]], None],
+                 on_committed: Callable[[], None],
+                 on_busy: Callable[[], None]) -> None:
+        self._queue = queue
+        self._time = store_time
+        self.batch_size = batch_size
+        self._on_recorded = on_recorded
+        self._on_failed = on_failed
+        self._on_committed = on_committed
+        self._on_busy = on_busy
+        self._to_finish: list[_Queued] = []
+        self._flusher: Optional[asyncio.Task] = None
+
+    async def finish(self, held: Held, judged: Judged) -> Optional[Recorded]:
+        result: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._to_finish.append(_Queued(held, judged, result))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name="finish flusher")
+        return await result
+
+    async def settle(self) -> None:
+        """Wait until every queued finish is written (or has failed)."""
+        if self._flusher is not None:
+            await asyncio.wait({self._flusher})
+
+    async def _flush(self) -> None:
+        while self._to_finish:
+            group = self._to_finish[: self.batch_size]
+            del self._to_finish[: self.batch_size]
+            helds = [queued.held for queued in group]
+            judged = [queued.judged for queued in group]
+            recorded: list[Optional[Recorded]]
+            try:
+                recorded = list(await self._write(helds, judged))
+            except Exception:
+                self._on_failed(helds, judged)
+                recorded = [None] * len(group)
+            for queued, one in zip(group, recorded, strict=True):
+                if one is not None:
+                    self._on_recorded(queued.held, queued.judged, one)
+                if not queued.result.done():
+                    queued.result.set_result(one)
+
+    async def _write(self, helds: list[Held], judged: list[Judged]) -> list[Recorded]:
+        """finish_jobs, each job with its newest ticket, at a clock value read
+        afresh for every try: a retry must not judge by a time already past. A
+        Busy store is retried while any lease in the group may still be live (a
+        finish after all of them would be stale anyway)."""
+        items = [(held.ticket, *one) for held, one in zip(helds, judged, strict=True)]
+
+        def finish(store: Store) -> list:
+            now = self._time.given()
+            if now is not None:
+                for held in helds:
+                    check_second_clock(held.first_ms, now)
+            return store.finish_jobs(items, now_ms=now)
+
+        def live() -> bool:
+            return any(self._time.now() < held.ticket["lease_until"] for held in helds)
+
+        try:
+            found = await self._queue.call(finish, keep_trying=live,
+                                           on_busy=lambda _: self._on_busy())
+        except Busy:
+            return [STALE] * len(helds)
+        self._on_committed()
+        return [one or STALE for one in found]
+

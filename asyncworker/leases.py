@@ -1,0 +1,170 @@
+"""The leases of the jobs in flight: the store's time, and the keeper that
+extends a lease at half of it and cuts a send off before it ends.
+
+One task (``LeaseKeeper.run``) watches every send in flight, instead of a
+timer per job: the per-job cost stays low. An extension runs as its own task
+and the job's finish waits for it (``Held.settled``): the ticket a finish
+uses is always the newest one the store has, whether the store runs one
+call at a time (SQLite) or many side by side (PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from asyncworker.store import AsyncStore
+from lease.worker import Busy, check_now
+
+__all__ = ["Held", "LeaseKeeper", "StoreTime"]
+
+log = logging.getLogger("asyncworker.leases")
+
+
+class StoreTime:
+    """The clock leases are judged by, as this process can tell it.
+
+    With an injected ``clock`` (tests, or a caller that wants its own) every
+    store call is given that clock's value. Without one, the store judges by
+    its own clock (the database server's for PostgreSQL) and this process
+    follows it between calls: the store's time at the last reading plus the
+    monotonic time elapsed since the reading was *asked for*. That estimate
+    runs ahead of the store, never behind it, so a send is cut off early
+    rather than late, whatever this host's wall clock says.
+    """
+
+    def __init__(self, clock: Optional[Callable[[], int]] = None) -> None:
+        self._clock = clock
+        self._offset_ms: Optional[float] = None
+
+    @property
+    def injected(self) -> bool:
+        return self._clock is not None
+
+    def given(self) -> Optional[int]:
+        """The value to hand a store call: the injected clock's, or None (the store's)."""
+        if self._clock is None:
+            return None
+        return check_now(self._clock(), "clock value")
+
+    def asked(self) -> float:
+        """Call before a store call whose time will be ``observe``d."""
+        return time.monotonic()
+
+    def observe(self, store_ms: int, asked_at: float) -> None:
+        self._offset_ms = store_ms - asked_at * 1000
+
+    def now(self) -> int:
+        """The store's time now (the injected clock's value, or the estimate)."""
+        if self._clock is not None:
+            return check_now(self._clock(), "clock value")
+        if self._offset_ms is None:
+            raise RuntimeError("the store's clock has not been read yet")
+        return int(time.monotonic() * 1000 + self._offset_ms)
+
+    async def read(self, queue: AsyncStore) -> None:
+        """Read the store's clock once (before the first claim)."""
+        if self._clock is None:
+            asked = self.asked()
+            self.observe(await queue.call(lambda s: s.now_ms()), asked)
+
+
+@dataclass(eq=False)  # identity: a job in flight is itself, whatever its ticket says
+class Held:
+    """A job in flight. ``ticket`` is replaced only by its extension, on the
+    event loop, and a finish waits for that extension first (``settled``)."""
+
+    ticket: dict
+    event: dict  # what is sent: {"id", "qty"} or {"id", "body"}
+    first_ms: int  # the store's time of the claim
+    extend_at: int  # the store's time at half of the current lease
+    claimed_at: float = field(default_factory=time.perf_counter)
+    task: Optional[asyncio.Task] = None
+    cut: Optional[str] = None  # why the lease keeper cancelled the send: timeout | lost
+    can_extend: bool = True
+    extension: Optional[asyncio.Task] = None
+    handed_over: bool = False  # its outcome is the finisher's: counted there
+
+    async def settled(self) -> None:
+        """Wait for an extension in flight: after it, ``ticket`` is the store's."""
+        if self.extension is not None and not self.extension.done():
+            await asyncio.shield(self.extension)
+
+
+def half_way(now_ms: int, lease_until: int) -> int:
+    return now_ms + (lease_until - now_ms) // 2
+
+
+class LeaseKeeper:
+    """Extends the leases of the sends it watches and cuts off those that
+    cannot finish in time, keeping ``finish_margin_ms`` for the finish."""
+
+    def __init__(self, queue: AsyncStore, store_time: StoreTime, lease_ms: int,
+                 finish_margin_ms: int, *, on_extended: Callable[[], None],
+                 on_busy: Callable[[], None],
+                 on_failure: Callable[[BaseException], None]) -> None:
+        self._queue = queue
+        self._time = store_time
+        self.lease_ms = lease_ms
+        self.finish_margin_ms = finish_margin_ms
+        self._on_extended = on_extended
+        self._on_busy = on_busy
+        self._on_failure = on_failure  # an extension that failed: no send is safe any more
+        self._sending: set[Held] = set()
+        self.tick_s = max(0.005, min(finish_margin_ms, lease_ms // 4) / 2000)
+
+    def watch(self, held: Held) -> None:
+        self._sending.add(held)
+
+    def unwatch(self, held: Held) -> None:
+        """The send is over: no extension starts for it from now on."""
+        self._sending.discard(held)
+
+    def is_sending(self, held: Held) -> bool:
+        return held in self._sending
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            if self._sending:
+                self._tend(list(self._sending))
+
+    def _tend(self, sending: list[Held]) -> None:
+        now = self._time.now()
+        for held in sending:
+            if held.cut is not None:
+                continue
+            if held.ticket["lease_until"] - self.finish_margin_ms <= now:
+                self._cut(held, "timeout")
+            elif held.can_extend and now >= held.extend_at and (
+                    held.extension is None or held.extension.done()):
+                held.extension = asyncio.create_task(
+                    self._extend(held), name=f"extend {held.ticket['id']}")
+
+    async def _extend(self, held: Held) -> None:
+        ticket, now = held.ticket, self._time.given()
+        try:
+            renewed = await self._queue.run(lambda s: s.extend_lease(ticket, self.lease_ms,
+                                                                     now_ms=now))
+        except Busy:
+            self._on_busy()  # tried again at the next tick
+            return
+        except Exception as exc:
+            self._on_failure(exc)
+            return
+        if renewed is False:
+            self._cut(held, "lost")
+            return
+        assert isinstance(renewed, dict)
+        self._on_extended()
+        held.can_extend = renewed["lease_until"] > ticket["lease_until"]  # False: capped
+        held.ticket = renewed
+        held.extend_at = half_way(self._time.now(), renewed["lease_until"])
+
+    def _cut(self, held: Held, why: str) -> None:
+        held.cut = why
+        if held.task is not None and held in self._sending:
+            held.task.cancel()
