@@ -163,6 +163,10 @@ class Store(Protocol):
 
     def close(self) -> None: ...
 
+    def __enter__(self) -> Store: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
     def schema_version(self) -> int: ...
 
     def now_ms(self) -> int:
@@ -234,7 +238,7 @@ def open_store(target: Union[str, os.PathLike[str]], *, create: bool = False,
     """
     if is_postgres_url(target):
         try:
-            from lease.postgres import PostgresStore  # type: ignore[import-not-found]
+            from lease.postgres import PostgresStore
         except ImportError as exc:  # the optional extra is not installed
             raise StoreError(f"a postgresql:// queue needs psycopg 3: "
                              f"pip install 'lease-dispatcher[postgres]' ({exc})") from None
