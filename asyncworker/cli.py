@@ -593,13 +593,24 @@ def open_queue_store(queue: str, *, create: bool = False, read_only: bool = Fals
 
         return SQLiteStore(queue, create=create, migrate=False)
     except NotAQueue as exc:
-        raise UsageError(f"{shown(queue)}: {exc}") from None
+        raise UsageError(about(queue, exc)) from None
     except StoreError:  # locked, read-only, unreachable: the work failed, exit 1
         raise
     except FileNotFoundError as exc:  # removed since it was checked
         raise UsageError(str(exc)) from None
     except ValueError as exc:  # a foreign file, by the contract's own refusal
-        raise UsageError(f"{shown(queue)}: {exc}") from None
+        raise UsageError(about(queue, exc)) from None
+
+
+def about(queue: Optional[str], error: object) -> str:
+    """An error's message, led by the queue it is about unless it names it already.
+    A database server's message may span lines: one line here, its words kept."""
+    message = str(error)
+    if queue is None:
+        return message
+    if is_postgres_url(queue):
+        message = re.sub(r"\s*\n\s*", " ", message.strip())
+    return message if shown(queue) in message else f"{shown(queue)}: {message}"
 
 
 # A secrets file holds a few lines; a larger one is a wrong path (a log, an image).
@@ -869,7 +880,7 @@ def _intake(store: Store, events: Any, policy: RetryPolicy, delay_ms: int) -> li
                                     not_before_ms=now + delay_ms if delay_ms else None,
                                     on_progress=_enqueue_progress if live else None)
     except NotAQueue as exc:  # found by the intake's migration: nothing was enqueued
-        raise UsageError(f"{shown(store.name)}: {exc}") from None
+        raise UsageError(about(store.name, exc)) from None
     except ValueError as exc:
         where = f"line {events.number}: " if isinstance(events, JsonLines) else ""
         raise UsageError(f"{where}{exc}; nothing was enqueued") from None
@@ -936,7 +947,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         stats = asyncio.run(_dispatch(dispatcher, args.until_idle, banner))
     except StoreError as exc:  # the queue failed under the run: its summary is not printed
-        raise WorkFailed(f"{shown(args.queue)}: {exc}") from None
+        raise WorkFailed(about(args.queue, exc)) from None
     print(json.dumps({"owner": owner, **stats.as_dict()}))
     return EXIT_DEAD if stats.dead else EXIT_OK
 
@@ -1319,7 +1330,7 @@ def _prune(args: argparse.Namespace) -> int:
             try:
                 count = store.prune_done(cutoff, MAX_BATCH)
             except StoreError as exc:
-                raise WorkFailed(f"{shown(args.queue)}: {exc}; {pruned} pruned before it, the "
+                raise WorkFailed(f"{about(args.queue, exc)}; {pruned} pruned before it, the "
                                  "rest untouched") from None
             if not count:
                 break
@@ -1398,10 +1409,6 @@ def _named(args: argparse.Namespace) -> Optional[str]:
         args, "inbox", None)
 
 
-def _where(args: argparse.Namespace, message: str) -> str:
-    """The message, led by the queue or inbox it is about unless it names it already."""
-    name = _named(args)
-    return message if not name or shown(name) in message else f"{shown(name)}: {message}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -1420,11 +1427,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except WorkFailed as exc:
         return _fail(args, str(exc), EXIT_FAILED)
     except NotAQueue as exc:  # found after the open (a table gone meanwhile, say)
-        return _fail(args, f"error: {_where(args, str(exc))}", EXIT_USAGE)
+        return _fail(args, f"error: {about(_named(args), exc)}", EXIT_USAGE)
     except StoreError as exc:  # locked, read-only, a server unreachable or refusing us
-        return _fail(args, _where(args, str(exc)), EXIT_FAILED)
+        return _fail(args, about(_named(args), exc), EXIT_FAILED)
     except sqlite3.Error as exc:  # an inbox's file: read-only, locked or damaged
-        return _fail(args, _where(args, str(exc)), EXIT_FAILED)
+        return _fail(args, about(_named(args), exc), EXIT_FAILED)
     except OSError as exc:
         return _fail(args, str(exc), EXIT_FAILED)
     except KeyboardInterrupt:

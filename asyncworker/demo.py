@@ -41,7 +41,7 @@ from typing import Any, Optional
 from asyncworker.cli import receiver_stats, shown
 from asyncworker.inbox import read_inbox
 from lease.policy import RetryPolicy
-from lease.store import Store, open_store
+from lease.store import Store, StoreError, open_store
 
 LEASE_MS = 1500
 
@@ -64,7 +64,7 @@ def run_demo(*, jobs: int = 300, concurrency: int = 16, keep: Optional[str] = No
     started = time.monotonic()
     try:
         evidence = tell_the_story(folder, jobs, concurrency, children, store)
-    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as exc:
+    except (OSError, RuntimeError, ValueError, StoreError, subprocess.SubprocessError) as exc:
         print(f"demo failed before its evidence was complete: {exc!r}")
         return 1
     finally:
