@@ -7,6 +7,8 @@ loopback port. As root they run as ``nobody``: ``initdb`` refuses root.
 
 - ``PostgresServer``: one server, a context manager: start, stop, start again
   on the same data and port, kill, close (which leaves no process and no file).
+  A watchdog (tests/postgres_processes.py) kills the server and removes its
+  folder if the test process dies without closing it (SIGKILL, SIGTERM).
 - ``fresh_database`` / ``drop_database``: an empty database of its own per test.
 - fixtures: ``postgres_server`` (one per run, started only when a test asks),
   ``postgres_url`` (a fresh database per test), ``make_postgres_server``
@@ -26,6 +28,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,9 +39,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests import postgres_processes
+from tests.postgres_processes import GONE_TIMEOUT_S, RELEASED, children, kill_tree
+
 START_TIMEOUT_S = 30.0  # generous: initdb and a start take 1-2 s
 STOP_TIMEOUT_S = 30.0  # a fast shutdown with fsync off takes well under a second
-GONE_TIMEOUT_S = 10.0  # a SIGKILLed process is gone as soon as the kernel tears it down
 UNPRIVILEGED_USER = "nobody"
 SERVER_BINARIES = ("initdb", "postgres")
 INSTALL_HINT = ("install the PostgreSQL server (Debian/Ubuntu: apt-get install postgresql) "
@@ -115,40 +120,6 @@ def _server_env() -> dict[str, str]:
     return env
 
 
-def _stat(pid: int) -> Optional[tuple[str, int]]:
-    """(state, parent pid) of a process, None once it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()  # the name in parentheses may hold spaces
-    return fields[0], int(fields[1])
-
-
-def _alive(pid: int) -> bool:
-    found = _stat(pid)
-    return found is not None and found[0] not in ("Z", "X")  # a zombie holds nothing
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            stat = _stat(int(entry.name))
-            if stat is not None and stat[1] == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def _wait_gone(pids: list[int]) -> None:
-    deadline = time.monotonic() + GONE_TIMEOUT_S
-    while any(_alive(pid) for pid in pids):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"PostgreSQL processes still alive after SIGKILL: "
-                               f"{[pid for pid in pids if _alive(pid)]}")
-        time.sleep(0.01)
-
-
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -182,6 +153,8 @@ class PostgresServer:
         self.base_dir = base_dir
         self.root: Optional[Path] = None
         self.proc: Optional[subprocess.Popen[bytes]] = None
+        # kills the server if this process dies without closing it (postgres_processes)
+        self._watchdog: Optional[subprocess.Popen[bytes]] = None
         self.startup_s: Optional[float] = None  # initdb and the first start, measured
 
     @property
@@ -212,7 +185,7 @@ class PostgresServer:
 
     def processes(self) -> list[int]:
         """The postmaster and its children (backends, checkpointer, ...)."""
-        return [] if self.pid is None else [self.pid, *_children(self.pid)]
+        return [] if self.pid is None else [self.pid, *children(self.pid)]
 
     # -- lifecycle
 
@@ -240,7 +213,8 @@ class PostgresServer:
         if mode not in SHUTDOWN_SIGNALS:
             raise ValueError(f"stop mode must be one of {sorted(SHUTDOWN_SIGNALS)}, not {mode!r}")
         if not self.running or self.proc is None:
-            self.proc = None
+            self.proc = None  # never started, stopped already, or died on its own
+            self._release_watchdog()
             return
         self.proc.send_signal(SHUTDOWN_SIGNALS[mode])
         try:
@@ -250,23 +224,17 @@ class PostgresServer:
             raise RuntimeError(f"PostgreSQL did not stop ({mode}) within {STOP_TIMEOUT_S:.0f} s: "
                                f"killed\n{_tail(self._log_text())}") from None
         self.proc = None  # the postmaster exits only after all its children
+        self._release_watchdog()
 
     def kill(self) -> None:
         """SIGKILL the postmaster and every child, as a crash would, and wait
         until all are gone (so start() can take the shared memory back)."""
         proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            # stopped, it cannot fork, and the children it cannot reap keep their pids
-            os.kill(proc.pid, signal.SIGSTOP)
-            children = _children(proc.pid)
-            for child in children:
-                with contextlib.suppress(ProcessLookupError):  # it died on its own
-                    os.kill(child, signal.SIGKILL)
-            proc.kill()
-            _wait_gone(children)
-        proc.wait()
+        if proc is not None:
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+            proc.wait()
+        self._release_watchdog()
 
     def close(self) -> None:
         """Stop (killed if that fails or is interrupted) and remove the data folder."""
@@ -341,9 +309,29 @@ class PostgresServer:
         with open(self.log, "ab") as log:
             # a session of its own: a terminal's Ctrl-C reaches the tests, whose
             # cleanup then stops the server in order
-            return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log,
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, cwd=self.root, env=_server_env(),
                                     start_new_session=True, **_server_user())
+        try:
+            self._watchdog = subprocess.Popen(
+                [sys.executable, "-I", "-S", postgres_processes.__file__, str(proc.pid),
+                 str(self.root)], stdin=subprocess.PIPE, start_new_session=True)
+        except BaseException:
+            kill_tree(proc.pid)
+            proc.wait()
+            raise
+        return proc
+
+    def _release_watchdog(self) -> None:
+        """The server is gone by our hand: its watchdog ends without doing anything."""
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is None or watchdog.stdin is None:
+            return
+        with contextlib.suppress(BrokenPipeError):
+            watchdog.stdin.write(RELEASED)
+        with contextlib.suppress(BrokenPipeError):
+            watchdog.stdin.close()
+        watchdog.wait(timeout=GONE_TIMEOUT_S)
 
     def _wait_ready(self, log_from: int) -> None:
         assert self.proc is not None

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -199,6 +200,30 @@ def test_an_interrupt_closes_the_server(scratch: Path) -> None:
     assert "KeyboardInterrupt" in stderr
     assert not [pid for pid in started["pids"] if alive(pid)]
     assert not Path(started["root"]).exists() and not list(scratch.iterdir())
+
+
+def test_a_killed_test_process_leaves_no_server(scratch: Path) -> None:
+    script = textwrap.dedent(f"""
+        import json, signal
+        from tests.postgres_server import PostgresServer
+        server = PostgresServer(base_dir={str(scratch)!r}).start()
+        print(json.dumps({{"pids": server.processes(), "root": str(server.root)}}),
+              flush=True)
+        signal.pause()
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, text=True,
+                             stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None
+        started = json.loads(child.stdout.readline())
+    finally:
+        child.kill()  # no cleanup of its own runs: the watchdog's turn
+        child.communicate()
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in started["pids"]) or list(scratch.iterdir()):
+        assert time.monotonic() < deadline, ("the server outlived its test process",
+                                             started, list(scratch.iterdir()))
+        time.sleep(0.02)
 
 
 def test_a_failed_start_says_why_and_leaves_nothing(scratch: Path) -> None:
