@@ -158,15 +158,15 @@ def _store_error(exc: psycopg.Error, name: str) -> StoreError:
         return StoreError(f"the store of {name} is closed")
     if isinstance(exc, (errors.SerializationFailure, errors.DeadlockDetected,
                         errors.LockNotAvailable)):
-        return Busy(f"PostgreSQL queue {name}: {exc}")
+        return Busy(f"PostgreSQL queue {name}: {_one_line(exc)}")
     if isinstance(exc, (errors.UndefinedTable, errors.InvalidSchemaName)):
         return _no_queue(name)
     # A lost connection (the server restarted or terminated it, the network
     # dropped, the pool found none in time) is an OperationalError; so are
     # AdminShutdown and a statement cancelled by a timeout.
     if isinstance(exc, psycopg.OperationalError):
-        return Busy(f"PostgreSQL queue {name}: connection lost: {exc}")
-    return StoreError(f"PostgreSQL queue {name}: {exc}")
+        return Busy(f"PostgreSQL queue {name}: connection lost: {_one_line(exc)}")
+    return StoreError(f"PostgreSQL queue {name}: {_one_line(exc)}")
 
 
 @contextmanager
@@ -177,6 +177,11 @@ def _mapped(name: str) -> Iterator[None]:
         raise _store_error(exc, name) from exc
 
 
+def _one_line(exc: BaseException) -> str:
+    """A server's message on one line (libpq adds hints on lines of their own)."""
+    return " ".join(str(exc).split())
+
+
 def _connect(url: str, name: str, **kwargs: Any) -> psycopg.Connection:
     """One autocommit connection, or a clear StoreError naming the URL without
     its password."""
@@ -184,7 +189,7 @@ def _connect(url: str, name: str, **kwargs: Any) -> psycopg.Connection:
         return psycopg.connect(url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S,
                                **kwargs)
     except psycopg.Error as exc:
-        raise StoreError(f"cannot connect to {name}: {str(exc).strip()}") from None
+        raise StoreError(f"cannot connect to {name}: {_one_line(exc)}") from None
 
 
 # ------------------------------------------------------------------ migrations
@@ -223,7 +228,7 @@ def _migrate(conn: psycopg.Connection, name: str) -> None:
                     conn.execute(statement)
             except errors.DuplicateTable as exc:
                 raise NotAQueue(f"not a queue: {name} holds other tables in schema lease "
-                                f"({str(exc).strip()})") from None
+                                f"({_one_line(exc)})") from None
             conn.execute("INSERT INTO lease.schema_migrations (version) VALUES (%s)",
                          (version + 1,))
 
@@ -911,8 +916,8 @@ def _snapshot(conn: psycopg.Connection, now: int) -> dict[str, Any]:
 class Listener:
     """Wake-ups on CHANNEL (an intake, a redrive), on a connection of its own.
 
-    ``wait(timeout_s)`` is True when a notification arrived (several are
-    taken as one), False when the time ran out. When the connection drops,
+    ``wait(timeout_s)`` is True when a notification arrived (those already
+    arrived are taken as one), False when the time ran out. When the connection drops,
     it reconnects with a growing pause and returns True once it has: what
     was NOTIFY'd meanwhile is lost, so the caller polls once and no work is
     stranded. Polling at the caller's own pace remains the fallback.
