@@ -1,0 +1,142 @@
+"""The conformance suite's fixtures: every test runs once per store.
+
+``store`` is an empty queue of one kind (``kind``: "sqlite", "postgresql"),
+``make_store`` opens more stores on that same queue (other connections,
+other "hosts"), ``queues`` makes fresh empty queues of that kind (for
+Hypothesis, one per example). Every store is opened with an injected clock,
+``clock``, and every test passes ``now_ms=`` to every call anyway: both stores
+judge by the same values, and a call that forgot its now_ms would read the
+injected clock, not the machine's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import pytest
+from hypothesis import settings
+
+from lease.postgres import PostgresStore
+from lease.sqlite import SQLiteStore
+from lease.store import Store
+from tests.postgres_server import drop_database, fresh_database
+
+from ..conftest import T0
+
+KINDS = ("sqlite", "postgresql")
+
+
+# lease/sqlite.py writes an attempts row with a seq a prune freed (no
+# AUTOINCREMENT), and job_history then sorts that later attempt before the
+# delivery it followed. The fix is requested; until it lands, the tests that
+# show it are expected to fail on SQLite. Remove this mark with the fix.
+SQLITE_REUSES_ATTEMPT_SEQS = ("lease/sqlite.py takes an attempts seq again after a prune: "
+                              "job_history misorders the attempts after it")
+
+
+def expect_the_sqlite_seq_bug(request: pytest.FixtureRequest, kind: str, *,
+                              strict: bool = True) -> None:
+    if kind == "sqlite":
+        request.applymarker(pytest.mark.xfail(reason=SQLITE_REUSES_ATTEMPT_SEQS, strict=strict))
+
+
+class ManualClock:
+    """The store's clock in a test: the value the test last set."""
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def open_kind(kind: str, location: str, clock: Callable[[], int], *,
+              create: bool = True) -> Store:
+    """A store of ``kind`` on the queue at ``location`` (a path or a URL)."""
+    if kind == "sqlite":
+        return SQLiteStore(location, create=create, clock=clock)
+    return PostgresStore(location, create=create, clock=clock)
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(T0)
+
+
+@pytest.fixture
+def location(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """Where this test's queue lives: a file in tmp_path, or a fresh database."""
+    if kind == "sqlite":
+        return str(tmp_path / "q.db")
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def make_store(kind: str, location: str, clock: ManualClock) -> Iterator[Callable[..., Store]]:
+    """Open another store on this test's queue (the first one creates it);
+    every store is closed after the test."""
+    opened: list[Store] = []
+
+    def make(*, clock: Callable[[], int] = clock) -> Store:
+        store = open_kind(kind, location, clock)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(make_store: Callable[..., Store]) -> Store:
+    return make_store()
+
+
+class Queues:
+    """Fresh empty queues of one kind, each removed when its ``with`` ends."""
+
+    def __init__(self, kind: str, request: pytest.FixtureRequest) -> None:
+        self.kind = kind
+        self._request = request
+
+    @contextlib.contextmanager
+    def fresh(self, clock: Optional[Callable[[], int]] = None) -> Iterator[Store]:
+        clock = clock or ManualClock(T0)
+        if self.kind == "sqlite":
+            folder = tempfile.mkdtemp(prefix="conformance-")
+            try:
+                with contextlib.closing(open_kind("sqlite", f"{folder}/q.db", clock)) as store:
+                    yield store
+            finally:
+                shutil.rmtree(folder)
+            return
+        yield from self._fresh_database(clock)
+
+    def _fresh_database(self, clock: Callable[[], int]) -> Iterator[Store]:
+        server = self._request.getfixturevalue("postgres_server")
+        url = fresh_database(server.url)
+        try:
+            with contextlib.closing(open_kind(self.kind, url, clock)) as store:
+                yield store
+        finally:
+            drop_database(url, admin_url=server.url)
+
+    def settings(self, sqlite_examples: int, postgresql_examples: int, **more: object) -> settings:
+        """Hypothesis settings for this kind: a PostgreSQL example costs a
+        fresh database, so fewer of them keep the suite quick."""
+        examples = sqlite_examples if self.kind == "sqlite" else postgresql_examples
+        return settings(max_examples=examples, deadline=None, **more)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def queues(kind: str, request: pytest.FixtureRequest) -> Queues:
+    return Queues(kind, request)

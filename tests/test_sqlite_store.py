@@ -1,0 +1,172 @@
+"""What only the SQLite store has: a file, its bytes, its version in PRAGMA
+user_version, and migrations from the contract's own files. The rules every
+store shares are tested once for all stores in tests/conformance/."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from lease import sqlite as store
+from lease import worker
+from lease.sqlite import SQLiteStore
+
+from .conftest import T0
+
+OLD_FILE = Path(__file__).parent / "data" / "queue-v0.db"  # written by the contract-only code
+LAB_SCHEMA = """CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE, qty INTEGER NOT NULL,
+  status TEXT NOT NULL CHECK(status IN ('pending','leased','done','dead')),
+  attempts INTEGER NOT NULL, max_attempts INTEGER NOT NULL, token INTEGER NOT NULL,
+  available_at INTEGER NOT NULL, deadline INTEGER NOT NULL,
+  owner TEXT, lease_until INTEGER, reason TEXT);
+CREATE TABLE redrives (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL, token INTEGER NOT NULL, at_ms INTEGER NOT NULL, note TEXT NOT NULL);"""
+
+
+def lab_columns(con: sqlite3.Connection) -> list[tuple]:
+    names = ", ".join(worker._COLUMNS["jobs"])
+    return con.execute(f"SELECT {names} FROM jobs ORDER BY seq").fetchall()
+
+
+def body_event(job_id: str, **body: object) -> dict:
+    return {"id": job_id, "body": body}
+
+
+def test_a_file_written_by_the_contract_code_migrates_with_every_row_kept(tmp_path):
+    path = tmp_path / "old.db"
+    shutil.copy(OLD_FILE, path)
+    old = sqlite3.connect(path)
+    jobs_before = lab_columns(old)
+    redrives_before = old.execute("SELECT * FROM redrives ORDER BY seq").fetchall()
+    assert old.execute("PRAGMA user_version").fetchone()[0] == 0
+    old.close()
+    assert {row[3] for row in jobs_before} == {"pending", "leased", "done", "dead"}
+    assert {row[11] for row in jobs_before if row[3] == "dead"} == {
+        "permanent", "deadline", "exhausted"}
+
+    con = store.open_store(path)
+    assert store.schema_version(con) == store.SCHEMA_VERSION
+    assert lab_columns(con) == jobs_before
+    assert con.execute("SELECT * FROM redrives ORDER BY seq").fetchall() == redrives_before
+    assert con.execute("SELECT COUNT(*) FROM jobs WHERE body IS NOT NULL"
+                       " OR digest IS NOT NULL").fetchone()[0] == 0
+    assert store.migrate(con) == store.SCHEMA_VERSION  # a second open changes nothing
+    con.close()
+
+
+def test_the_contract_functions_still_work_on_a_migrated_file(tmp_path):
+    path = tmp_path / "old.db"
+    shutil.copy(OLD_FILE, path)
+    store.open_store(path).close()
+    con = worker.open_queue(path)
+    assert worker.enqueue_many(con, [{"id": "lab-1", "qty": 3}, {"id": "lab-2", "qty": 4}],
+                               T0 + 500_000, 60_000) == [True, True]
+    ticket = worker.claim(con, "lab", T0 + 500_000)  # the old jobs are past their deadline
+    assert ticket is not None and ticket["id"] == "lab-1"
+    assert worker.finish(con, ticket, "ok", T0 + 500_001) == "done"
+    con.close()
+    run = worker.run_file(path, "lab", lambda: T0 + 500_002, lambda event: True, 0.5)
+    assert run == {"id": "lab-2", "token": 1, "status": "done"}
+
+
+def test_the_checkers_schema_without_indexes_migrates(tmp_path):
+    path = tmp_path / "checker.db"
+    raw = sqlite3.connect(path)
+    raw.executescript(LAB_SCHEMA)
+    raw.execute("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
+                " deadline) VALUES ('a', 1, 'pending', 0, 3, 0, 1, 99)")
+    raw.commit()
+    raw.close()
+    con = store.open_store(path)
+    assert lab_columns(con) == [(1, "a", 1, "pending", 0, 3, 0, 1, 99, None, None, None)]
+    con.close()
+
+
+def test_a_newer_file_is_refused_untouched(tmp_path):
+    path = tmp_path / "new.db"
+    store.open_store(path).close()
+    raw = sqlite3.connect(path)
+    raw.execute(f"PRAGMA user_version = {store.SCHEMA_VERSION + 1}")
+    raw.commit()
+    raw.close()
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="newer than this code"):
+        store.open_store(path)
+    with pytest.raises(ValueError, match="newer than this code"):
+        SQLiteStore(path)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "new.db"]
+
+
+def test_a_crash_inside_the_migration_leaves_the_old_version_whole(tmp_path, monkeypatch):
+    path = tmp_path / "old.db"
+    shutil.copy(OLD_FILE, path)
+    broken = store._MIGRATIONS[1] + ("CREATE TABLE attempts (x)",)  # fails: exists already
+    monkeypatch.setitem(store._MIGRATIONS, 1, broken)
+    with pytest.raises(sqlite3.OperationalError):
+        store.open_store(path)
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA user_version").fetchone()[0] == 0
+    assert [r[1] for r in con.execute("PRAGMA table_info(jobs)")] == worker._COLUMNS["jobs"]
+    con.close()
+
+
+def test_a_damaged_version_1_file_is_refused(tmp_path):
+    path = tmp_path / "q.db"
+    store.open_store(path).close()
+    raw = sqlite3.connect(path)
+    raw.execute("DROP TABLE cancels")
+    raw.commit()
+    raw.close()
+    with pytest.raises(ValueError, match="cancels"):
+        store.open_store(path)
+
+
+def test_an_intake_on_a_contract_file_migrates_it_in_its_own_transaction(tmp_path):
+    path = tmp_path / "old.db"
+    shutil.copy(OLD_FILE, path)
+    before = path.read_bytes()
+    con = worker.open_queue(path)  # the contract's open: no migration
+    with pytest.raises(ValueError):
+        store.enqueue_events(con, [body_event("fine"), {"id": "bad"}], T0)
+    assert path.read_bytes() == before  # refused halfway: the old version, whole
+    assert store.enqueue_events(con, [body_event("fine")], T0) == [True]
+    assert store.schema_version(con) == store.SCHEMA_VERSION
+    con.close()
+
+
+def test_a_store_that_leaves_the_migration_to_its_first_intake(tmp_path):
+    path = tmp_path / "old.db"
+    shutil.copy(OLD_FILE, path)
+    before = path.read_bytes()
+    with SQLiteStore(path, migrate=False) as queue:
+        assert queue.schema_version() == 0
+        with pytest.raises(ValueError):
+            queue.enqueue_events([body_event("fine"), {"id": "bad"}], now_ms=T0)
+        assert path.read_bytes() == before
+        assert queue.enqueue_events([body_event("fine")], now_ms=T0) == [True]
+        assert queue.schema_version() == store.SCHEMA_VERSION
+
+
+def test_a_refused_call_leaves_the_file_byte_for_byte(tmp_path):
+    """The conformance suite compares what the interface shows; here, the bytes."""
+    path = tmp_path / "q.db"
+    with SQLiteStore(path, create=True) as queue:
+        queue.enqueue_events([body_event("a"), {"id": "b", "qty": 2}], now_ms=T0)
+        [job] = queue.claim_jobs("d1", 1000, now_ms=T0).leased
+        before = path.read_bytes()
+        for call in (lambda: queue.enqueue_events([body_event("c"), {"id": "d"}], now_ms=T0),
+                     lambda: queue.claim_jobs("bad owner", 1000, now_ms=T0),
+                     lambda: queue.extend_lease({**job.ticket, "qty": -1}, 10, now_ms=T0),
+                     lambda: queue.finish_jobs([(job.ticket, "maybe", 0, None)], now_ms=T0),
+                     lambda: queue.redrive_jobs(["a"], 0, "n", now_ms=T0),
+                     lambda: queue.cancel_jobs(["a"], "bad\nnote", now_ms=T0),
+                     lambda: queue.prune_done(-1)):
+            with pytest.raises(ValueError):
+                call()
+            assert path.read_bytes() == before
+            assert not queue.connection.in_transaction
