@@ -372,7 +372,7 @@ def _record_attempts(con: sqlite3.Connection, items: list, results: list, seqs: 
     an attempts row."""
     rows: list[tuple] = []
     done: list[tuple] = []
-    last = con.execute("SELECT COALESCE(MAX(seq), 0) FROM attempts").fetchone()[0]
+    last = _attempts_high(con)
     for (ticket, outcome, _, seen), result, seq in zip(items, results, seqs, strict=True):
         if result is not False and result[0] == "done":
             done.append((ticket["owner"], seen.started_ms, seen.latency_ms, seen.http_status,
@@ -380,8 +380,8 @@ def _record_attempts(con: sqlite3.Connection, items: list, results: list, seqs: 
             continue
         status, reason = ("stale", None) if result is False else result
         error = None if seen.error is None else seen.error[:MAX_ERROR_CHARS]
-        rows.append((ticket["id"], ticket["token"], ticket["attempt"], ticket["owner"],
-                     seen.started_ms, now_ms, outcome or "none", status, reason,
+        rows.append((last + len(rows) + 1, ticket["id"], ticket["token"], ticket["attempt"],
+                     ticket["owner"], seen.started_ms, now_ms, outcome or "none", status, reason,
                      seen.http_status, error, seen.latency_ms))
     if done:
         con.executemany(
@@ -389,12 +389,21 @@ def _record_attempts(con: sqlite3.Connection, items: list, results: list, seqs: 
             " done_http_status = ?, done_after = ? WHERE seq = ?", done)
     if rows:
         con.executemany(
-            "INSERT INTO attempts (id, token, attempt, owner, started_ms, ended_ms, outcome,"
-            " result, reason, http_status, error, latency_ms)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            "INSERT INTO attempts (seq, id, token, attempt, owner, started_ms, ended_ms,"
+            " outcome, result, reason, http_status, error, latency_ms)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     stale = sum(1 for result in results if result is False)
     if stale:
         _tally(con, "stale_finishes", stale)
+
+
+def _attempts_high(con: sqlite3.Connection) -> int:
+    """The largest attempts seq ever written: a prune may have deleted the
+    newest row, and a seq taken again would sort a later attempt before the
+    delivery it followed (done_after)."""
+    return int(con.execute(
+        "SELECT MAX(COALESCE((SELECT MAX(seq) FROM attempts), 0),"
+        " COALESCE((SELECT n FROM tallies WHERE name = 'attempts_seq'), 0))").fetchone()[0])
 
 
 def _tally(con: sqlite3.Connection, name: str, n: int) -> None:
@@ -517,6 +526,10 @@ def prune_done(
             "SELECT seq, id FROM jobs WHERE status = 'done' AND available_at < ?"
             " ORDER BY available_at LIMIT ?", (finished_before_ms, limit)).fetchall()
         ids = [(job_id,) for _, job_id in done]
+        if done:  # the high-water mark outlives the rows: seqs are never taken again
+            con.execute("INSERT INTO tallies (name, n) VALUES ('attempts_seq', ?)"
+                        " ON CONFLICT (name) DO UPDATE SET n = MAX(n, excluded.n)",
+                        (_attempts_high(con),))
         con.executemany("DELETE FROM attempts WHERE id = ?", ids)
         con.executemany("DELETE FROM redrives WHERE id = ?", ids)
         con.executemany("DELETE FROM cancels WHERE id = ?", ids)

@@ -30,20 +30,6 @@ from ..conftest import T0
 KINDS = ("sqlite", "postgresql")
 
 
-# lease/sqlite.py writes an attempts row with a seq a prune freed (no
-# AUTOINCREMENT), and job_history then sorts that later attempt before the
-# delivery it followed. The fix is requested; until it lands, the tests that
-# show it are expected to fail on SQLite. Remove this mark with the fix.
-SQLITE_REUSES_ATTEMPT_SEQS = ("lease/sqlite.py takes an attempts seq again after a prune: "
-                              "job_history misorders the attempts after it")
-
-
-def expect_the_sqlite_seq_bug(request: pytest.FixtureRequest, kind: str, *,
-                              strict: bool = True) -> None:
-    if kind == "sqlite":
-        request.applymarker(pytest.mark.xfail(reason=SQLITE_REUSES_ATTEMPT_SEQS, strict=strict))
-
-
 class ManualClock:
     """The store's clock in a test: the value the test last set."""
 

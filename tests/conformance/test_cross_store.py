@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 
 from ..conftest import T0
-from .conftest import Queues, expect_the_sqlite_seq_bug
+from .conftest import Queues
 from .helpers import Player, dump, programs
 
 # Every call of the interface, with the rules' edges: duplicates and conflicts,
@@ -66,8 +66,7 @@ def play_on_both(both: tuple[Queues, Queues], program: list) -> None:
         assert dump(one, a.now) == dump(two, b.now)
 
 
-def test_a_walk_through_every_rule_ends_row_for_row_equal(both, request):
-    expect_the_sqlite_seq_bug(request, "sqlite")
+def test_a_walk_through_every_rule_ends_row_for_row_equal(both):
     play_on_both(both, WALK)
 
 

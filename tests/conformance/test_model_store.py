@@ -15,8 +15,6 @@ import contextlib
 from collections import Counter
 from typing import Any, Optional
 
-import pytest
-from hypothesis import Phase
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -31,7 +29,7 @@ from lease.store import Attempt
 from lease.worker import Conflict
 
 from ..test_model import Model
-from .conftest import Queues, expect_the_sqlite_seq_bug
+from .conftest import Queues
 from .helpers import history, job_rows
 
 IDS = ["order-1", "tenant_7", "3f2b8c1e-9a4d"]  # valid for lab and payload events alike
@@ -275,10 +273,6 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.store.snapshot(self.now) == self.model.snapshot(self.now)
 
 
-def test_store_matches_its_model(queues: Queues, request: pytest.FixtureRequest) -> None:
-    more: dict = {}
-    if queues.kind == "sqlite":  # random steps find it, or not: not strict, and not shrunk
-        expect_the_sqlite_seq_bug(request, queues.kind, strict=False)
-        more["phases"] = (Phase.explicit, Phase.reuse, Phase.generate)
+def test_store_matches_its_model(queues: Queues) -> None:
     run_state_machine_as_test(lambda: StoreMachine(queues),
-                              settings=queues.settings(150, 25, stateful_step_count=50, **more))
+                              settings=queues.settings(150, 25, stateful_step_count=50))

@@ -16,7 +16,6 @@ from lease.store import MAX_ERROR_CHARS, Attempt
 from lease.worker import MAX_NOW_MS, Conflict
 
 from ..conftest import T0
-from .conftest import expect_the_sqlite_seq_bug
 from .helpers import (
     body_event,
     claim_one,
@@ -670,10 +669,9 @@ def test_the_observations_agree(store):
     assert store.job_history("nobody") is None
 
 
-def test_the_history_keeps_its_order_after_a_prune(store, kind, request):
+def test_the_history_keeps_its_order_after_a_prune(store):
     """A prune deletes the newest attempts row of the queue (another job's): the
     attempts written after it still come after the delivery they followed."""
-    expect_the_sqlite_seq_bug(request, kind)
     enqueue(store, lab("a"), lab("b"))
     a = claim_one(store, "o", T0, 100)
     assert finish(store, a, "ok", T0 + 1) == ("done", None)
