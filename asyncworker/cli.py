@@ -508,6 +508,25 @@ def _operator_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--older-than", metavar="AGE", type=parse_age, required=True,
                    help="7d, 12h, 30m, 90s, or milliseconds")
 
+    p = command("ui", "serve the operator's web page for QUEUE (read-only unless "
+                "--allow-changes)", _ui, "serve the operator's web page: the queue by status, "
+                "jobs with their evidence, dead letters by reason with bulk redrive and cancel. "
+                "Read-only unless --allow-changes; loopback only unless --token-file is given; "
+                "every change is a POST with a CSRF token from the page itself.")
+    _queue_argument(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; another needs --token-file)")
+    p.add_argument("--port", type=_int_in(0, 65535), default=8080,
+                   help="port (default 8080; 0 picks a free one); the URL is printed first")
+    p.add_argument("--allow-changes", action="store_true",
+                   help="allow redrive and cancel from the page (each needs a note)")
+    p.add_argument("--token-file", metavar="FILE", default=None,
+                   help="a file whose first line is the access token, or LABEL:TOKEN; the "
+                        "label is the operator's name in the audit rows")
+    p.add_argument("--receiver", metavar="URL", default=None,
+                   help="the receiver's /stats URL: its applied, duplicates and refusals on "
+                        "the overview")
+
     p = command("prune-inbox", "delete inbox rows first seen more than AGE ago (see the "
                 "trade-off in its --help)", _prune_inbox, PRUNE_INBOX_HELP)
     p.add_argument("inbox", help="existing inbox file")
@@ -1320,6 +1339,12 @@ def _cancel(args: argparse.Namespace) -> int:
     done = [f"cancelled {job_id}" for job_id, answer in results if answer is True]
     refused = [f"not cancelled: {answer}" for _, answer in results if answer is not True]
     return _print_outcome(done, refused, args, "cancelled")
+
+
+def _ui(args: argparse.Namespace) -> int:
+    from asyncworker.ui import serve_ui  # aiohttp only for the commands that serve
+
+    return serve_ui(args)
 
 
 def _prune(args: argparse.Namespace) -> int:
