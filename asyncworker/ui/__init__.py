@@ -1,0 +1,21 @@
+"""The operator's web page: ``asyncworker ui QUEUE``, or mounted in an aiohttp app.
+
+Overview, jobs, a job's evidence record and the dead letters with bulk
+redrive and cancel, rendered on the server (no script at all), each also as
+JSON (``?format=json``). Safe by default: read-only unless changes are
+allowed, loopback only unless a token is required, every change a same-site
+POST with a CSRF token. ``docs/operator-ui.md`` says what each figure means.
+
+- ``pages``: the application and its pages (``ui_app``)
+- ``bulk``: the pure parts of a bulk change (the matched set's fingerprint,
+  the result's wording)
+- ``safety``: the token, the session, CSRF and the security headers
+- ``serve``: the command (``serve_ui``)
+"""
+
+from __future__ import annotations
+
+from asyncworker.ui.pages import ui_app
+from asyncworker.ui.serve import serve_ui
+
+__all__ = ["serve_ui", "ui_app"]

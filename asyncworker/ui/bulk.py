@@ -1,0 +1,111 @@
+"""Bulk redrive and cancel of everything a filter matches: the pure parts.
+
+The operator names a filter (a reason, an id prefix) and a note; the dry run
+lists the dead letters it matches and a fingerprint of that set; the
+confirmation carries the fingerprint back and is refused when the set it
+matches now is another one (a job redriven, retried, gone dead since). What
+is confirmed is exactly what the dry run showed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Mapping, NamedTuple, Optional, Sequence
+
+from asyncworker.cli import DEAD_REASONS
+from lease.policy import DEFAULT_POLICY, PRODUCT, check_note
+
+__all__ = ["ACTIONS", "BadRequest", "BulkRequest", "Member", "MAX_BULK", "SAMPLE", "fingerprint",
+           "outcome", "parse_bulk", "parse_filter"]
+
+ACTIONS = ("redrive", "cancel")
+MAX_BULK = 100_000  # the most jobs one confirmation changes: narrow the filter beyond it
+SAMPLE = 20  # ids a dry run shows
+MAX_PREFIX_CHARS = 255
+
+
+class Member(NamedTuple):
+    """A matched dead letter as the fingerprint sees it: a redrive, a new
+    attempt or another reason changes one of these."""
+
+    id: str
+    token: int
+    reason: Optional[str]
+
+
+@dataclass(frozen=True)
+class BulkRequest:
+    action: str
+    reason: Optional[str]
+    id_prefix: Optional[str]
+    note: str
+    ttl_ms: int = DEFAULT_POLICY.ttl_ms
+
+    @property
+    def past(self) -> str:
+        return "redriven" if self.action == "redrive" else "cancelled"
+
+
+class BadRequest(ValueError):
+    """A form or query the page cannot act on: 400, with this one line."""
+
+
+def parse_filter(query: Mapping[str, str]) -> tuple[Optional[str], Optional[str]]:
+    """The dead letters' filter: (reason or None, id prefix or None)."""
+    reason = query.get("reason") or None
+    if reason is not None and reason not in DEAD_REASONS:
+        raise BadRequest(f"reason must be one of {', '.join(DEAD_REASONS)}, got {reason!r:.40}")
+    prefix = query.get("id_prefix") or None
+    if prefix is not None and (len(prefix) > MAX_PREFIX_CHARS
+                               or re.search(r"[\x00-\x20\x7f-\U0010ffff]", prefix)):
+        raise BadRequest(f"id prefix must be 1-{MAX_PREFIX_CHARS} visible ASCII characters")
+    return reason, prefix
+
+
+def parse_bulk(form: Mapping[str, str]) -> BulkRequest:
+    """A bulk form, checked whole: BadRequest names the first thing wrong."""
+    action = form.get("action", "")
+    if action not in ACTIONS:
+        raise BadRequest(f"action must be one of {', '.join(ACTIONS)}, got {action!r:.40}")
+    reason, prefix = parse_filter(form)
+    if action == "cancel" and reason == "cancelled":
+        raise BadRequest("reason cancelled: those jobs are cancelled already")
+    note = form.get("note", "").strip()
+    if not note:
+        raise BadRequest("a note is required: say why, for the audit rows")
+    try:
+        check_note(note)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    ttl_text = form.get("ttl_ms") or str(DEFAULT_POLICY.ttl_ms)
+    if not re.fullmatch(r"[0-9]{1,15}", ttl_text) or not (
+            1 <= int(ttl_text) <= PRODUCT.max_ttl_ms):
+        raise BadRequest(f"ttl_ms must be an integer in 1..{PRODUCT.max_ttl_ms}")
+    return BulkRequest(action, reason, prefix, note, int(ttl_text))
+
+
+def fingerprint(request: BulkRequest, members: Sequence[Member]) -> str:
+    """sha256 of the action, the filter and the sorted (id, token, reason) of
+    every job matched: equal only for the same set in the same state."""
+    digest = hashlib.sha256()
+    digest.update(f"{request.action}\0{request.reason or ''}\0{request.id_prefix or ''}\n"
+                  .encode())
+    for member in sorted(members):
+        digest.update(f"{member.id}\0{member.token}\0{member.reason or ''}\n".encode())
+    return digest.hexdigest()
+
+
+def outcome(action: str, answer: object) -> tuple[str, str]:
+    """A job's line on the result page: (what happened, the store's words).
+    A redrive refused because the job is not dead any more says so: someone
+    (a dispatcher, another operator) moved it between the check and the change."""
+    if answer is True:
+        return ("redriven" if action == "redrive" else "cancelled"), ""
+    text = str(answer)
+    if action == "redrive" and text.endswith(", not dead"):
+        return "no longer dead", text
+    if text.endswith("does not exist"):
+        return "no longer exists", text
+    return ("not redriven" if action == "redrive" else "not cancelled"), text

@@ -1,0 +1,572 @@
+"""The operator's pages: an aiohttp application, rendered on the server.
+
+Every page reads the queue through the store interface, off the event loop,
+and answers as HTML or, with ``?format=json``, as the JSON the CLI prints
+for the same question (``stats --json``, ``dead``, ``inspect --json``).
+Templates are Jinja2 with autoescaping on: every value a job carries (its
+id, body, error, note) is text in the page, never markup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import shlex
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, TypeVar
+
+import aiohttp
+import jinja2
+from aiohttp import web
+
+from asyncworker.cli import _stats_url, _when, one_line, shown
+from asyncworker.store import AsyncStore
+from asyncworker.ui.bulk import (
+    MAX_BULK,
+    SAMPLE,
+    BadRequest,
+    BulkRequest,
+    Member,
+    fingerprint,
+    outcome,
+    parse_bulk,
+    parse_filter,
+)
+from asyncworker.ui.safety import (
+    SECURITY_HEADERS,
+    SESSION_COOKIE,
+    Access,
+    Guard,
+    check_token,
+    cross_site,
+)
+from lease.observe import MAX_PAGE, STATUSES
+from lease.policy import PRODUCT, check_actor
+from lease.store import PATIENT, Store, StoreError, is_postgres_url, open_store
+from lease.worker import MAX_BATCH, check_job_id
+
+__all__ = ["ui_app"]
+
+T = TypeVar("T")
+
+HERE = Path(__file__).parent
+PAGE_SIZE = 50  # jobs a list page shows
+RECEIVER_TIMEOUT_S = 2.0  # the overview waits this long for the receiver's /stats
+SHOW_RESULTS = 1000  # result lines a bulk change's page lists (its JSON lists every one)
+PUBLIC_ROUTES = ("login", "login_form", "css")  # reachable without the token
+
+
+class Refused(Exception):
+    """An answer other than the page: its status and one line saying why."""
+
+    def __init__(self, status: int, message: str,
+                 headers: Optional[Mapping[str, str]] = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+# ------------------------------------------------------------------ the queue
+
+
+class Queue:
+    """The queue the pages look at and change, every call off the event loop.
+
+    Changes allowed: one AsyncStore, the queue opened writable (a SQLite file
+    migrated to this version, as any command that writes does). Read-only on
+    PostgreSQL: one AsyncStore opened read-only. Read-only on a SQLite file: a
+    read-only connection per look, on a thread. A long-lived one would not do:
+    a file with no writer at the time is opened as immutable (so a look leaves
+    no -wal file behind), and such a connection never sees what a dispatcher
+    started later writes.
+    """
+
+    def __init__(self, target: str, *, allow_changes: bool) -> None:
+        self.target = target
+        self.allow_changes = allow_changes
+        self._per_look = not allow_changes and not is_postgres_url(target)
+        self._store: Optional[AsyncStore] = None
+
+    async def open(self) -> None:
+        if self._per_look:
+            await self.look(lambda store: store.schema_version())  # a queue, now
+            return
+        target = self.target
+        self._store = (AsyncStore(target) if self.allow_changes
+                       else AsyncStore(lambda: open_store(target, read_only=True)))
+        await self._store.open()
+
+    async def close(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            await store.close()
+
+    async def look(self, fn: Callable[[Store], T]) -> T:
+        if self._per_look:
+            return await asyncio.to_thread(_look_once, self.target, fn)
+        return await self._open().call(fn)
+
+    async def change(self, fn: Callable[[Store], T]) -> T:
+        if not self.allow_changes:
+            raise Refused(403, "read-only: this page was started without --allow-changes")
+        return await self._open().call(fn)
+
+    def _open(self) -> AsyncStore:
+        if self._store is None:
+            raise StoreError("the queue is not open")
+        return self._store
+
+
+def _look_once(target: str, fn: Callable[[Store], T]) -> T:
+    with open_store(target, read_only=True) as store:
+        return PATIENT.call(lambda: fn(store))
+
+
+def matched(store: Store, reason: Optional[str], prefix: Optional[str]) -> list[Member]:
+    """Every dead letter of the filter, in seq order, page by page."""
+    members: list[Member] = []
+    after: Optional[int] = None
+    while True:
+        page = store.list_jobs(status="dead", reason=reason, id_prefix=prefix,
+                               after_seq=after, limit=MAX_PAGE)
+        members += [Member(row["id"], row["token"], row["reason"]) for row in page]
+        if len(members) > MAX_BULK:
+            raise BadRequest(f"the filter matches more than {MAX_BULK} jobs: narrow it "
+                             f"(a reason, an id prefix)")
+        if len(page) < MAX_PAGE:
+            return members
+        after = page[-1]["seq"]
+
+
+# ------------------------------------------------------------------ settings
+
+
+@dataclass(frozen=True)
+class Settings:
+    queue: str  # as shown: a URL without its password
+    allow_changes: bool
+    guard: Guard
+    operator: Optional[str]  # who the audit rows name
+    stats_url: Optional[str]  # the receiver's /stats
+
+
+SETTINGS = web.AppKey("settings", Settings)
+QUEUE = web.AppKey("queue", Queue)
+TEMPLATES = web.AppKey("templates", jinja2.Environment)
+HTTP = web.AppKey("http", aiohttp.ClientSession)
+
+
+def ui_app(queue: str, *, allow_changes: bool = False, token: Optional[str] = None,
+           receiver_url: Optional[str] = None, operator: Optional[str] = None
+           ) -> web.Application:
+    """The page for ``queue`` (a file's path or a ``postgresql://`` URL), to serve
+    or to mount: ``app.add_subapp("/ops", ui_app(...))``. ``token``: every request
+    must show it (Bearer, or the login form's cookie). ``operator``: the name
+    the audit rows of its changes carry. The queue opens when the app starts."""
+    if token is not None:
+        check_token(token)
+    check_actor(operator)
+    stats_url = None if receiver_url is None else _stats_url(receiver_url)
+    access = None if token is None else Access(token, operator)
+    app = web.Application(middlewares=[_refusals, _guarded])
+    app[SETTINGS] = Settings(shown(str(queue)), allow_changes, Guard(access), operator,
+                             stats_url)
+    app[QUEUE] = Queue(str(queue), allow_changes=allow_changes)
+    app[TEMPLATES] = _templates()
+    app.cleanup_ctx.append(_open_queue)
+    if stats_url is not None:
+        app.cleanup_ctx.append(_http_session)
+    app.on_response_prepare.append(_security_headers)
+    _routes(app)
+    return app
+
+
+def _routes(app: web.Application) -> None:
+    add = app.router.add_route
+    add("GET", "/", overview, name="overview")
+    add("GET", "/jobs", jobs, name="jobs")
+    add("GET", "/job", job, name="job")
+    add("GET", "/dead", dead, name="dead")
+    add("POST", "/dead/preview", preview, name="preview")
+    add("POST", "/dead/apply", apply, name="apply")
+    add("GET", "/login", login_form, name="login_form")
+    add("POST", "/login", login, name="login")
+    add("POST", "/logout", logout, name="logout")
+    add("GET", "/ui.css", css, name="css")
+
+
+def _templates() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined)
+    env.filters["when"] = _when
+    env.filters["age"] = age
+    env.filters["cell"] = lambda value: "-" if value is None else value
+    return env
+
+
+async def _open_queue(app: web.Application) -> AsyncIterator[None]:
+    await app[QUEUE].open()
+    yield
+    await app[QUEUE].close()
+
+
+async def _http_session(app: web.Application) -> AsyncIterator[None]:
+    # no proxy from the environment, no cookies kept: a GET of the receiver's figures
+    async with aiohttp.ClientSession(trust_env=False,
+                                     cookie_jar=aiohttp.DummyCookieJar()) as session:
+        app[HTTP] = session
+        yield
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.update(SECURITY_HEADERS)
+
+
+def age(ms: Optional[int]) -> str:
+    """A duration for people: 950 ms, 12.5 s, 42 min, 5.1 h, 3.2 d."""
+    if ms is None:
+        return "-"
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms >= size:
+            return f"{ms / size:.1f} {unit}".replace(".0 ", " ")
+    return f"{ms} ms"
+
+
+# ------------------------------------------------------------------ middlewares
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _refusals(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A refusal as a page (or JSON) of one line, with its status."""
+    try:
+        return await handler(request)
+    except Refused as exc:
+        return _refusal(request, exc.status, exc.message, exc.headers)
+    except BadRequest as exc:
+        return _refusal(request, 400, str(exc))
+    except (StoreError, OSError) as exc:  # locked, unreachable, the file gone
+        return _refusal(request, 503, f"the queue did not answer: {one_line(str(exc))}")
+
+
+def _refusal(request: web.Request, status: int, message: str,
+             headers: Optional[Mapping[str, str]] = None) -> web.StreamResponse:
+    if request.query.get("format") == "json" or not _accepts_html(request):
+        return web.json_response({"error": message}, status=status, headers=headers)
+    return _render(request, "refused.html", status=status, headers=headers,
+                   status_code=status, message=message)
+
+
+def _accepts_html(request: web.Request) -> bool:
+    accept = request.headers.get("Accept", "")
+    return "text/html" in accept or "*/*" in accept or not accept
+
+
+@web.middleware
+async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Cross-site posts refused first, then the token asked for."""
+    settings = request.app[SETTINGS]
+    if request.method == "POST" and cross_site(request.headers, _origin(request)):
+        raise Refused(403, "refused: a change must be posted by this page itself "
+                           "(a cross-site request)")
+    route = request.match_info.route.name
+    if route in PUBLIC_ROUTES or settings.guard.admits(
+            request.headers.get("Authorization"), request.cookies.get(SESSION_COOKIE)):
+        return await handler(request)
+    if request.method == "GET" and request.query.get("format") != "json" and "Authorization" \
+            not in request.headers and _accepts_html(request):
+        login_url = _url(request, "login_form", next=request.path_qs)
+        raise web.HTTPSeeOther(login_url)
+    raise Refused(401, "the access token is missing or wrong",
+                  {"WWW-Authenticate": 'Bearer realm="asyncworker ui"'})
+
+
+def _origin(request: web.Request) -> str:
+    return f"{request.scheme}://{request.host}"
+
+
+def _url(request: web.Request, name: str, **query: Any) -> str:
+    """A route of this app (with its prefix when mounted), its query kept in order."""
+    url = request.app.router[name].url_for()
+    given = {key: str(value) for key, value in query.items() if value not in (None, "")}
+    return str(url.with_query(given) if given else url)
+
+
+# ------------------------------------------------------------------ answers
+
+
+def _wants_json(request: web.Request) -> bool:
+    form = request.query.get("format", "html")
+    if form not in ("html", "json"):
+        raise BadRequest(f"format must be html or json, got {form!r:.20}")
+    return form == "json"
+
+
+def _render(request: web.Request, template: str, *, status: int = 200,
+            headers: Optional[Mapping[str, str]] = None, **context: Any) -> web.Response:
+    settings = request.app[SETTINGS]
+    page = request.app[TEMPLATES].get_template(template).render(
+        settings=settings, csrf=settings.guard.csrf(), token_required=settings.guard.required,
+        url=lambda name, **query: _url(request, name, **query),
+        json_url=str(request.rel_url.update_query(format="json"))
+        if request.method == "GET" and status == 200 else None, **context)
+    return web.Response(text=page, status=status, headers=headers, content_type="text/html",
+                        charset="utf-8")
+
+
+def _answer(request: web.Request, template: str, data: Any, *, status: int = 200,
+            **context: Any) -> web.Response:
+    if _wants_json(request):
+        return web.json_response(data, status=status,
+                                 dumps=lambda value: json.dumps(value, ensure_ascii=False))
+    return _render(request, template, status=status, **context)
+
+
+def _shows_body(request: web.Request) -> bool:
+    return request.query.get("show") == "body"
+
+
+def hide_body(row: dict) -> dict:
+    """A job's row with its payload left out (its size said instead)."""
+    body = row.get("body")
+    if body is None:
+        return row
+    return {**row, "body": None, "body_bytes": len(body.encode())}
+
+
+# ------------------------------------------------------------------ the pages
+
+
+async def overview(request: web.Request) -> web.Response:
+    _wants_json(request)
+    snap = await request.app[QUEUE].look(lambda store: store.snapshot())
+    receiver, receiver_error = await _receiver_figures(request)
+    data = dict(snap)
+    if receiver is not None:
+        data["receiver"] = receiver
+    if receiver_error is not None:
+        data["receiver_error"] = receiver_error
+    refused = None if receiver is None else sum(
+        value for key, value in receiver.items()
+        if key.startswith("process_refused_signature_") and isinstance(value, int))
+    return _answer(request, "overview.html", data, snap=snap, receiver=receiver,
+                   receiver_error=receiver_error, refused_by_signature=refused)
+
+
+async def _receiver_figures(request: web.Request) -> tuple[Optional[dict], Optional[str]]:
+    """The receiver's /stats, or why they are unavailable: the page shows either."""
+    url = request.app[SETTINGS].stats_url
+    if url is None:
+        return None, None
+    try:
+        async with request.app[HTTP].get(
+                url, allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=RECEIVER_TIMEOUT_S)) as answer:
+            if answer.status != 200:
+                raise ValueError(f"HTTP {answer.status}")
+            found = await answer.json(content_type=None)
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        return None, f"unavailable: {one_line(str(exc)) or type(exc).__name__}"
+    if not isinstance(found, dict):
+        return None, "unavailable: its /stats is not a JSON object"
+    return found, None
+
+
+def _page_query(request: web.Request) -> tuple[Optional[int], int]:
+    """after (a seq) and limit from the query: keyset pagination."""
+    after_text = request.query.get("after") or None
+    limit_text = request.query.get("limit") or str(PAGE_SIZE)
+    if after_text is not None and not (after_text.isascii() and after_text.isdigit()
+                                       and len(after_text) <= 19):
+        raise BadRequest("after must be a job's seq (a whole number)")
+    if not (limit_text.isascii() and limit_text.isdigit() and len(limit_text) <= 4
+            and 1 <= int(limit_text) <= MAX_PAGE - 1):
+        raise BadRequest(f"limit must be a whole number in 1..{MAX_PAGE - 1}")
+    return (None if after_text is None else int(after_text)), int(limit_text)
+
+
+async def _job_page(request: web.Request, status: Optional[str], reason: Optional[str],
+                    prefix: Optional[str]) -> tuple[list[dict], Optional[int]]:
+    """One page of jobs and the seq the next page starts after (None: the last)."""
+    after, limit = _page_query(request)
+    rows = await request.app[QUEUE].look(lambda store: store.list_jobs(
+        status=status, reason=reason, id_prefix=prefix, after_seq=after, limit=limit + 1))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    if not _shows_body(request):
+        rows = [hide_body(row) for row in rows]
+    return rows, (rows[-1]["seq"] if more else None)
+
+
+async def jobs(request: web.Request) -> web.Response:
+    _wants_json(request)
+    status = request.query.get("status") or None
+    if status is not None and status not in STATUSES:
+        raise BadRequest(f"status must be one of {', '.join(STATUSES)}, got {status!r:.40}")
+    reason, prefix = parse_filter(request.query)
+    rows, next_after = await _job_page(request, status, reason, prefix)
+    filters = {"status": status, "reason": reason, "id_prefix": prefix}
+    return _answer(request, "jobs.html", {"jobs": rows, "next_after_seq": next_after},
+                   rows=rows, filters=filters, next_after=next_after, statuses=STATUSES)
+
+
+async def job(request: web.Request) -> web.Response:
+    _wants_json(request)
+    job_id = request.query.get("id", "")
+    try:
+        check_job_id("id", job_id, PRODUCT)
+    except ValueError:
+        raise BadRequest(f"id must be {PRODUCT.job_id_rule}") from None
+    history = await request.app[QUEUE].look(lambda store: store.job_history(job_id))
+    if history is None:
+        raise Refused(404, f"no job {job_id!r} in this queue")
+    show_body = _shows_body(request)
+    if not show_body:
+        history = {**history, "job": hide_body(history["job"])}
+    settings = request.app[SETTINGS]
+    command = f"asyncworker inspect {shlex.quote(settings.queue)} {shlex.quote(job_id)}"
+    return _answer(request, "job.html", history, history=history, row=history["job"],
+                   command=command, show_body=show_body)
+
+
+async def dead(request: web.Request) -> web.Response:
+    _wants_json(request)
+    reason, prefix = parse_filter(request.query)
+    by_reason = await request.app[QUEUE].look(lambda store: store.snapshot()["dead_by_reason"])
+    rows, next_after = await _job_page(request, "dead", reason, prefix)
+    data = {"dead_by_reason": by_reason, "jobs": rows, "next_after_seq": next_after}
+    return _answer(request, "dead.html", data, by_reason=by_reason, rows=rows,
+                   next_after=next_after, filters={"reason": reason, "id_prefix": prefix})
+
+
+# ------------------------------------------------------------------ bulk changes
+
+
+async def _change_form(request: web.Request) -> dict[str, str]:
+    """The posted form of a change, once the page may change and its CSRF token holds."""
+    if not request.app[SETTINGS].allow_changes:
+        raise Refused(403, "read-only: this page was started without --allow-changes")
+    posted = await request.post()
+    form = {key: value for key, value in posted.items() if isinstance(value, str)}
+    if not request.app[SETTINGS].guard.csrf_matches(form.get("csrf")):
+        raise Refused(403, "the form's CSRF token is missing or stale: reload the page")
+    return form
+
+
+async def preview(request: web.Request) -> web.Response:
+    """The dry run: what the filter matches now, and that set's fingerprint."""
+    bulk = parse_bulk(await _change_form(request))
+    members = await request.app[QUEUE].look(
+        lambda store: matched(store, bulk.reason, bulk.id_prefix))
+    data = _bulk_data(bulk, members)
+    data["csrf"] = request.app[SETTINGS].guard.csrf()
+    return _answer(request, "preview.html", data, bulk=bulk, dry=data, stale=None)
+
+
+def _bulk_data(bulk: BulkRequest, members: list[Member]) -> dict[str, Any]:
+    return {"action": bulk.action, "reason": bulk.reason, "id_prefix": bulk.id_prefix,
+            "note": bulk.note, "ttl_ms": bulk.ttl_ms, "count": len(members),
+            "sample": [member.id for member in members[:SAMPLE]],
+            "fingerprint": fingerprint(bulk, members)}
+
+
+async def apply(request: web.Request) -> web.Response:
+    """The confirmation: refused (409) unless the filter still matches the very
+    set the dry run showed; then each job changed, or told why not."""
+    form = await _change_form(request)
+    bulk = parse_bulk(form)
+    queue = request.app[QUEUE]
+    members = await queue.look(lambda store: matched(store, bulk.reason, bulk.id_prefix))
+    now = _bulk_data(bulk, members)
+    if not hmac.compare_digest(form.get("fingerprint", "").encode(), now["fingerprint"].encode()):
+        now["csrf"] = request.app[SETTINGS].guard.csrf()
+        now["error"] = (f"the dead letters this filter matches changed since the dry run "
+                        f"({len(members)} match now): nothing was changed; run the dry run "
+                        f"again")
+        return _answer(request, "preview.html", now, status=409, bulk=bulk, dry=now,
+                       stale=now["error"])
+    results, error = await _apply_in_chunks(request, bulk, [m.id for m in members])
+    counts = Counter(line["result"] for line in results)
+    data = {"action": bulk.action, "note": bulk.note, "counts": dict(counts),
+            "results": results, "error": error}
+    return _answer(request, "result.html", data, status=503 if error else 200, bulk=bulk,
+                   results=results[:SHOW_RESULTS], hidden=max(0, len(results) - SHOW_RESULTS),
+                   counts=counts, error=error)
+
+
+async def _apply_in_chunks(request: web.Request, bulk: BulkRequest, ids: list[str]
+                           ) -> tuple[list[dict[str, str]], Optional[str]]:
+    """Each chunk one transaction (MAX_BATCH jobs): a store that fails part-way
+    leaves the chunks before it whole and the rest untouched, and says so."""
+    queue = request.app[QUEUE]
+    actor = request.app[SETTINGS].operator
+    results: list[dict[str, str]] = []
+    for start in range(0, len(ids), MAX_BATCH):
+        chunk = ids[start:start + MAX_BATCH]
+
+        def change(store: Store, chunk: list[str] = chunk) -> list:
+            if bulk.action == "redrive":
+                return store.redrive_jobs(chunk, bulk.ttl_ms, bulk.note, actor=actor)
+            return store.cancel_jobs(chunk, bulk.note, actor=actor)
+
+        try:
+            answers = await queue.change(change)
+        except StoreError as exc:
+            done = sum(line["result"] == bulk.past for line in results)
+            return results, (f"{one_line(str(exc))}: {done} {bulk.past} before it, the "
+                             f"other {len(ids) - len(results)} untouched")
+        for job_id, answer in zip(chunk, answers, strict=True):
+            result, detail = outcome(bulk.action, answer)
+            results.append({"id": job_id, "result": result, "detail": detail})
+    return results, None
+
+
+# ------------------------------------------------------------------ signing in
+
+
+async def login_form(request: web.Request) -> web.Response:
+    return _render(request, "login.html", next=_next(request, request.query.get("next")),
+                   wrong=False)
+
+
+async def login(request: web.Request) -> web.StreamResponse:
+    guard = request.app[SETTINGS].guard
+    posted = await request.post()
+    offered = posted.get("token")
+    target = _next(request, posted.get("next"))
+    if not guard.required:
+        raise web.HTTPSeeOther(target)
+    if not isinstance(offered, str) or not guard.token_matches(offered.strip()):
+        return _render(request, "login.html", status=401, next=target, wrong=True)
+    answer = web.HTTPSeeOther(target)
+    answer.set_cookie(SESSION_COOKIE, guard.session(), httponly=True, samesite="Strict",
+                      secure=request.secure, path=_url(request, "overview"))
+    raise answer
+
+
+async def logout(request: web.Request) -> web.StreamResponse:
+    posted = await request.post()
+    if not request.app[SETTINGS].guard.csrf_matches(posted.get("csrf")):
+        raise Refused(403, "the form's CSRF token is missing or stale: reload the page")
+    answer = web.HTTPSeeOther(_url(request, "login_form"))
+    answer.del_cookie(SESSION_COOKIE, path=_url(request, "overview"))
+    raise answer
+
+
+def _next(request: web.Request, target: object) -> str:
+    """Where to go after signing in: a page of this app only, never another site."""
+    home = _url(request, "overview")
+    if isinstance(target, str) and target.startswith(home) and not target.startswith("//") \
+            and "\\" not in target:
+        return target
+    return home
+
+
+async def css(request: web.Request) -> web.Response:
+    return web.Response(body=(HERE / "static" / "ui.css").read_bytes(), content_type="text/css")
