@@ -291,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
                 description: Optional[str] = None) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=description or help_text)
         sub.set_defaults(handler=handler)
+        _log_arguments(sub)
         return sub
 
     p = command("init", "create a queue (a file, or the tables in a PostgreSQL database), "
@@ -416,6 +417,35 @@ def _enqueue_arguments(p: argparse.ArgumentParser) -> None:
                         f"{_ms(PRODUCT.max_delay_ms)} (default 0)")
 
 
+def _log_arguments(p: argparse.ArgumentParser) -> None:
+    from asyncworker.logs import FORMATS, LEVELS
+
+    p.add_argument("--log-level", choices=LEVELS, default=None,
+                   help="the least severe log records shown on stderr (default info for run: "
+                        "every retry, dead job, stale finish, lost lease, bad ACK and error is "
+                        "a line, a job done only at debug; warning for every other command)")
+    p.add_argument("--log-format", choices=FORMATS, default="text",
+                   help="text (default): timestamp, level, logger, message, then key=value "
+                        "facts; json: one object a line with ts, level, logger, msg and the "
+                        "facts as keys (run's banner, progress and summary lines too)")
+
+
+def _metrics_address(text: str) -> tuple[str, int]:
+    """--metrics: HOST:PORT, [IPv6]:PORT, :PORT or PORT; loopback when no host is given."""
+    host, colon, port = text.rpartition(":")
+    if not colon:
+        host, port = "", text
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise argparse.ArgumentTypeError(f"an IPv6 address goes in brackets, [{host}]:PORT")
+    if host and (not host.isprintable() or any(c.isspace() for c in host)):
+        raise argparse.ArgumentTypeError(f"not a host name or address: {host!r:.80}")
+    if not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"the port must be 0..65535, got {port!r:.80}")
+    return host or "127.0.0.1", int(port)
+
+
 def _run_arguments(p: argparse.ArgumentParser) -> None:
     _queue_argument(p)
     p.add_argument("--url", metavar="URL", required=True,
@@ -452,6 +482,12 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--crash-after-acks", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="failure drill: die by SIGKILL right after the N-th ACK, before "
                         "recording it")
+    p.add_argument("--metrics", metavar="HOST:PORT", type=_metrics_address, default=None,
+                   help="serve /metrics (Prometheus) and /healthz (200 while dispatching "
+                        "and the store answers, else 503) while it runs; HOST defaults to "
+                        "127.0.0.1 (:PORT or PORT alone), another address only when written "
+                        "out (0.0.0.0:9100); port 0 picks a free one; the URL is printed on "
+                        "stderr first (\"metrics: URL\"); a port it cannot bind is exit 2")
 
 
 def _destination_arguments(p: argparse.ArgumentParser) -> None:
@@ -964,7 +1000,7 @@ def _run(args: argparse.Namespace) -> int:
     import asyncio
 
     try:
-        stats = asyncio.run(_dispatch(dispatcher, args.until_idle, banner))
+        stats = asyncio.run(_dispatch(dispatcher, args.until_idle, banner, args.metrics))
     except StoreError as exc:  # the queue failed under the run: its summary is not printed
         raise WorkFailed(about(args.queue, exc)) from None
     print(json.dumps({"owner": owner, **stats.as_dict()}))
@@ -991,21 +1027,53 @@ def _crashing_sender(destination: Destination, lease_ms: int, after: int) -> Any
     return send
 
 
-async def _dispatch(dispatcher: Dispatcher, until_idle: bool, banner: str) -> DispatcherStats:
+async def _dispatch(dispatcher: Dispatcher, until_idle: bool, banner: str,
+                    metrics: Optional[tuple[str, int]] = None) -> DispatcherStats:
     import asyncio
 
     from asyncworker.dispatcher import run_until_signalled
 
-    async with dispatcher:
-        progress = asyncio.create_task(_progress(dispatcher.stats), name="progress")
-        try:
-            return await run_until_signalled(
-                dispatcher, until_idle=until_idle, on_stop=lambda line: _log(line + "\n"),
-                # printed once a signal means a graceful stop: a supervisor may wait for it
-                on_ready=lambda: _log(banner + "\n"))
-        finally:
-            progress.cancel()
-            _show_progress(dispatcher.stats, 0.0, final=True)
+    # Bound before the queue is opened: a port taken is exit 2 with nothing claimed.
+    served = None if metrics is None else await _serve_metrics(dispatcher, *metrics)
+    try:
+        async with dispatcher:
+            progress = asyncio.create_task(_progress(dispatcher.stats), name="progress")
+            try:
+                return await run_until_signalled(
+                    dispatcher, until_idle=until_idle, on_stop=_say,
+                    # printed once a signal means a graceful stop: a supervisor may wait for it
+                    on_ready=lambda: _say(banner, owner=dispatcher.owner))
+            finally:
+                progress.cancel()
+                _show_progress(dispatcher.stats, 0.0, final=True)
+    finally:
+        if served is not None:
+            await served.cleanup()
+
+
+async def _serve_metrics(dispatcher: Dispatcher, host: str, port: int) -> Any:
+    """/metrics and /healthz on this loop while the dispatcher runs; the URL on stderr."""
+    from asyncworker.metrics import start_metrics_server
+
+    try:
+        runner, url = await start_metrics_server(dispatcher, host, port)
+    except OSError as exc:  # taken, not this host's address, or a name that does not resolve
+        raise UsageError(f"--metrics {host}:{port}: cannot serve there: "
+                         f"{exc.strerror or exc}") from None
+    _say(f"metrics: {url}/metrics and /healthz", metrics_url=f"{url}/metrics",
+         health_url=f"{url}/healthz")
+    return runner
+
+
+def _say(line: str, **fields: Any) -> None:
+    """One of run's own lines (banner, metrics URL, stop notices, progress): as it
+    is, or with --log-format json one object with its facts as keys."""
+    from asyncworker.logs import current_format, json_line
+
+    if current_format() == "json":
+        _log(json_line(line, "asyncworker.run", **fields) + "\n")
+    else:
+        _log(line + "\n")
 
 
 def _log(line: str) -> None:
@@ -1028,7 +1096,11 @@ def progress_line(stats: DispatcherStats, rate: float) -> str:
 
 def _show_progress(stats: DispatcherStats, rate: float, *, final: bool = False) -> None:
     line = progress_line(stats, rate)
-    if sys.stderr.isatty():  # one live line, redrawn in place
+    from asyncworker.logs import current_format
+
+    if current_format() == "json":  # one object a line, the figures as keys
+        _say(("summary: " if final else "") + line, **stats.as_dict(), rate=round(rate, 1))
+    elif sys.stderr.isatty():  # one live line, redrawn in place
         _log("\r\x1b[2K" + line + ("\n" if final else ""))
     else:  # plain log lines for files and pipes
         _log(("summary: " if final else "") + line + "\n")
@@ -1436,12 +1508,20 @@ def _named(args: argparse.Namespace) -> Optional[str]:
 
 
 
+def _configure_logs(args: argparse.Namespace) -> None:
+    from asyncworker.logs import configure
+
+    level = args.log_level or ("info" if args.command == "run" else "warning")
+    configure(level, args.log_format)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     if isinstance(sys.stdout, io.TextIOWrapper):  # a file name that is not UTF-8, printed
         sys.stdout.reconfigure(errors="backslashreplace")
     args = argparse.Namespace(command=None)
     try:
         args = build_parser().parse_args(argv)  # bad arguments: exit 2 with one line
+        _configure_logs(args)
         code = int(args.handler(args))
         sys.stdout.flush()  # a reader that left shows here, inside the guard
         return code

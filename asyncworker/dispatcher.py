@@ -24,7 +24,15 @@ A Dispatcher runs once: ``state`` goes new -> running -> stopping -> stopped,
 or to failed (``failure`` holds the exception) when ``run()`` itself dies, for
 example of a bad clock value or a database error. ``stop()`` is final, even
 before ``run()`` starts. ``health()`` and ``health_handler`` tell an
-application which of these it is.
+application which of these it is; ``check_health()`` (and the handler) also
+asks the store whether it answers. ``d.metrics`` is its Prometheus registry
+(``asyncworker.metrics``: ``/metrics`` and ``/healthz`` for an aiohttp app).
+
+Logs (logger ``asyncworker.dispatcher``): every retry, dead job, stale
+finish, lost lease, bad ACK, send error and finish failure is one record
+whose facts are ``extra=`` fields (id, token, owner, attempt, outcome,
+status, reason, http_status, error, delay_ms); a job done is a debug record.
+No record holds a job's body.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import functools
 import logging
 import random
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional
@@ -43,6 +52,7 @@ from aiohttp import web
 
 from asyncworker.finisher import GroupFinisher, Judged, Recorded
 from asyncworker.leases import Held, LeaseKeeper, StoreTime, half_way
+from asyncworker.metrics import DispatcherMetrics
 from asyncworker.sender import new_session, send_http
 from asyncworker.store import AsyncStore, Target
 from lease.http import Destination
@@ -76,6 +86,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("asyncworker.dispatcher")
+
+HEALTH_TIMEOUT_S = 2.0  # how long /healthz waits for the store's answer
 
 # (event {"id", "qty"} or {"id", "body": canonical JSON text}, claim token)
 Send = Callable[[dict, int], Awaitable[object]]
@@ -252,6 +264,7 @@ class Dispatcher:
         # Time kept back at the end of a lease for the finish transaction.
         self.finish_margin_ms = max(1, min(lease_ms // 5, 2_000))
         self.stats = DispatcherStats()
+        self.metrics = DispatcherMetrics(self)  # reads stats when scraped: one source of truth
         self.destination = destination  # None with a send of the caller's
         self._send = send
         self._clock = clock
@@ -319,17 +332,58 @@ class Dispatcher:
         """What made run() fail, or None."""
         return self._failure
 
+    @property
+    def last_claim_ms(self) -> Optional[int]:
+        """The store's time of the last claim transaction that committed, or None."""
+        return self._last_claim_ms
+
     def health(self) -> dict[str, Any]:
-        """The answer to "is it dispatching?", JSON-serialisable. ``last_claim_ms``
-        is the store's time of the last claim transaction that committed."""
+        """The answer to "is it dispatching?", JSON-serialisable, without asking
+        the store. ``last_claim_ms`` is the store's time of the last claim
+        transaction that committed; ``last_claim_age_s`` how long ago that was
+        on the clock leases are judged by (None before the first claim). An
+        idle dispatcher claims every poll interval; one whose slots are all
+        busy claims only when a send ends, so an old claim alone is no fault."""
         failure = self._failure
         return {
             "state": self.state,
             "failure": None if failure is None else f"{type(failure).__name__}: {failure}",
             "last_claim_ms": self._last_claim_ms,
+            "last_claim_age_s": self._last_claim_age_s(),
             "sending": self.stats.sending,
             "in_flight": self.stats.in_flight,
         }
+
+    async def check_health(self, timeout_s: float = HEALTH_TIMEOUT_S) -> dict[str, Any]:
+        """``health()`` plus the store's answer to a cheap call (its clock) within
+        ``timeout_s``: ``store`` {"reachable", "error", "seconds"}, and ``healthy``:
+        running and the store reachable."""
+        answer = self.health()
+        answer["store"] = await self._probe_store(timeout_s)
+        answer["healthy"] = answer["state"] == "running" and answer["store"]["reachable"]
+        return answer
+
+    async def _probe_store(self, timeout_s: float) -> dict[str, Any]:
+        started = time.perf_counter()
+        try:
+            await asyncio.wait_for(self._queue.run(lambda store: store.now_ms()), timeout_s)
+        except asyncio.TimeoutError:
+            return {"reachable": False, "error": f"no answer within {timeout_s:g} s",
+                    "seconds": None}
+        except Exception as exc:  # whatever the store raised, the answer is "unreachable"
+            error = " ".join(f"{type(exc).__name__}: {exc}".split())
+            return {"reachable": False, "error": error, "seconds": None}
+        return {"reachable": True, "error": None,
+                "seconds": round(time.perf_counter() - started, 6)}
+
+    def _last_claim_age_s(self) -> Optional[float]:
+        if self._last_claim_ms is None:
+            return None
+        try:
+            now = self._time.now()
+        except (RuntimeError, ValueError):  # the clock not read yet, or a bad clock value
+            return None
+        return max(0, now - self._last_claim_ms) / 1000
 
     def stop(self) -> None:
         """Claim nothing more; sends in flight finish within their leases.
@@ -443,28 +497,35 @@ class Dispatcher:
         limit = min(self._slots.free, self.batch_size)
         asked = self._time.asked()
 
-        def claim(store: Store) -> Claimed:
-            return store.claim_jobs(self.owner, self.lease_ms, limit, now_ms=self._time.given())
+        def claim(store: Store) -> tuple[Claimed, float]:
+            started = time.perf_counter()  # the transaction's own time, on its thread
+            claimed = store.claim_jobs(self.owner, self.lease_ms, limit, now_ms=self._time.given())
+            return claimed, time.perf_counter() - started
 
         try:
-            claimed = await self._queue.call(claim, keep_trying=lambda: not self._stop.is_set(),
-                                             on_busy=lambda _: self._count_busy(),
-                                             draw=self._draw)
+            claimed, seconds = await self._queue.call(
+                claim, keep_trying=lambda: not self._stop.is_set(),
+                on_busy=lambda _: self._count_busy(), draw=self._draw)
         except Busy:
             return False  # stopping
         if not self._time.injected:
             self._time.observe(claimed.now_ms, asked)
-        self._claimed(claimed)
+        self._claimed(claimed, seconds)
         return bool(claimed.leased)
 
-    def _claimed(self, claimed: Claimed) -> None:
+    def _claimed(self, claimed: Claimed, seconds: float) -> None:
         """Count a committed claim (its quarantine moves too) and start its jobs."""
         stats = self.stats
         stats.claim_calls += 1
+        self.metrics.observe_claim(seconds)
         self._last_claim_ms = claimed.now_ms
         for reason, n in claimed.moved.items():
             stats.count_dead(reason, n)
             stats.quarantined += n
+        moved = {reason: n for reason, n in claimed.moved.items() if n}
+        if moved:  # no ids: the claim's quarantine counts its moves by reason
+            log.warning("quarantined", extra={"owner": self.owner, "dead": sum(moved.values()),
+                                              "reasons": moved})
         if not claimed.leased:
             return
         stats.claimed += len(claimed.leased)
@@ -496,9 +557,10 @@ class Dispatcher:
             await held.settled()  # an extension in flight first: its ticket is the store's
             held.handed_over = True  # from here the finisher owns the outcome and counts it
             await self._finisher.finish(held, judged)
-        except Exception:
+        except Exception as exc:
             self.stats.errors += 1
-            log.exception("job failed id=%s token=%s", held.ticket["id"], held.ticket["token"])
+            log.exception("job failed", extra=self._facts(held, status="leased",
+                                                          error=_error_line(exc)))
 
     async def _judged_send(self, held: Held, slot: Slot) -> Judged:
         """Send, and judge what came of it; the send's own duration is its latency.
@@ -525,10 +587,11 @@ class Dispatcher:
             except Exception as exc:
                 error = exc
         finally:
-            latency_ms = round((time.perf_counter() - started) * 1000)
+            took = time.perf_counter() - started
             self._keeper.unwatch(held)
             slot.give_back()
-        seen = Attempt.of(held.first_ms, latency_ms, error)
+        self.metrics.observe_send(took)  # a send that ended: not one a shutdown cancelled
+        seen = Attempt.of(held.first_ms, round(took * 1000), error)
         if error is None:
             return Judged("ok", 0, seen)
         return self._judge_error(held, error, seen)
@@ -540,17 +603,17 @@ class Dispatcher:
         unclassified error proves nothing: evidence only, the job stays leased."""
         ticket = held.ticket
         if isinstance(error, LeaseLost):
-            log.info("lease lost id=%s token=%s", ticket["id"], ticket["token"])
+            log.warning("lease lost", extra=self._facts(held, seen))
             return Judged("retry", self.policy.delay_ms(ticket["attempt"], self._draw()), seen)
         verdict = self.policy.judge(error, ticket["attempt"], self._draw())
         if verdict is not None:
             return Judged(verdict[0], verdict[1], seen)
         if isinstance(error, BadAck):
             self.stats.bad_acks += 1
-            log.warning("bad ACK id=%s token=%s: %s", ticket["id"], ticket["token"], error)
+            log.warning("bad ACK", extra=self._facts(held, seen, status="leased"))
         else:
             self.stats.errors += 1
-            log.error("send failed id=%s token=%s: %r", ticket["id"], ticket["token"], error)
+            log.error("send failed", extra=self._facts(held, seen, status="leased"))
         return Judged(None, 0, seen)
 
     async def _call_send(self, event: dict, token: int) -> object:
@@ -572,8 +635,9 @@ class Dispatcher:
     def _count_busy(self) -> None:
         self.stats.lock_retries += 1
 
-    def _count_group(self) -> None:
+    def _count_group(self, seconds: float) -> None:
         self.stats.finish_batches += 1
+        self.metrics.observe_finish(seconds)
 
     def _count_extended(self) -> None:
         self.stats.extended += 1
@@ -584,24 +648,51 @@ class Dispatcher:
         if judged.outcome is None:  # evidence only: counted as the bad ACK or error it is
             return
         status, reason = recorded
-        if status is False:
-            stats.stale += 1
-        elif status == "done":
+        if status == "done":
             stats.ok += 1
+            if log.isEnabledFor(logging.DEBUG):  # never built per job at info
+                log.debug("done", extra=self._facts(held, judged.seen, status="done",
+                                                    latency_ms=judged.seen.latency_ms))
+        elif status is False:
+            stats.stale += 1
+            log.warning("stale finish refused", extra=self._facts(
+                held, judged.seen, outcome=judged.outcome, status="stale"))
         elif status == "pending":
             stats.retried += 1
+            log.info("retry", extra=self._facts(held, judged.seen, outcome=judged.outcome,
+                                                status="pending", delay_ms=judged.delay_ms))
         else:
             assert reason is not None
             stats.count_dead(reason)
+            log.warning("dead", extra=self._facts(held, judged.seen, outcome=judged.outcome,
+                                                  status="dead", reason=reason))
         if self.latencies is not None:
             self.latencies.append(time.perf_counter() - held.claimed_at)
 
     def _finish_failed(self, helds: list[Held], judged: list[Judged]) -> None:
         """Counted and logged here, once: the jobs' own tasks only wait. An
-        evidence-only item was counted already, as the bad ACK or error it is."""
+        evidence-only item was counted already, as the bad ACK or error it is.
+        Called while the group's exception is being handled: it is the record's."""
         self.stats.in_flight -= len(helds)
         self.stats.errors += sum(1 for one in judged if one.outcome is not None)
-        log.exception("finish failed, %d jobs left leased: %s", len(helds), _some_ids(helds))
+        log.exception("finish failed, %d jobs left leased: %s", len(helds), _some_ids(helds),
+                      extra={"owner": self.owner, "jobs": len(helds), "status": "leased",
+                             "error": _error_line(sys.exc_info()[1])})
+
+    def _facts(self, held: Held, seen: Optional[Attempt] = None,
+               **more: object) -> dict[str, object]:
+        """A job's facts for a log record's ``extra=``: what an operator needs to
+        find the attempt (id, token, owner, attempt) and what it saw. Never its body."""
+        ticket = held.ticket
+        facts: dict[str, object] = {"id": ticket["id"], "token": ticket["token"],
+                                    "owner": self.owner, "attempt": ticket["attempt"]}
+        if seen is not None:
+            if seen.http_status is not None:
+                facts["http_status"] = seen.http_status
+            if seen.error is not None:
+                facts["error"] = seen.error
+        facts.update(more)
+        return facts
 
 
 def _one_destination(url: Optional[str], destination: object,
@@ -615,6 +706,13 @@ def _one_destination(url: Optional[str], destination: object,
         raise ValueError(f"destination must be a lease.http.Destination, "
                          f"got {type(destination).__name__}")
     return destination
+
+
+def _error_line(error: Optional[BaseException]) -> Optional[str]:
+    """An exception as one line: its class and message, as evidence keeps it."""
+    if error is None:
+        return None
+    return " ".join((Attempt.of(0, 0, error).error or "").split())
 
 
 def _some_ids(helds: list[Held], most: int = 20) -> str:
@@ -723,12 +821,15 @@ def _log_failure(task: asyncio.Task) -> None:
         log.error("dispatcher failed; it claims nothing more", exc_info=error)
 
 
-def health_handler(dispatcher: Dispatcher) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """An aiohttp handler: ``dispatcher.health()`` as JSON, 200 while it is
-    running, 503 otherwise (new, stopping, stopped or failed)."""
+def health_handler(dispatcher: Dispatcher, timeout_s: float = HEALTH_TIMEOUT_S
+                   ) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """An aiohttp handler: ``dispatcher.check_health()`` as JSON, 200 while it
+    is running and its store answers within ``timeout_s``, 503 otherwise (new,
+    stopping, stopped or failed, or the store unreachable)."""
 
     async def health(request: web.Request) -> web.Response:
-        answer = dispatcher.health()
-        return web.json_response(answer, status=200 if answer["state"] == "running" else 503)
+        answer = await dispatcher.check_health(timeout_s)
+        return web.json_response(answer, status=200 if answer["healthy"] else 503,
+                                 headers={"Cache-Control": "no-store"})
 
     return health

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Callable, NamedTuple, Optional, Union
 
 from asyncworker.leases import Held, StoreTime
@@ -44,12 +45,13 @@ class _Queued(NamedTuple):
 
 class GroupFinisher:
     """``await finisher.finish(held, judged)`` -> what was recorded, or None if
-    the group's transaction failed (the job stays leased)."""
+    the group's transaction failed (the job stays leased). ``on_committed``
+    gets each committed group's transaction time in seconds."""
 
     def __init__(self, queue: AsyncStore, store_time: StoreTime, batch_size: int, *,
                  on_recorded: Callable[[Held, Judged, Recorded], None],
                  on_failed: Callable[[list[Held], list[Judged]], None],
-                 on_committed: Callable[[], None],
+                 on_committed: Callable[[float], None],
                  on_busy: Callable[[], None]) -> None:
         self._queue = queue
         self._time = store_time
@@ -98,21 +100,22 @@ class GroupFinisher:
         finish after all of them would be stale anyway)."""
         items = [(held.ticket, *one) for held, one in zip(helds, judged, strict=True)]
 
-        def finish(store: Store) -> list:
+        def finish(store: Store) -> tuple[list, float]:
             now = self._time.given()
             if now is not None:
                 for held in helds:
                     check_second_clock(held.first_ms, now)
-            return store.finish_jobs(items, now_ms=now)
+            started = time.perf_counter()  # the transaction's own time, on its thread
+            return store.finish_jobs(items, now_ms=now), time.perf_counter() - started
 
         def live() -> bool:
             return any(self._time.now() < held.ticket["lease_until"] for held in helds)
 
         try:
-            found = await self._queue.call(finish, keep_trying=live,
-                                           on_busy=lambda _: self._on_busy())
+            found, seconds = await self._queue.call(finish, keep_trying=live,
+                                                    on_busy=lambda _: self._on_busy())
         except Busy:
             return [STALE] * len(helds)
-        self._on_committed()
+        self._on_committed(seconds)
         return [one or STALE for one in found]
 

@@ -1,0 +1,178 @@
+"""A dispatcher's Prometheus metrics and its health, over HTTP.
+
+Every dispatcher has a registry of its own (``d.metrics.registry``), never
+the process's global one: two dispatchers in one process do not collide.
+The counters and gauges are read from ``d.stats`` when scraped, so
+``DispatcherStats`` stays the one source of truth; only the three histograms
+are observed where things happen (a send's own duration, and each committed
+claim and finish transaction's time on the store's thread).
+
+``metrics_app(d)`` is an aiohttp application serving ``/metrics`` and
+``/healthz``; ``add_metrics_routes(app, d)`` mounts both on an embedding
+application's router; ``start_metrics_server(d, host, port)`` serves them on
+the running event loop (``asyncworker run --metrics``).
+
+Metric names (prefix ``asyncworker_``), each the figure of ``d.stats`` named:
+
+- counters: ``jobs_claimed_total`` (claimed), ``jobs_done_total`` (ok),
+  ``jobs_retried_total`` (retried), ``jobs_dead_total{reason}``
+  (dead_by_reason: deadline, exhausted, permanent; they sum to dead),
+  ``jobs_quarantined_total`` (quarantined), ``stale_completions_refused_total``
+  (stale), ``bad_acks_total`` (bad_acks), ``errors_total`` (errors),
+  ``store_busy_retries_total`` (lock_retries), ``lease_extensions_total``
+  (extended), ``claim_transactions_leasing_total`` (claim_batches);
+- gauges: ``jobs_in_flight`` (in_flight), ``sends_in_flight`` (sending),
+  ``sends_in_flight_peak`` (peak_sending), ``send_slots`` (the concurrency),
+  ``dispatcher_state{state}`` (1 for the current one of new, running,
+  stopping, stopped, failed), ``last_claim_timestamp_seconds`` (the store's
+  time of the last committed claim; absent before the first);
+- histograms (seconds, 1 ms .. 60 s): ``send_duration_seconds`` (every send
+  that ended, cut off by its lease included; its count is the sends),
+  ``claim_transaction_duration_seconds`` (its count is claim_calls),
+  ``finish_transaction_duration_seconds`` (its count is finish_batches).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+
+if TYPE_CHECKING:
+    from asyncworker.dispatcher import Dispatcher
+
+__all__ = ["BUCKETS", "DispatcherMetrics", "add_metrics_routes", "metrics_app",
+           "start_metrics_server"]
+
+PREFIX = "asyncworker_"
+# Seconds, from a local commit (about a millisecond) to the longest send worth waiting for.
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+           30.0, 60.0)
+STATES = ("new", "running", "stopping", "stopped", "failed")
+
+# (metric name without _total, the DispatcherStats field, help)
+COUNTERS = (
+    ("jobs_claimed", "claimed", "Jobs leased by this dispatcher's claims."),
+    ("jobs_done", "ok", "Jobs finished done."),
+    ("jobs_retried", "retried", "Jobs finished pending again, to be retried after a delay."),
+    ("jobs_quarantined", "quarantined",
+     "Jobs this dispatcher's claims moved to dead (past their deadline or out of attempts)."),
+    ("stale_completions_refused", "stale",
+     "Finishes (or extensions) refused because the lease was gone: the job is someone else's."),
+    ("bad_acks", "bad_acks", "Answers that were no evidence of delivery: the job stays leased."),
+    ("errors", "errors", "Jobs whose send or finish failed unclassified: the job stays leased."),
+    ("store_busy_retries", "lock_retries",
+     "Store calls retried because the store was busy (a write lock, a lost connection)."),
+    ("lease_extensions", "extended", "Leases pushed forward for sends still running."),
+    ("claim_transactions_leasing", "claim_batches", "Claim transactions that leased a job."),
+)
+GAUGES = (
+    ("jobs_in_flight", "in_flight", "Jobs claimed and not yet recorded."),
+    ("sends_in_flight", "sending", "Send slots in use: claimed jobs whose send has not ended."),
+    ("sends_in_flight_peak", "peak_sending", "The most send slots in use at once."),
+)
+
+
+class _StatsCollector:
+    """The counters and gauges, read from the dispatcher at scrape time (on the
+    event loop, where the figures change: a scrape sees one consistent moment)."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._d = dispatcher
+
+    def collect(self) -> Iterator[Metric]:
+        d, stats = self._d, self._d.stats
+        for name, figure, text in COUNTERS:
+            yield CounterMetricFamily(PREFIX + name, text, value=getattr(stats, figure))
+        dead = CounterMetricFamily(PREFIX + "jobs_dead", "Jobs this dispatcher moved to dead, "
+                                   "by its finishes and its claims' quarantine.",
+                                   labels=["reason"])
+        for reason, n in sorted(stats.dead_by_reason.items()):
+            dead.add_metric([reason], n)
+        yield dead
+        for name, figure, text in GAUGES:
+            yield GaugeMetricFamily(PREFIX + name, text, value=getattr(stats, figure))
+        yield GaugeMetricFamily(PREFIX + "send_slots", "Sends in flight at most (concurrency).",
+                                value=d.concurrency)
+        state = GaugeMetricFamily(PREFIX + "dispatcher_state",
+                                  "1 for the dispatcher's current state.", labels=["state"])
+        current = d.state
+        for name in STATES:
+            state.add_metric([name], 1 if name == current else 0)
+        yield state
+        last = GaugeMetricFamily(PREFIX + "last_claim_timestamp_seconds",
+                                 "The store's time of the last committed claim (unix seconds).")
+        if d.last_claim_ms is not None:
+            last.add_metric([], d.last_claim_ms / 1000)
+        yield last
+
+
+class DispatcherMetrics:
+    """A dispatcher's registry: the stats' collector and the three histograms.
+    ``observe_send`` and friends are the histograms' own bound ``observe``:
+    no label lookup per job."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        # No describe(): the collector reads the dispatcher only when scraped,
+        # never while the dispatcher is still being built.
+        self.registry = CollectorRegistry()
+        self.registry.register(_StatsCollector(dispatcher))
+        self.send = Histogram(PREFIX + "send_duration_seconds",
+                              "Each send's own duration, from its start to its answer, error "
+                              "or cut-off.", buckets=BUCKETS, registry=self.registry)
+        self.claim = Histogram(PREFIX + "claim_transaction_duration_seconds",
+                               "Each committed claim transaction's time on the store.",
+                               buckets=BUCKETS, registry=self.registry)
+        self.finish = Histogram(PREFIX + "finish_transaction_duration_seconds",
+                                "Each committed finish transaction's (group commit's) time "
+                                "on the store.", buckets=BUCKETS, registry=self.registry)
+        self.observe_send = self.send.observe
+        self.observe_claim = self.claim.observe
+        self.observe_finish = self.finish.observe
+
+    def exposition(self, accept: str = "") -> tuple[bytes, str]:
+        """The registry in the format ``accept`` asks for (Prometheus text by
+        default, OpenMetrics when asked) and its content type."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
+
+
+def add_metrics_routes(app: web.Application, dispatcher: Dispatcher) -> None:
+    """``GET /metrics`` (Prometheus) and ``GET /healthz`` (200 healthy, 503 not)."""
+    from asyncworker.dispatcher import health_handler
+
+    async def metrics(request: web.Request) -> web.Response:
+        body, content_type = dispatcher.metrics.exposition(request.headers.get("Accept", ""))
+        return web.Response(body=body, headers={"Content-Type": content_type,
+                                                "Cache-Control": "no-store"})
+
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", health_handler(dispatcher))
+
+
+def metrics_app(dispatcher: Dispatcher) -> web.Application:
+    app = web.Application()
+    add_metrics_routes(app, dispatcher)
+    return app
+
+
+async def start_metrics_server(dispatcher: Dispatcher, host: str,
+                               port: int) -> tuple[web.AppRunner, str]:
+    """Serve ``metrics_app`` on the running loop; returns the runner (clean it
+    up) and the bound base URL (port 0 picks a free port). No access log:
+    every scrape would be a line."""
+    runner = web.AppRunner(metrics_app(dispatcher), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound = runner.addresses[0]
+    shown_host = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+    return runner, f"http://{shown_host}:{bound[1]}"
+
