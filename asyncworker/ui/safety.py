@@ -81,11 +81,14 @@ def is_loopback(host: str) -> bool:
 
 def cross_site(headers: Mapping[str, str], own_origin: str) -> bool:
     """A browser's request sent by another site's page (a form that posts here).
-    A client that is not a browser sends neither header: the CSRF token and the
-    access token stop it instead."""
+
+    ``Sec-Fetch-Site`` decides when the browser sends it (no page can set it).
+    Only without it is ``Origin`` read: under ``Referrer-Policy: no-referrer``
+    Chromium posts this page's own forms with ``Origin: null``. A client that
+    is not a browser sends neither: the CSRF and access tokens stop it instead."""
     fetch_site = headers.get("Sec-Fetch-Site")
-    if fetch_site is not None and fetch_site not in ("same-origin", "none"):
-        return True
+    if fetch_site is not None:
+        return fetch_site not in ("same-origin", "none")
     origin = headers.get("Origin")
     return origin is not None and origin != own_origin
 
