@@ -358,9 +358,10 @@ class Dispatcher:
         """``health()`` plus the store's answer to a cheap call (its clock) within
         ``timeout_s``: ``store`` {"reachable", "error", "seconds"}, and ``healthy``:
         running and the store reachable."""
-        answer = self.health()
-        answer["store"] = await self._probe_store(timeout_s)
-        answer["healthy"] = answer["state"] == "running" and answer["store"]["reachable"]
+        store = await self._probe_store(timeout_s)
+        answer = self.health()  # after the probe: the state as of the answer
+        answer["store"] = store
+        answer["healthy"] = answer["state"] == "running" and store["reachable"]
         return answer
 
     async def _probe_store(self, timeout_s: float) -> dict[str, Any]:
