@@ -43,7 +43,11 @@ def _timestamp(record: logging.LogRecord) -> str:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """Whitespace runs as one space, and every other unprintable character (a
+    terminal's escape sequence in a receiver's answer, a lone surrogate) escaped."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape",
+                                                       "backslashreplace").decode("ascii")
+                   for c in " ".join(text.split()))
 
 
 def _exception_summary(record: logging.LogRecord) -> Optional[str]:
@@ -80,8 +84,8 @@ def _text_value(value: object) -> str:
         text = ",".join(f"{key}:{one}" for key, one in value.items())
     else:
         text = value if isinstance(value, str) else json.dumps(value, default=str)
-    if text == "" or any(c.isspace() or c in "\"=" for c in text):
-        return json.dumps(text)
+    if text == "" or any(not c.isprintable() or c.isspace() or c in "\"=" for c in text):
+        return json.dumps(text)  # quoted, and every unprintable character escaped
     return text
 
 
@@ -96,7 +100,8 @@ class JsonFormatter(logging.Formatter):
             entry.setdefault(key, value)  # a field never overwrites the four above
         if record.exc_info:
             entry["exc"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        # ASCII: any character, a lone surrogate too, is escaped and every line writable
+        return json.dumps(entry, default=str)
 
 
 class _Handler(logging.StreamHandler):

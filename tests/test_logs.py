@@ -266,3 +266,16 @@ def test_every_command_takes_the_log_flags_and_refuses_bad_ones(tmp_path: Path):
     out = _cli("run", "--help")
     assert out.returncode == 0 and "--log-format {text,json}" in out.stdout
     assert "default info for run" in " ".join(out.stdout.split())
+
+
+def test_unprintable_characters_are_escaped_in_both_formats(captured: io.StringIO):
+    configure("info", "text", stream=captured)
+    hostile = "red \x1b[31malert\x1b[0m \ud800 caf\u00e9"
+    logging.getLogger("asyncworker.test").warning(hostile, extra={"error": hostile})
+    [line] = captured.getvalue().splitlines()
+    assert "\x1b" not in line and "\ud800" not in line and "caf\u00e9" in line
+    assert "\\x1b[31malert" in line and '\\u001b[31malert' in line  # message, then the field
+    configure("info", "json", stream=captured)
+    logging.getLogger("asyncworker.test").warning(hostile, extra={"error": hostile})
+    last = captured.getvalue().splitlines()[-1]
+    assert last.isascii() and json.loads(last)["error"] == hostile
