@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         run_once,
         run_until_signalled,
     )
+    from asyncworker.metrics import add_metrics_routes, metrics_app
     from asyncworker.receiver import Faults, make_app, serve
     from asyncworker.sender import Destination, new_session, send_http
     from asyncworker.store import AsyncStore, QueueThread
@@ -35,6 +36,8 @@ _HOMES = {
     "run_once": "dispatcher",
     "run_until_signalled": "dispatcher",
     "Destination": "sender",
+    "add_metrics_routes": "metrics",
+    "metrics_app": "metrics",
     "Faults": "receiver",
     "make_app": "receiver",
     "serve": "receiver",
@@ -52,9 +55,11 @@ __all__ = [
     "Faults",
     "LeaseLost",
     "QueueThread",
+    "add_metrics_routes",
     "dispatcher_context",
     "health_handler",
     "make_app",
+    "metrics_app",
     "new_session",
     "retry_delay_ms",
     "run_once",

@@ -24,7 +24,8 @@ Exit codes (the same text is in ``--help`` and in the README):
   early (``| head``): 1 as well, quietly.
 - 2: bad usage, or a missing, foreign or damaged file or folder, or a database
   without a queue (a queue of a newer schema version too); for ``serve`` also
-  an inbox it cannot open or a port it cannot bind.
+  an inbox it cannot open or a port it cannot bind; for ``run``, a ``--metrics`` port it
+  cannot bind.
 - 3: ``run`` only: some jobs went dead in this run (its summary counts them
   by reason).
 - 130: interrupted by Ctrl-C (``run`` and ``serve`` stop gracefully instead).
@@ -94,7 +95,7 @@ exit codes:
        standard output is closed early (| head)
   2    bad usage, or a missing, foreign, damaged or newer-version file or folder,
        or a database without a queue (serve: also an inbox it cannot open or a
-       port it cannot bind)
+       port it cannot bind; run: a --metrics port it cannot bind)
   3    run: some jobs went dead in this run (the summary counts them by reason)
   130  interrupted (run and serve stop gracefully on SIGINT/SIGTERM instead)"""
 
