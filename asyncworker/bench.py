@@ -338,8 +338,12 @@ def _fmt(value: Any, digits: int = 0) -> str:
     return str(value)
 
 
-def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None) -> list[dict]:
-    """Measure everything once and print the table; return the rows."""
+def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
+              store: Optional[str] = None) -> list[dict]:
+    """Measure everything once and print the table; return the rows. With
+    ``store`` (a ``postgresql://`` URL, or ``postgres`` for a server started
+    for the run) the PostgreSQL table follows, from the same run
+    (``asyncworker.bench_postgres``)."""
     out = out or sys.stdout
     size = (lambda full, small: small) if quick else (lambda full, small: full)
     rows: list[dict] = []
@@ -420,6 +424,10 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None) -> l
             row(f"peer {peer}: enqueue {n} + consume/ack",
                 run_child("peer", {"n": n, "peer": peer}), None, "")
     print_table(rows, out)
+    if store is not None:
+        from asyncworker.bench_postgres import run_postgres_bench
+
+        rows += run_postgres_bench(store, quick=quick, peers=peers, out=out)
     return rows
 
 

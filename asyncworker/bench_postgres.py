@@ -1,0 +1,524 @@
+"""``asyncworker bench --store postgresql://...``: the PostgreSQL table.
+
+The same shape as ``asyncworker.bench`` (each scenario in a fresh child
+process, each figure beside its limit, one table from one run), on one
+PostgreSQL server: the durable commit rate (the storage's limit), one and
+two dispatcher processes with an in-process send and against the receiver,
+claim latency with 1,000 vs 1,000,000 finished rows behind the live ones,
+and with ``--peers`` procrastinate and pgqueuer doing the same
+enqueue-then-consume-with-ack work on the same server in the same run.
+
+Every scenario gets a database of its own (``CREATE DATABASE``, dropped
+after), so no figure pays for another's rows. ``--store postgres`` starts a
+server for the run with durable settings (fsync and synchronous_commit on)
+through the test suite's ``tests/postgres_server.py``: from a checkout.
+
+Two measurements write SQL of their own, on purpose: the raw commit (which
+by definition does not go through the queue's API) and the bulk load of
+finished rows behind the history figure. Everything else is the public API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import platform
+import secrets
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+from urllib.parse import urlsplit, urlunsplit
+
+from lease.policy import RetryPolicy
+from lease.postgres import redact
+from lease.store import is_postgres_url
+from lease.worker import StoreError
+
+__all__ = ["PEERS", "run_postgres_bench", "server_for"]
+
+POLICY = RetryPolicy(max_attempts=3, ttl_ms=3_600_000, lease_ms=30_000)
+CONCURRENCY = 64  # sends in flight per dispatcher process, and the peers' concurrency
+BATCH = 64  # jobs per claim or finish transaction, and the peers' batch where they have one
+THREADS = 4  # connections of each dispatcher's pool
+PEERS = {"procrastinate": "procrastinate", "pgqueuer": "pgqueuer"}  # peer -> module
+CHILD_TIMEOUT_S = 1200
+TARGET_RATE = 10_000.0
+TARGET_HISTORY_RATIO = 1.5
+
+
+# ----------------------------------------------------------------- databases
+
+
+def _admin(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True, connect_timeout=10)
+
+
+@contextlib.contextmanager
+def database(url: str) -> Iterator[str]:
+    """A fresh database on the server of ``url`` for one scenario; dropped after."""
+    from psycopg import sql
+
+    name = f"bench_{secrets.token_hex(6)}"
+    with _admin(url) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(
+            sql.Identifier(name)))
+    try:
+        yield urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+    finally:
+        with _admin(url) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
+
+
+def _enqueue(url: str, n: int, prefix: str = "job") -> None:
+    from lease.store import open_store
+
+    with open_store(url, create=True) as store:
+        for start in range(0, n, 10_000):
+            store.enqueue_events([{"id": f"{prefix}-{i}", "qty": i % 1000 + 1}
+                                  for i in range(start, min(n, start + 10_000))], POLICY)
+
+
+# ----------------------------------------------------------------- scenarios
+
+
+def scenario_commit(url: str, n: int) -> dict:
+    """The storage's limit: durable commits/s, one row changed per commit."""
+    with database(url) as db, _admin(db) as con:
+        con.execute("CREATE TABLE t (k int PRIMARY KEY, v int NOT NULL)")
+        con.execute("INSERT INTO t SELECT k, 0 FROM generate_series(1, 1000) AS k")
+        started = time.perf_counter()
+        for i in range(n):
+            with con.transaction():
+                con.execute("UPDATE t SET v = v + 1 WHERE k = %s", (i % 1000 + 1,))
+        elapsed = time.perf_counter() - started
+    return {"rate": n / elapsed, "commits_per_job": 1.0}
+
+
+def scenario_dispatch(url: str, n: int, processes: int, receiver: bool = False) -> dict:
+    """n jobs, then ``processes`` dispatcher processes started together until
+    every job is done: an in-process send, or the receiver on loopback."""
+    with database(url) as db, contextlib.ExitStack() as stack:
+        _enqueue(db, n)
+        target = "-"
+        if receiver:
+            from asyncworker.bench import _Receiver
+
+            folder = stack.enter_context(_temporary_folder())
+            rx = _Receiver(folder, 0)
+            stack.callback(rx.close)
+            target = rx.url
+        workers = [subprocess.Popen(
+            [sys.executable, "-m", "asyncworker.bench_postgres", "worker",
+             json.dumps({"url": db, "owner": f"bench-{k}", "target": target})],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for k in range(processes)]
+        try:
+            for worker in workers:  # each has opened its store and read the clock
+                assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
+            for worker in workers:
+                assert worker.stdin is not None
+                worker.stdin.write("go\n")
+                worker.stdin.flush()
+            results = [json.loads(worker.communicate(timeout=CHILD_TIMEOUT_S)[0])
+                       for worker in workers]
+        finally:
+            for worker in workers:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait()
+    ok = sum(r["ok"] for r in results)
+    if ok != n:
+        raise RuntimeError(f"{ok} of {n} jobs done: {results}")
+    elapsed = max(r["end"] for r in results) - min(r["start"] for r in results)
+    commits = sum(r["commits"] for r in results)
+    latencies = sorted(x for r in results for x in r["latencies"])
+    return {"rate": n / elapsed, "commits_per_job": round(commits / n, 3),
+            "p50_ms": _at(latencies, 0.5), "p99_ms": _at(latencies, 0.99),
+            "per_process": [round(r["ok"] / (r["end"] - r["start"])) for r in results],
+            "rss_mb": max(r["rss_mb"] for r in results)}
+
+
+def worker_main(params: dict) -> None:
+    """One dispatcher process of scenario_dispatch: ready, then go, then run."""
+    from asyncworker.dispatcher import Dispatcher
+
+    async def send(event: dict, token: int) -> bool:
+        return True
+
+    async def main() -> dict:
+        latencies: list[float] = []
+        target = params["target"]
+        options: dict[str, Any] = {"send": send} if target == "-" else {"url": target}
+        async with Dispatcher(params["url"], params["owner"], concurrency=CONCURRENCY,
+                              batch_size=BATCH, threads=THREADS, policy=POLICY,
+                              poll_interval=0.01, latencies=latencies, **options) as d:
+            print("ready", flush=True)
+            await asyncio.to_thread(sys.stdin.readline)
+            start = time.time()
+            stats = await d.run(until_idle=True)
+            end = time.time()
+        return {"start": start, "end": end, "ok": stats.ok,
+                "commits": stats.claim_calls + stats.finish_batches + stats.extended,
+                "latencies": [round(x * 1000, 3) for x in latencies], "rss_mb": _rss_mb()}
+
+    print(json.dumps(asyncio.run(main())))
+
+
+def scenario_history(url: str, finished: int, probes: int) -> dict:
+    """claim_jobs and finish_jobs latency (one job each, the store's API) with
+    ``finished`` done rows behind the live ones, loaded by one INSERT."""
+    from lease.store import open_store
+
+    with database(url) as db:
+        with open_store(db, create=True) as store:
+            pass
+        with _admin(db) as con:
+            con.execute(
+                "INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,"
+                " available_at, deadline) SELECT 'old-' || k, 1, 'done', 1, 3, 1, k, k"
+                " FROM generate_series(1, %s) AS k", (finished,))
+            con.execute("VACUUM ANALYZE lease.jobs")
+        _enqueue(db, probes, "live")
+        claims, finishes = [], []
+        with open_store(db) as store:
+            from lease.store import Attempt
+
+            for _ in range(probes):
+                begun = time.perf_counter()
+                [job] = store.claim_jobs("bench", 30_000, 1).leased
+                claims.append(time.perf_counter() - begun)
+                begun = time.perf_counter()
+                store.finish_jobs([(job.ticket, "ok", 0, Attempt(0))])
+                finishes.append(time.perf_counter() - begun)
+    return {"claim_ms": round(statistics.median(claims) * 1000, 3),
+            "finish_ms": round(statistics.median(finishes) * 1000, 3)}
+
+
+def scenario_ours_end_to_end(url: str, n: int) -> dict:
+    """Ours doing the peers' work: enqueue n in one intake, then one
+    dispatcher process with an in-process send until every job is done
+    (each completion fenced by the whole marker)."""
+    from asyncworker.dispatcher import Dispatcher
+
+    async def send(event: dict, token: int) -> bool:
+        return True
+
+    async def consume(db: str) -> int:
+        async with Dispatcher(db, "bench", send=send, concurrency=CONCURRENCY,
+                              batch_size=BATCH, threads=THREADS, policy=POLICY,
+                              poll_interval=0.01) as d:
+            return (await d.run(until_idle=True)).ok
+
+    with database(url) as db:
+        from lease.store import open_store
+
+        with open_store(db, create=True):
+            pass
+        started = time.perf_counter()
+        _enqueue(db, n)
+        done = asyncio.run(consume(db))
+        elapsed = time.perf_counter() - started
+    if done != n:
+        raise RuntimeError(f"{done} of {n} jobs done")
+    return {"rate": n / elapsed, "note": "enqueue + consume, fenced completion"}
+
+
+def scenario_peer(url: str, n: int, peer: str) -> dict:
+    """A peer doing the same work on the same server: enqueue n (in batches,
+    as each allows), then consume each with its ack, concurrency 64."""
+    with database(url) as db:
+        run = {"procrastinate": _procrastinate, "pgqueuer": _pgqueuer}[peer]
+        consumed, elapsed = asyncio.run(run(db, n))
+    if consumed != n:
+        raise RuntimeError(f"{peer} consumed {consumed} of {n}")
+    return {"rate": n / elapsed, "note": "enqueue + consume with ack, unfenced"}
+
+
+async def _procrastinate(url: str, n: int) -> tuple[int, float]:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+    consumed = 0
+
+    @app.task(name="job")
+    async def job(i: int) -> None:
+        nonlocal consumed
+        consumed += 1
+
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+        started = time.perf_counter()
+        for start in range(0, n, 1000):
+            kwargs: list[dict[str, Any]] = [{"i": i} for i in range(start, min(n, start + 1000))]
+            await job.batch_defer_async(*kwargs)
+        await app.run_worker_async(concurrency=CONCURRENCY, wait=False,
+                                   install_signal_handlers=False)
+        return consumed, time.perf_counter() - started
+
+
+async def _pgqueuer(url: str, n: int) -> tuple[int, float]:
+    import psycopg
+    from pgqueuer import PsycopgDriver, Queries, QueueManager
+    from pgqueuer.domain.types import QueueExecutionMode
+
+    connection = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    try:
+        driver = PsycopgDriver(connection)
+        queries = Queries(driver)
+        await queries.install()
+        started = time.perf_counter()
+        for start in range(0, n, 1000):
+            size = min(n, start + 1000) - start
+            await queries.enqueue(["job"] * size,
+                                  [str(i).encode() for i in range(start, start + size)],
+                                  [0] * size)
+        manager = QueueManager(queries)
+        consumed = 0
+
+        @manager.entrypoint("job")
+        async def job(_: Any) -> None:
+            nonlocal consumed
+            consumed += 1
+
+        # its batch at most half its bound on tasks (pgqueuer's own rule)
+        await manager.run(mode=QueueExecutionMode.drain, batch_size=CONCURRENCY // 2,
+                          max_concurrent_tasks=CONCURRENCY,
+                          dequeue_timeout=timedelta(seconds=1))
+        return consumed, time.perf_counter() - started
+    finally:
+        await connection.close()
+
+
+SCENARIOS: dict[str, Callable[..., dict]] = {
+    "commit": scenario_commit,
+    "dispatch": scenario_dispatch,
+    "history": scenario_history,
+    "ours_end_to_end": scenario_ours_end_to_end,
+    "peer": scenario_peer,
+}
+
+
+@contextlib.contextmanager
+def _temporary_folder() -> Iterator[Any]:
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="asyncworker-bench-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _at(ordered: list[float], q: float) -> Optional[float]:
+    return None if not ordered else round(ordered[min(len(ordered) - 1, int(len(ordered) * q))], 2)
+
+
+def run_child(name: str, params: dict) -> dict:
+    """One scenario in a fresh process: its figures plus its peak RSS."""
+    out = subprocess.run([sys.executable, "-m", "asyncworker.bench_postgres", name,
+                          json.dumps(params)], capture_output=True, text=True,
+                         timeout=CHILD_TIMEOUT_S)
+    if out.returncode != 0:
+        shown = {k: (redact(v) if k == "url" else v) for k, v in params.items()}
+        raise RuntimeError(f"scenario {name} {shown} failed:\n{out.stderr[-2000:]}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def child_main(name: str, params_json: str) -> None:
+    params = json.loads(params_json)
+    if name == "worker":
+        worker_main(params)
+        return
+    result = SCENARIOS[name](**params)
+    result.setdefault("rss_mb", _rss_mb())  # a dispatch's is its biggest worker's
+    print(json.dumps(result))
+
+
+def _rss_mb() -> float:
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # KiB on Linux
+
+
+# ----------------------------------------------------------------- the server
+
+
+@contextlib.contextmanager
+def server_for(store: str) -> Iterator[str]:
+    """The URL to measure on: the one given, or for ``postgres`` a server
+    started for this run with durable settings, closed after it."""
+    if store != "postgres":
+        yield store
+        return
+    checkout = str(Path(__file__).resolve().parent.parent)
+    if (Path(checkout) / "tests" / "postgres_server.py").is_file() and checkout not in sys.path:
+        sys.path.append(checkout)
+    try:
+        from tests.postgres_server import PostgresServer
+    except ImportError:
+        raise RuntimeError("--store postgres starts a server with the test suite's "
+                           "tests/postgres_server.py: run from a checkout, or give a "
+                           "postgresql:// URL") from None
+    # durable: every commit waits for its WAL flush (fsync and synchronous_commit on)
+    with PostgresServer(fsync=True, settings={"synchronous_commit": "on",
+                                              "shared_buffers": "256MB"}) as server:
+        yield server.url
+
+
+def _server_version(url: str) -> str:
+    import psycopg
+
+    try:
+        con = _admin(url)
+    except psycopg.Error as exc:
+        raise StoreError(f"cannot connect to {redact(url)}: {' '.join(str(exc).split())}") \
+            from None
+    with con:
+        row = con.execute("SHOW server_version").fetchone()
+        settings = dict(con.execute(
+            "SELECT name, setting FROM pg_settings WHERE name IN"
+            " ('fsync', 'synchronous_commit', 'wal_sync_method')").fetchall())
+    return f"PostgreSQL {row[0] if row else '?'}, " + ", ".join(
+        f"{k}={v}" for k, v in sorted(settings.items()))
+
+
+# ----------------------------------------------------------------- the table
+
+
+def peers_installed() -> list[str]:
+    return [peer for peer, module in PEERS.items() if importlib.util.find_spec(module)]
+
+
+def run_postgres_bench(store: str, *, quick: bool = False, peers: bool = False,
+                       out: Any = None) -> list[dict]:
+    """Measure the PostgreSQL scenarios once and print their table; the rows.
+    ValueError for a store that is neither a URL nor ``postgres``; StoreError
+    (one line, no password) for a server that cannot be reached."""
+    if store != "postgres" and not is_postgres_url(store):
+        raise ValueError(f"--store must be a postgresql:// URL or 'postgres' (a server "
+                         f"started for the run), got {store!r:.80}")
+    out = out or sys.stdout
+    with server_for(store) as url:
+        version = _server_version(url)
+        rows = _measure(url, quick, peers)
+    print_table(rows, version, out)
+    return rows
+
+
+def _measure(url: str, quick: bool, peers: bool) -> list[dict]:
+    size = (lambda full, small: small) if quick else (lambda full, small: full)
+    rows: list[dict] = []
+
+    def row(label: str, result: dict, limit: Optional[float], limit_label: str) -> dict:
+        ratio = result.get("rate", 0) / limit if limit else None
+        rows.append({"scenario": label, **result, "limit": limit, "limit_label": limit_label,
+                     "ratio": ratio})
+        print(f"  measured: {label}", file=sys.stderr, flush=True)
+        return rows[-1]
+
+    commit = run_child("commit", {"url": url, "n": size(3000, 100)})
+    row("PostgreSQL durable commit", commit, commit["rate"], "itself")
+    one = row("1 dispatcher process, in-process send",
+              run_child("dispatch", {"url": url, "n": size(20_000, 300), "processes": 1}),
+              TARGET_RATE, "target 10,000/s")
+    two = row("2 dispatcher processes, in-process send",
+              run_child("dispatch", {"url": url, "n": size(40_000, 600), "processes": 2}),
+              TARGET_RATE, "target 10,000/s")
+    two["note"] = f"per process {two.pop('per_process')}"
+    one.pop("per_process")
+    for processes in (1, 2):
+        result = run_child("dispatch", {"url": url, "n": size(10_000, 200),
+                                        "processes": processes, "receiver": True})
+        result.pop("per_process")
+        row(f"{processes} dispatcher process{'es' if processes > 1 else ''} vs receiver, "
+            "0 ms", result, None, "")
+
+    finished = size(1_000_000, 5000)
+    small = run_child("history", {"url": url, "finished": 1000, "probes": size(300, 30)})
+    big = run_child("history", {"url": url, "finished": finished, "probes": size(300, 30)})
+    rows.append({"scenario": f"claim latency, 1,000 vs {finished:,} finished rows",
+                 "claim_small": small["claim_ms"], "claim_big": big["claim_ms"],
+                 "finish_small": small["finish_ms"], "finish_big": big["finish_ms"],
+                 "ratio": big["claim_ms"] / small["claim_ms"],
+                 "limit": TARGET_HISTORY_RATIO, "limit_label": "target <= 1.5",
+                 "rss_mb": big["rss_mb"]})
+    print("  measured: history", file=sys.stderr, flush=True)
+
+    if peers:
+        n = size(10_000, 200)
+        row(f"ours: enqueue {n:,} + consume (1 process)",
+            run_child("ours_end_to_end", {"url": url, "n": n}), None, "")
+        for peer in PEERS:
+            if peer in peers_installed():
+                row(f"peer {peer}: enqueue {n:,} + consume/ack",
+                    run_child("peer", {"url": url, "n": n, "peer": peer}), None, "")
+            else:
+                rows.append({"scenario": f"peer {peer}: not installed",
+                             "note": "pip install '.[peers]'"})
+    return rows
+
+
+def targets(rows: list[dict]) -> list[tuple[str, str, bool]]:
+    """(target, figure, met) for each target of the PostgreSQL benchmark."""
+    found: list[tuple[str, str, bool]] = []
+    by_label = {r["scenario"]: r for r in rows}
+    two = by_label.get("2 dispatcher processes, in-process send")
+    if two is not None:
+        found.append(("2 processes, in-process send >= 10,000 jobs/s",
+                      f"{two['rate']:,.0f} jobs/s", two["rate"] >= TARGET_RATE))
+    history = next((r for r in rows if "claim_small" in r), None)
+    if history is not None:
+        found.append(("claim latency at 1M finished rows <= 1.5 x at 1,000",
+                      f"{history['ratio']:.2f}", history["ratio"] <= TARGET_HISTORY_RATIO))
+    ours = next((r for r in rows if r["scenario"].startswith("ours:")), None)
+    for r in rows:
+        if r["scenario"].startswith("peer ") and "rate" in r and ours is not None:
+            name = r["scenario"].split()[1].rstrip(":")
+            found.append((f"ahead of {name}", f"{ours['rate']:,.0f} vs {r['rate']:,.0f} jobs/s "
+                          f"(x{ours['rate'] / r['rate']:.2f})", ours["rate"] > r["rate"]))
+    return found
+
+
+def print_table(rows: list[dict], version: str, out: Any) -> None:
+    from asyncworker.bench import _fmt
+
+    header = ("scenario", "jobs/s", "p50 ms", "p99 ms", "commits/job", "RSS MB", "limit",
+              "ratio", "limit is")
+    lines = [header]
+    for r in rows:
+        if "claim_small" in r:
+            lines.append((r["scenario"], f"claim {r['claim_small']} -> {r['claim_big']} ms",
+                          f"finish {r['finish_small']} -> {r['finish_big']} ms", "", "",
+                          _fmt(r["rss_mb"], 1), "", _fmt(r["ratio"], 2), r["limit_label"]))
+            continue
+        lines.append((r["scenario"], _fmt(r.get("rate")), _fmt(r.get("p50_ms"), 2),
+                      _fmt(r.get("p99_ms"), 2), _fmt(r.get("commits_per_job"), 3),
+                      _fmt(r.get("rss_mb"), 1), _fmt(r.get("limit")), _fmt(r.get("ratio"), 2),
+                      r.get("limit_label") or r.get("note", "")))
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
+    out.write(f"\nPostgreSQL: {version}; machine: {platform.machine()}, {os.cpu_count()} "
+              f"cores, Python {platform.python_version()}\n")
+    for n, line in enumerate(lines):
+        out.write("| " + " | ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True))
+                  + " |\n")
+        if n == 0:
+            out.write("|" + "|".join("-" * (w + 2) for w in widths) + "|\n")
+    out.write("\ntargets:\n")
+    for target, figure, met in targets(rows):
+        out.write(f"  {'met    ' if met else 'not met'}  {target}: {figure}\n")
+    out.flush()
+
+
+if __name__ == "__main__":
+    child_main(sys.argv[1], sys.argv[2])
