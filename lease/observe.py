@@ -25,11 +25,13 @@ from lease.worker import (
 )
 
 __all__ = ["open_readonly", "snapshot", "counts", "is_drained", "job_history", "dead_jobs",
-           "jobs_with_status", "stale_finishes"]
+           "jobs_with_status", "list_jobs", "stale_finishes"]
 
 STATUSES = ("pending", "leased", "done", "dead")
 
 READ_PATIENCE_S = 5.0
+DAY_MS = 86_400_000  # "the last day" of the figures that count recent changes
+MAX_PAGE = 1000  # the most jobs one list_jobs page holds
 
 # Byte 18 of a SQLite file's header is its read format version: 2 in WAL mode.
 _HEADER = b"SQLite format 3\x00"
@@ -139,29 +141,39 @@ def snapshot(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
         redrives, redriven_jobs = con.execute(
             "SELECT COUNT(*), COUNT(DISTINCT id) FROM redrives"
         ).fetchone()
-        expired = con.execute(
-            "SELECT COUNT(*) FROM jobs WHERE status = 'leased' AND lease_until <= ?", (now_ms,)
-        ).fetchone()[0]
-        product = _product_figures(con) if _has_table(con, "tallies") else {}
+        expired, live = con.execute(
+            "SELECT COALESCE(SUM(lease_until <= ?), 0), COALESCE(SUM(lease_until > ?), 0)"
+            " FROM jobs WHERE status = 'leased'", (now_ms, now_ms)).fetchone()
+        ready = con.execute(
+            "SELECT MIN(available_at) FROM jobs WHERE status = 'pending' AND available_at <= ?",
+            (now_ms,)).fetchone()[0]
+        redrives_day = con.execute(
+            "SELECT COUNT(*) FROM redrives WHERE at_ms > ?", (now_ms - DAY_MS,)).fetchone()[0]
+        product = _product_figures(con, now_ms) if _has_table(con, "tallies") else {}
     finally:
         con.execute("COMMIT")
     return {
         "jobs": sum(by_status.values()),
         "by_status": by_status,
         "oldest_unfinished_age_ms": None if oldest is None else max(0, now_ms - oldest),
+        "oldest_ready_age_ms": None if ready is None else now_ms - ready,
         "expired_leases": expired,
+        "live_leases": live,
         "attempts": {str(k): v for k, v in attempts.items()},
         "dead_by_reason": dead,
         "redrives": redrives,
         "redriven_jobs": redriven_jobs,
+        "redrives_last_day": redrives_day,
         **product,
     }
 
 
-def _product_figures(con: sqlite3.Connection) -> dict[str, Any]:
+def _product_figures(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
     """What only a product queue records: cancels, attempts, stale finishes."""
     return {
         "cancels": con.execute("SELECT COUNT(*) FROM cancels").fetchone()[0],
+        "cancels_last_day": con.execute(
+            "SELECT COUNT(*) FROM cancels WHERE at_ms > ?", (now_ms - DAY_MS,)).fetchone()[0],
         "attempts_recorded": con.execute(
             "SELECT (SELECT COUNT(*) FROM attempts)"
             " + (SELECT COUNT(*) FROM jobs WHERE status = 'done' AND done_by IS NOT NULL)"
@@ -183,13 +195,14 @@ def job_history(con: sqlite3.Connection, job_id: str) -> Optional[dict[str, Any]
     con.execute("BEGIN")
     try:
         found = _dicts(con, "SELECT * FROM jobs WHERE id = ?", (job_id,))
+        actor = ", actor" if "actor" in _columns(con, "redrives") else ""
         history: dict[str, Any] = {"redrives": _dicts(
-            con, "SELECT seq, token, at_ms, note FROM redrives WHERE id = ? ORDER BY seq",
+            con, f"SELECT seq, token, at_ms, note{actor} FROM redrives WHERE id = ? ORDER BY seq",
             (job_id,))}
         if _has_table(con, "attempts"):
             history["attempts"] = _attempts(con, job_id)
             history["cancels"] = _dicts(
-                con, "SELECT seq, token, at_ms, note, was FROM cancels WHERE id = ?"
+                con, f"SELECT seq, token, at_ms, note, was{actor} FROM cancels WHERE id = ?"
                 " ORDER BY seq", (job_id,))
     finally:
         con.execute("COMMIT")
@@ -248,11 +261,60 @@ FROM ({sql}) d"""
     return _dicts(con, sql, args)
 
 
+def list_jobs(con: sqlite3.Connection, *, status: Optional[str] = None,
+              reason: Optional[str] = None, id_prefix: Optional[str] = None,
+              after_seq: Optional[int] = None, limit: int = 50) -> list[dict[str, Any]]:
+    """One page of jobs in seq order (keyset pagination: those after
+    ``after_seq``), filtered by status, reason and id prefix; whole rows, a
+    product queue's dead rows each with ``last_error``."""
+    where, args = _job_filter(status, reason, id_prefix, after_seq, limit)
+    sql = f"SELECT * FROM jobs WHERE {where} ORDER BY seq LIMIT ?"
+    if _has_table(con, "attempts"):
+        sql = f"""SELECT d.*, CASE WHEN d.status = 'dead' THEN
+  (SELECT COALESCE(a.error, 'HTTP ' || a.http_status) FROM attempts a WHERE a.id = d.id
+   ORDER BY a.seq DESC LIMIT 1) END AS last_error
+FROM ({sql}) d ORDER BY d.seq"""
+    return _dicts(con, sql, [*args, limit])
+
+
+def _job_filter(status: Optional[str], reason: Optional[str], id_prefix: Optional[str],
+                after_seq: Optional[int], limit: int) -> tuple[str, list[Any]]:
+    """The WHERE of list_jobs (``?`` placeholders) and its arguments, checked."""
+    clauses: list[str] = ["1 = 1"]
+    args: list[Any] = []
+    if status is not None:
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r:.40}")
+        clauses.append("status = ?")
+        args.append(status)
+    if reason is not None:
+        check_identifier("reason", reason)
+        clauses.append("reason = ?")
+        args.append(reason)
+    if id_prefix is not None:
+        if type(id_prefix) is not str or not 1 <= len(id_prefix) <= 255:
+            raise ValueError(f"id_prefix must be 1-255 characters, got {id_prefix!r:.40}")
+        clauses.append("substr(id, 1, ?) = ?")
+        args.extend([len(id_prefix), id_prefix])
+    if after_seq is not None:
+        if type(after_seq) is not int or after_seq < 0:
+            raise ValueError(f"after_seq must be an int >= 0, got {after_seq!r:.40}")
+        clauses.append("seq > ?")
+        args.append(after_seq)
+    if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be an int in 1..{MAX_PAGE}, got {limit!r:.40}")
+    return " AND ".join(clauses), args
+
+
 def jobs_with_status(con: sqlite3.Connection, status: str) -> list[dict[str, Any]]:
     """Every job in one status, in seq order, as whole rows."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {STATUSES}, got {status!r:.40}")
     return _dicts(con, "SELECT * FROM jobs WHERE status = ? ORDER BY seq", (status,))
+
+
+def _columns(con: sqlite3.Connection, table: str) -> list[str]:
+    return [row[1] for row in con.execute(f"PRAGMA table_info({table})")]
 
 
 def _has_table(con: sqlite3.Connection, name: str) -> bool:

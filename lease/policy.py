@@ -47,6 +47,7 @@ __all__ = [
     "Intake",
     "check_product_event",
     "check_note",
+    "check_actor",
     "canonical_body",
 ]
 
@@ -214,6 +215,19 @@ def check_note(note: object) -> str:
         raise ValueError(f"note must be 1-{MAX_NOTE_CHARS} characters without control "
                          f"characters, got {note!r:.80}")
     return note
+
+
+MAX_ACTOR_CHARS = 100
+_ACTOR = re.compile(rf"[^\x00-\x1f\x7f]{{1,{MAX_ACTOR_CHARS}}}")
+
+
+def check_actor(actor: object) -> Optional[str]:
+    """Who made an operator's change, for its audit row: None, or 1-100
+    characters without control characters (an operator's name or a token's label)."""
+    if actor is not None and (type(actor) is not str or not _ACTOR.fullmatch(actor)):
+        raise ValueError(f"actor must be None or 1-{MAX_ACTOR_CHARS} characters without "
+                         f"control characters, got {actor!r:.80}")
+    return actor
 
 
 def check_not_before(value: Any, now_ms: int) -> int:

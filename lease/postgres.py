@@ -39,16 +39,18 @@ import psycopg_pool
 from psycopg import errors
 from psycopg.rows import dict_row
 
-from lease.observe import STATUSES
+from lease.observe import DAY_MS, STATUSES, _job_filter
 from lease.policy import (
     DEFAULT_POLICY,
     PRODUCT,
     Intake,
     RetryPolicy,
+    check_actor,
     check_not_before,
     check_note,
     check_product_event,
 )
+from lease.sqlite import _TABLES as _TABLES_SQLITE
 from lease.sqlite import _TABLES_V1, _cancel_decisions, _check_ids, _check_item, _conflict
 from lease.store import MAX_ERROR_CHARS, Claimed, Leased
 from lease.worker import (
@@ -75,7 +77,7 @@ from lease.worker import (
 __all__ = ["CHANNEL", "SCHEMA", "SCHEMA_VERSION", "Listener", "PostgresStore", "redact"]
 
 SCHEMA = "lease"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 CHANNEL = "lease_jobs"  # NOTIFY'd when work becomes available
 
 # pg_advisory_xact_lock key of the migrations ("lease" in ASCII): two hosts
@@ -91,9 +93,8 @@ _INTAKE_CHUNK = 500  # events per INSERT: bounded memory for a stream of million
 
 _NOW = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
-_TABLES = {"jobs": _TABLES_V1["jobs"], "redrives": _COLUMNS["redrives"],
-           "attempts": _TABLES_V1["attempts"], "cancels": _TABLES_V1["cancels"],
-           "tallies": _TABLES_V1["tallies"]}
+# The tables each version has: the SQLite product file's, column for column.
+_TABLES = {1: {**_TABLES_V1, "redrives": _COLUMNS["redrives"]}, 2: _TABLES_SQLITE}
 
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -131,6 +132,11 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX attempts_by_job ON lease.attempts (id, seq)",
         "CREATE INDEX redrives_by_job ON lease.redrives (id)",
         "CREATE INDEX cancels_by_job ON lease.cancels (id)",
+    ),
+    2: (
+        # Who made an operator's change (a name, a token's label); NULL when not said.
+        "ALTER TABLE lease.redrives ADD COLUMN actor text",
+        "ALTER TABLE lease.cancels ADD COLUMN actor text",
     ),
 }
 
@@ -233,15 +239,15 @@ def _migrate(conn: psycopg.Connection, name: str) -> None:
                          (version + 1,))
 
 
-def _check_tables(conn: psycopg.Connection, name: str) -> None:
+def _check_tables(conn: psycopg.Connection, name: str, version: int) -> None:
     found: dict[str, list[str]] = {}
     for table, column in conn.execute(
             "SELECT table_name, column_name FROM information_schema.columns"
             " WHERE table_schema = 'lease' ORDER BY table_name, ordinal_position"):
         found.setdefault(table, []).append(column)
-    for table, columns in _TABLES.items():
+    for table, columns in _TABLES[version].items():
         if found.get(table) != columns:
-            raise NotAQueue(f"not a version {SCHEMA_VERSION} queue: {name} has table "
+            raise NotAQueue(f"not a version {version} queue: {name} has table "
                             f"lease.{table} with columns {found.get(table, [])}")
 
 
@@ -333,16 +339,17 @@ ORDER BY ord
 ON CONFLICT (id) DO NOTHING
 RETURNING id"""
 
-_AUDIT_REDRIVES = """INSERT INTO lease.redrives (id, token, at_ms, note)
-SELECT id, token, %s, %s FROM unnest(%s::text[], %s::bigint[]) WITH ORDINALITY AS u(id, token, ord)
+_AUDIT_REDRIVES = """INSERT INTO lease.redrives (id, token, at_ms, note, actor)
+SELECT id, token, %s, %s, %s::text FROM unnest(%s::text[], %s::bigint[])
+  WITH ORDINALITY AS u(id, token, ord)
 ORDER BY ord"""
 
 _RELEASE = """UPDATE lease.jobs SET status = 'pending', attempts = 0, available_at = %s,
   deadline = %s, owner = NULL, lease_until = NULL, reason = NULL
 WHERE seq = ANY(%s::bigint[]) AND status = 'dead'"""
 
-_AUDIT_CANCELS = """INSERT INTO lease.cancels (id, token, at_ms, note, was)
-SELECT id, token, %s, %s, was FROM unnest(%s::text[], %s::bigint[], %s::text[])
+_AUDIT_CANCELS = """INSERT INTO lease.cancels (id, token, at_ms, note, was, actor)
+SELECT id, token, %s, %s, was, %s::text FROM unnest(%s::text[], %s::bigint[], %s::text[])
   WITH ORDINALITY AS u(id, token, was, ord)
 ORDER BY ord"""
 
@@ -360,6 +367,11 @@ FROM (SELECT * FROM lease.jobs WHERE status = 'dead'
   AND (%(reason)s::text IS NULL OR reason = %(reason)s::text)
   ORDER BY seq LIMIT %(limit)s::bigint) d
 ORDER BY d.seq"""
+
+_LIST_JOBS = """SELECT d.*, CASE WHEN d.status = 'dead' THEN
+  (SELECT COALESCE(a.error, 'HTTP ' || a.http_status) FROM lease.attempts a WHERE a.id = d.id
+   ORDER BY a.seq DESC LIMIT 1) END AS last_error
+FROM (SELECT * FROM lease.jobs WHERE {where} ORDER BY seq LIMIT %s) d ORDER BY d.seq"""
 
 _HISTORY_ATTEMPTS = """SELECT token, attempt, owner, started_ms, ended_ms, outcome, result,
   reason, http_status, error, latency_ms FROM (
@@ -434,10 +446,12 @@ class PostgresStore:
                     raise _no_queue(self.name)
                 if version != SCHEMA_VERSION and not self.read_only:
                     _migrate(conn, self.name)
-                elif version != SCHEMA_VERSION:
-                    raise NotAQueue(f"the queue in {self.name} has schema version {version}: "
-                                    f"a writer (asyncworker init) migrates it first")
-                _check_tables(conn, self.name)
+                    version = SCHEMA_VERSION
+                assert version is not None  # refused or migrated above
+                # A reader looks at an older queue as it is (without the columns
+                # it has not got yet): a writer migrates it.
+                _check_tables(conn, self.name, version)
+                self._actors = "actor" in _TABLES[version]["redrives"]
         finally:
             conn.close()
 
@@ -618,21 +632,23 @@ class PostgresStore:
     # -- the operator
 
     def redrive_jobs(self, job_ids: list, ttl_ms: int, note: str, *,
-                     now_ms: Optional[int] = None, fault: Fault = None) -> list:
+                     now_ms: Optional[int] = None, fault: Fault = None,
+                     actor: Optional[str] = None) -> list:
         """``lease.sqlite.redrive_jobs``: per id True or its ValueError; each
-        redriven job's audit row and release together."""
+        redriven job's audit row (the note, who did it) and release together."""
         _check_ids(job_ids)
         if now_ms is not None:
             check_now(now_ms)
         _check_int("ttl_ms", ttl_ms, 1, PRODUCT.max_ttl_ms)
         check_note(note)
+        check_actor(actor)
         _check_fault(fault)
         with self._tx() as conn:
             now = self._now_in(conn, now_ms)
             rows = _lock(conn, "seq, id, status, token", job_ids)
             results, audits, releases = _redrive_decisions(rows, job_ids)
             if audits:
-                conn.execute(_AUDIT_REDRIVES, (now, note, *_columns(audits)))
+                conn.execute(_AUDIT_REDRIVES, (now, note, actor, *_columns(audits)))
                 _call(fault, "after-audit")
                 conn.execute(_RELEASE, (now, now + ttl_ms, releases))
                 _call(fault, "after-redrive")
@@ -642,20 +658,22 @@ class PostgresStore:
         return results
 
     def cancel_jobs(self, job_ids: list, note: str, *, now_ms: Optional[int] = None,
-                    fault: Fault = None) -> list:
+                    fault: Fault = None, actor: Optional[str] = None) -> list:
         """``lease.sqlite.cancel_jobs``: per id True or its ValueError; each
-        cancelled job's audit row and its move to dead/cancelled together."""
+        cancelled job's audit row (the note, who did it) and its move to
+        dead/cancelled together."""
         _check_ids(job_ids)
         if now_ms is not None:
             check_now(now_ms)
         check_note(note)
+        check_actor(actor)
         _check_fault(fault)
         with self._tx() as conn:
             now = self._now_in(conn, now_ms)
             rows = _lock(conn, "seq, id, status, reason, token", job_ids)
             results, audits = _cancel_decisions(rows, job_ids)
             if audits:
-                conn.execute(_AUDIT_CANCELS, (now, note, *_columns(
+                conn.execute(_AUDIT_CANCELS, (now, note, actor, *_columns(
                     [(job_id, token, was) for _, job_id, token, was in audits])))
                 _call(fault, "after-audit")
                 conn.execute(_CANCEL, (now, [seq for seq, _, _, _ in audits]))
@@ -705,14 +723,15 @@ class PostgresStore:
         """A job's whole row, its redrives, every attempt in the order written,
         its cancels (lease.observe.job_history); None if there is no such job."""
         check_job_id("job_id", job_id, PRODUCT)
+        actor = ", actor" if self._actors else ""
         with self._tx(snapshot=True) as conn:
             found = _dicts(conn, "SELECT * FROM lease.jobs WHERE id = %s", (job_id,))
             history = {
-                "redrives": _dicts(conn, "SELECT seq, token, at_ms, note FROM lease.redrives"
-                                   " WHERE id = %s ORDER BY seq", (job_id,)),
+                "redrives": _dicts(conn, f"SELECT seq, token, at_ms, note{actor}"
+                                   " FROM lease.redrives WHERE id = %s ORDER BY seq", (job_id,)),
                 "attempts": _dicts(conn, _HISTORY_ATTEMPTS, {"id": job_id}),
-                "cancels": _dicts(conn, "SELECT seq, token, at_ms, note, was FROM lease.cancels"
-                                  " WHERE id = %s ORDER BY seq", (job_id,)),
+                "cancels": _dicts(conn, f"SELECT seq, token, at_ms, note, was{actor}"
+                                  " FROM lease.cancels WHERE id = %s ORDER BY seq", (job_id,)),
             }
         if not found:
             return None
@@ -735,6 +754,17 @@ class PostgresStore:
         with self._tx(read_only=True) as conn:
             return _dicts(conn, "SELECT * FROM lease.jobs WHERE status = %s ORDER BY seq",
                           (status,))
+
+    def list_jobs(self, *, status: Optional[str] = None, reason: Optional[str] = None,
+                  id_prefix: Optional[str] = None, after_seq: Optional[int] = None,
+                  limit: int = 50) -> list[dict[str, Any]]:
+        """lease.observe.list_jobs: one page of whole rows in seq order after
+        ``after_seq``, filtered, a dead row with its last error."""
+        where, args = _job_filter(status, reason, id_prefix, after_seq, limit)
+        # the filter's own checks and clauses, in this driver's placeholders
+        sql = _LIST_JOBS.format(where=where.replace("?", "%s"))
+        with self._tx(read_only=True) as conn:
+            return _dicts(conn, sql, [*args, limit])
 
     def stale_finishes(self) -> int:
         with self._tx(read_only=True) as conn:
@@ -890,19 +920,30 @@ def _snapshot(conn: psycopg.Connection, now: int) -> dict[str, Any]:
                             " ORDER BY attempts").fetchall()
     dead = conn.execute("SELECT reason, count(*) FROM lease.jobs WHERE status = 'dead'"
                         ' GROUP BY reason ORDER BY reason COLLATE "C"').fetchall()
-    redrives = conn.execute("SELECT count(*), count(DISTINCT id) FROM lease.redrives").fetchone()
-    assert redrives is not None  # an aggregate returns one row
+    redrives = conn.execute("SELECT count(*), count(DISTINCT id), count(*) FILTER"
+                            " (WHERE at_ms > %s) FROM lease.redrives", (now - DAY_MS,)).fetchone()
+    leases = conn.execute("SELECT count(*) FILTER (WHERE lease_until <= %s), count(*) FILTER"
+                          " (WHERE lease_until > %s) FROM lease.jobs WHERE status = 'leased'",
+                          (now, now)).fetchone()
+    cancels = conn.execute("SELECT count(*), count(*) FILTER (WHERE at_ms > %s)"
+                           " FROM lease.cancels", (now - DAY_MS,)).fetchone()
+    ready = one("SELECT min(available_at) FROM lease.jobs WHERE status = 'pending'"
+                " AND available_at <= %s", (now,))
+    assert redrives and leases and cancels  # an aggregate returns one row
     return {
         "jobs": sum(by_status.values()),
         "by_status": by_status,
         "oldest_unfinished_age_ms": None if oldest is None else max(0, now - oldest),
-        "expired_leases": one("SELECT count(*) FROM lease.jobs WHERE status = 'leased'"
-                              " AND lease_until <= %s", (now,)),
+        "oldest_ready_age_ms": None if ready is None else now - ready,
+        "expired_leases": leases[0],
+        "live_leases": leases[1],
         "attempts": {str(k): v for k, v in attempts},
         "dead_by_reason": dict(dead),
         "redrives": redrives[0],
         "redriven_jobs": redrives[1],
-        "cancels": one("SELECT count(*) FROM lease.cancels"),
+        "redrives_last_day": redrives[2],
+        "cancels": cancels[0],
+        "cancels_last_day": cancels[1],
         "attempts_recorded": one(
             "SELECT (SELECT count(*) FROM lease.attempts)"
             " + (SELECT count(*) FROM lease.jobs WHERE status = 'done' AND done_by IS NOT NULL)"),

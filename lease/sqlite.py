@@ -16,7 +16,8 @@ Versions:
   on a done job's row (``jobs.done_*``) and every other attempt's in
   ``attempts``; ``cancels``, their audit rows; ``tallies``, durable counters (the
   stale finishes refused); indexes for pruning done jobs and for a job's
-  audit rows.
+  audit rows;
+- 2: ``redrives.actor`` and ``cancels.actor``: who made an operator's change.
 
 Every migration runs in one transaction: a crash leaves the old version
 whole. A file newer than this code is refused untouched.
@@ -37,6 +38,7 @@ from lease.policy import (
     PRODUCT,
     Intake,
     RetryPolicy,
+    check_actor,
     check_not_before,
     check_note,
     check_product_event,
@@ -86,7 +88,7 @@ __all__ = [
     "SQLiteStore",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MIGRATIONS: dict[int, Tuple[str, ...]] = {
     1: (
@@ -120,9 +122,25 @@ _MIGRATIONS: dict[int, Tuple[str, ...]] = {
         "CREATE INDEX redrives_by_job ON redrives(id)",
         "CREATE INDEX cancels_by_job ON cancels(id)",
     ),
+    2: (
+        # Who made an operator's change (a name, a token's label); NULL when not said.
+        "ALTER TABLE redrives ADD COLUMN actor TEXT",
+        "ALTER TABLE cancels ADD COLUMN actor TEXT",
+    ),
 }
 
-_TABLES_V1 = {
+_TABLES = {
+    "jobs": ["seq", "id", "qty", "status", "attempts", "max_attempts", "token",
+             "available_at", "deadline", "owner", "lease_until", "reason", "body", "digest",
+             "done_by", "done_started_ms", "done_latency_ms", "done_http_status",
+             "done_after"],
+    "attempts": ["seq", "id", "token", "attempt", "owner", "started_ms", "ended_ms", "outcome",
+                 "result", "reason", "http_status", "error", "latency_ms"],
+    "redrives": ["seq", "id", "token", "at_ms", "note", "actor"],
+    "cancels": ["seq", "id", "token", "at_ms", "note", "was", "actor"],
+    "tallies": ["name", "n"],
+}
+_TABLES_V1 = {  # version 1, as lease.postgres reads it until it migrates to 2
     "jobs": ["seq", "id", "qty", "status", "attempts", "max_attempts", "token",
              "available_at", "deadline", "owner", "lease_until", "reason", "body", "digest",
              "done_by", "done_started_ms", "done_latency_ms", "done_http_status",
@@ -186,7 +204,7 @@ def _check_version(con: sqlite3.Connection) -> int:
 
 
 def _check_tables(con: sqlite3.Connection) -> None:
-    for name, columns in _TABLES_V1.items():
+    for name, columns in _TABLES.items():
         found = [row[1] for row in con.execute(f"PRAGMA table_info({name})")]
         if found != columns:
             raise NotAQueue(f"not a version {SCHEMA_VERSION} queue: table {name!r} has "
@@ -429,16 +447,19 @@ def redrive_jobs(
     ttl_ms: int,
     note: str,
     fault: Fault = None,
+    actor: Optional[str] = None,
 ) -> list:
     """The contract's redrive (audit row and release together, token kept) with
-    the product's ids, time to live and notes. Per id True or its ValueError."""
+    the product's ids, time to live and notes, and who did it (``actor``, in
+    the audit row). Per id True or its ValueError."""
     _check_connection(con)
     _check_ids(job_ids)
     check_now(now_ms)
     _check_int("ttl_ms", ttl_ms, 1, PRODUCT.max_ttl_ms)
     check_note(note)
+    check_actor(actor)
     _check_fault(fault)
-    return _redrive_tx(con, job_ids, now_ms, ttl_ms, note, fault)
+    return _redrive_tx(con, job_ids, now_ms, ttl_ms, note, fault, actor)
 
 
 def cancel_jobs(
@@ -447,6 +468,7 @@ def cancel_jobs(
     now_ms: int,
     note: str,
     fault: Fault = None,
+    actor: Optional[str] = None,
 ) -> list:
     """Cancel pending or dead jobs: each becomes dead/cancelled with an audit
     row in ``cancels`` (what it was, its token, the note), together.
@@ -461,6 +483,7 @@ def cancel_jobs(
     _check_ids(job_ids)
     check_now(now_ms)
     check_note(note)
+    check_actor(actor)
     _check_fault(fault)
     with _immediate(con):
         unique = sorted(set(job_ids))
@@ -470,8 +493,9 @@ def cancel_jobs(
         results, audits = _cancel_decisions(rows, job_ids)
         if audits:
             con.executemany(
-                "INSERT INTO cancels (id, token, at_ms, note, was) VALUES (?, ?, ?, ?, ?)",
-                [(job_id, token, now_ms, note, was) for _, job_id, token, was in audits])
+                "INSERT INTO cancels (id, token, at_ms, note, was, actor)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [(job_id, token, now_ms, note, was, actor) for _, job_id, token, was in audits])
             _call(fault, "after-audit")
             con.executemany(
                 "UPDATE jobs SET status = 'dead', reason = 'cancelled', available_at = ?,"
@@ -641,14 +665,16 @@ class SQLiteStore:
             return finish_jobs(self.connection, items, self._now(now_ms), fault)
 
     def redrive_jobs(self, job_ids: list, ttl_ms: int, note: str, *,
-                     now_ms: Optional[int] = None, fault: Fault = None) -> list:
+                     now_ms: Optional[int] = None, fault: Fault = None,
+                     actor: Optional[str] = None) -> list:
         with _store_errors():
-            return redrive_jobs(self.connection, job_ids, self._now(now_ms), ttl_ms, note, fault)
+            return redrive_jobs(self.connection, job_ids, self._now(now_ms), ttl_ms, note, fault,
+                                actor)
 
     def cancel_jobs(self, job_ids: list, note: str, *, now_ms: Optional[int] = None,
-                    fault: Fault = None) -> list:
+                    fault: Fault = None, actor: Optional[str] = None) -> list:
         with _store_errors():
-            return cancel_jobs(self.connection, job_ids, self._now(now_ms), note, fault)
+            return cancel_jobs(self.connection, job_ids, self._now(now_ms), note, fault, actor)
 
     def prune_done(self, finished_before_ms: int, limit: int = MAX_BATCH) -> int:
         with _store_errors():
@@ -678,6 +704,13 @@ class SQLiteStore:
     def jobs_with_status(self, status: str) -> list[dict[str, Any]]:
         with _store_errors():
             return observe.jobs_with_status(self.connection, status)
+
+    def list_jobs(self, *, status: Optional[str] = None, reason: Optional[str] = None,
+                  id_prefix: Optional[str] = None, after_seq: Optional[int] = None,
+                  limit: int = 50) -> list[dict[str, Any]]:
+        with _store_errors():
+            return observe.list_jobs(self.connection, status=status, reason=reason,
+                                     id_prefix=id_prefix, after_seq=after_seq, limit=limit)
 
     def stale_finishes(self) -> int:
         with _store_errors():

@@ -197,10 +197,14 @@ class Store(Protocol):
 
     # -- the operator
     def redrive_jobs(self, job_ids: list, ttl_ms: int, note: str, *,
-                     now_ms: Optional[int] = None, fault: Fault = None) -> list: ...
+                     now_ms: Optional[int] = None, fault: Fault = None,
+                     actor: Optional[str] = None) -> list:
+        """Per id True or its ValueError; each release atomic with its audit row
+        (the note, and who did it: ``actor``)."""
+        ...
 
     def cancel_jobs(self, job_ids: list, note: str, *, now_ms: Optional[int] = None,
-                    fault: Fault = None) -> list: ...
+                    fault: Fault = None, actor: Optional[str] = None) -> list: ...
 
     def prune_done(self, finished_before_ms: int, limit: int = MAX_BATCH) -> int: ...
 
@@ -217,6 +221,13 @@ class Store(Protocol):
                   limit: Optional[int] = None) -> list[dict[str, Any]]: ...
 
     def jobs_with_status(self, status: str) -> list[dict[str, Any]]: ...
+
+    def list_jobs(self, *, status: Optional[str] = None, reason: Optional[str] = None,
+                  id_prefix: Optional[str] = None, after_seq: Optional[int] = None,
+                  limit: int = 50) -> list[dict[str, Any]]:
+        """One page of whole rows in seq order after ``after_seq`` (keyset
+        pagination), filtered; a dead row with ``last_error``."""
+        ...
 
     def stale_finishes(self) -> int: ...
 

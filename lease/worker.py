@@ -943,9 +943,11 @@ def redrive_many(
 
 
 def _redrive_tx(
-    con: sqlite3.Connection, job_ids: list, now_ms: int, ttl_ms: int, note: str, fault: Fault
+    con: sqlite3.Connection, job_ids: list, now_ms: int, ttl_ms: int, note: str, fault: Fault,
+    actor: Optional[str] = None,
 ) -> list:
-    """The redrive transaction, arguments already checked."""
+    """The redrive transaction, arguments already checked. ``actor`` (who did
+    it) goes into the audit row of a product file; the contract writes none."""
     with _immediate(con):
         unique = sorted(set(job_ids))
         marks = ", ".join("?" * len(unique))
@@ -953,10 +955,16 @@ def _redrive_tx(
         rows = {row["id"]: row for row in _select(con, sql, unique)} if unique else {}
         results, audits, releases = _redrive_decisions(rows, job_ids)
         if audits:
-            con.executemany(
-                "INSERT INTO redrives (id, token, at_ms, note) VALUES (?, ?, ?, ?)",
-                [(job_id, token, now_ms, note) for job_id, token in audits],
-            )
+            if actor is None:
+                con.executemany(
+                    "INSERT INTO redrives (id, token, at_ms, note) VALUES (?, ?, ?, ?)",
+                    [(job_id, token, now_ms, note) for job_id, token in audits],
+                )
+            else:
+                con.executemany(
+                    "INSERT INTO redrives (id, token, at_ms, note, actor) VALUES (?, ?, ?, ?, ?)",
+                    [(job_id, token, now_ms, note, actor) for job_id, token in audits],
+                )
             _call(fault, "after-audit")
             con.executemany(
                 "UPDATE jobs SET status = 'pending', attempts = 0, available_at = ?,"

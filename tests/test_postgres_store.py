@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from lease.postgres import (
+    _MIGRATIONS,
     _PICK_AND_LEASE,
     _QUARANTINE,
     CHANNEL,
@@ -300,8 +301,12 @@ def tables(admin: psycopg.Connection) -> list[str]:
         " ORDER BY table_schema, table_name")]
 
 
+ALL_VERSIONS = list(range(1, SCHEMA_VERSION + 1))
+
+
 def migrations(admin: psycopg.Connection) -> list[int]:
-    return [v for (v,) in admin.execute("SELECT version FROM lease.schema_migrations")]
+    return [v for (v,) in admin.execute(
+        "SELECT version FROM lease.schema_migrations ORDER BY version")]
 
 
 def test_a_fresh_database_is_made_a_queue_once_and_reopened_as_it_is(
@@ -315,7 +320,37 @@ def test_a_fresh_database_is_made_a_queue_once_and_reopened_as_it_is(
     for create in (True, False):
         with PostgresStore(postgres_url, create=create) as store:
             assert store.counts()["pending"] == 1
-    assert migrations(admin) == [SCHEMA_VERSION]
+    assert migrations(admin) == ALL_VERSIONS
+
+
+def test_a_version_1_queue_is_read_as_it_is_and_migrated_by_a_writer(
+        postgres_url: str, admin: psycopg.Connection) -> None:
+    with admin.transaction():  # a queue as the first version made it
+        admin.execute("CREATE SCHEMA lease")
+        admin.execute("CREATE TABLE lease.schema_migrations (version integer PRIMARY KEY,"
+                      " applied_at timestamptz NOT NULL DEFAULT now())")
+        for statement in _MIGRATIONS[1]:
+            admin.execute(statement)
+        admin.execute("INSERT INTO lease.schema_migrations (version) VALUES (1)")
+        admin.execute("INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,"
+                      " available_at, deadline, reason) VALUES ('old', 1, 'dead', 1, 1, 1, 5, 9,"
+                      " 'exhausted')")
+        admin.execute("INSERT INTO lease.redrives (id, token, at_ms, note) VALUES"
+                      " ('old', 1, 3, 'then')")
+    with PostgresStore(postgres_url, read_only=True) as looking:
+        assert looking.schema_version() == 1
+        history = looking.job_history("old")
+        assert history is not None
+        assert history["redrives"] == [{"seq": 1, "token": 1, "at_ms": 3, "note": "then"}]
+    assert migrations(admin) == [1]
+    with PostgresStore(postgres_url) as store:
+        assert store.schema_version() == SCHEMA_VERSION
+        assert store.redrive_jobs(["old"], 60_000, "now", now_ms=T0, actor="ops") == [True]
+        history = store.job_history("old")
+        assert history is not None
+        assert [(r["note"], r["actor"]) for r in history["redrives"]] == [
+            ("then", None), ("now", "ops")]
+    assert migrations(admin) == ALL_VERSIONS
 
 
 def test_two_hosts_creating_the_queue_at_once_migrate_it_once(postgres_url: str,
@@ -331,7 +366,7 @@ def test_two_hosts_creating_the_queue_at_once_migrate_it_once(postgres_url: str,
 
         hosts = [Background(create) for _ in range(3)]
         assert [host.value() for host in hosts] == [SCHEMA_VERSION] * 3
-        assert migrations(admin) == [SCHEMA_VERSION]
+        assert migrations(admin) == ALL_VERSIONS
 
 
 def test_a_database_without_a_queue_is_refused_and_left_as_it_is(
@@ -356,7 +391,7 @@ def test_a_newer_or_foreign_schema_is_refused_untouched(postgres_url: str,
     for options in cases:
         with pytest.raises(NotAQueue, match=f"version {SCHEMA_VERSION + 1}, newer than"):
             PostgresStore(postgres_url, **options)
-    assert tables(admin) == before and migrations(admin) == [SCHEMA_VERSION, SCHEMA_VERSION + 1]
+    assert tables(admin) == before and migrations(admin) == [*ALL_VERSIONS, SCHEMA_VERSION + 1]
 
     admin.execute("DROP SCHEMA lease CASCADE")
     admin.execute("CREATE SCHEMA lease")

@@ -51,7 +51,10 @@ def test_a_file_written_by_the_contract_code_migrates_with_every_row_kept(tmp_pa
     con = store.open_store(path)
     assert store.schema_version(con) == store.SCHEMA_VERSION
     assert lab_columns(con) == jobs_before
-    assert con.execute("SELECT * FROM redrives ORDER BY seq").fetchall() == redrives_before
+    assert con.execute("SELECT seq, id, token, at_ms, note FROM redrives"
+                       " ORDER BY seq").fetchall() == redrives_before
+    # who made those redrives was never recorded: the new column says so
+    assert {row[0] for row in con.execute("SELECT actor FROM redrives")} == {None}
     assert con.execute("SELECT COUNT(*) FROM jobs WHERE body IS NOT NULL"
                        " OR digest IS NOT NULL").fetchone()[0] == 0
     assert store.migrate(con) == store.SCHEMA_VERSION  # a second open changes nothing

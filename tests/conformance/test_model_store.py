@@ -120,19 +120,26 @@ class StoreModel(Model):
         by_status = Counter(job["status"] for job in jobs)
         unfinished = [job["available_at"] for job in jobs
                       if job["status"] in ("pending", "leased")]
+        ready = [job["available_at"] for job in jobs
+                 if job["status"] == "pending" and job["available_at"] <= now]
         return {
             "jobs": len(jobs),
             "by_status": {s: by_status[s] for s in ("pending", "leased", "done", "dead")},
             "oldest_unfinished_age_ms": max(0, now - min(unfinished)) if unfinished else None,
+            "oldest_ready_age_ms": now - min(ready) if ready else None,
             "expired_leases": sum(1 for job in jobs if job["status"] == "leased"
                                   and job["lease_until"] <= now),
+            "live_leases": sum(1 for job in jobs if job["status"] == "leased"
+                               and job["lease_until"] > now),
             "attempts": {str(k): v for k, v in sorted(Counter(
                 job["attempts"] for job in jobs).items())},
             "dead_by_reason": dict(Counter(job["reason"] for job in jobs
                                            if job["status"] == "dead")),
             "redrives": len(self.audits),
             "redriven_jobs": len({audit["id"] for audit in self.audits}),
+            "redrives_last_day": sum(1 for audit in self.audits if audit["at_ms"] > now - DAY),
             "cancels": len(self.cancels),
+            "cancels_last_day": sum(1 for cancel in self.cancels if cancel[2] > now - DAY),
             "attempts_recorded": sum(len(rows) for rows in self.attempts.values()),
             "stale_finishes": self.stale,
         }

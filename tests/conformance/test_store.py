@@ -660,9 +660,10 @@ def test_the_observations_agree(store):
     assert [r["id"] for r in store.jobs_with_status("leased")] == ["b"]
     assert store.snapshot(T0 + 200) == {
         "jobs": 4, "by_status": {"pending": 1, "leased": 1, "done": 1, "dead": 1},
-        "oldest_unfinished_age_ms": 180, "expired_leases": 1,
-        "attempts": {"0": 2, "1": 2}, "dead_by_reason": {"deadline": 1},
-        "redrives": 0, "redriven_jobs": 0, "cancels": 0, "attempts_recorded": 1,
+        "oldest_unfinished_age_ms": 180, "oldest_ready_age_ms": 180, "expired_leases": 1,
+        "live_leases": 0, "attempts": {"0": 2, "1": 2}, "dead_by_reason": {"deadline": 1},
+        "redrives": 0, "redriven_jobs": 0, "redrives_last_day": 0, "cancels": 0,
+        "cancels_last_day": 0, "attempts_recorded": 1,
         "stale_finishes": 0}
     with pytest.raises(ValueError):
         store.jobs_with_status("gone")
