@@ -140,7 +140,7 @@ _TABLES = {
     "cancels": ["seq", "id", "token", "at_ms", "note", "was", "actor"],
     "tallies": ["name", "n"],
 }
-_TABLES_V1 = {  # version 1, as lease.postgres reads it until it migrates to 2
+_TABLES_V1 = {  # version 1: lease.postgres reads a version-1 database by it
     "jobs": ["seq", "id", "qty", "status", "attempts", "max_attempts", "token",
              "available_at", "deadline", "owner", "lease_until", "reason", "body", "digest",
              "done_by", "done_started_ms", "done_latency_ms", "done_http_status",
