@@ -1,0 +1,363 @@
+"""``python -m asyncworker.bench_cpu``: is the dispatcher ever the bottleneck?
+
+A ratio against the receiver only holds still when its two sides are
+measured side by side: the receiver's own rate swings with whatever else the
+machine does. So one receiver process (``asyncworker serve``) serves every
+run, and the plain client (the receiver's own limit: aiohttp keeping C
+requests in flight, no queue at all) and the dispatcher alternate against it
+in pairs, A B A B ..., each in a fresh child process. Each pair gives one
+ratio; the table shows the median of the pairs and their spread (min..max).
+
+CPU per job is the steadier figure on a shared machine: each child reads its
+own user + system time (every thread of it, ``os.times``) around the work
+alone, so the dispatcher's CPU per job stands beside the plain client's CPU
+per request of the same pair.
+
+Two figures need no receiver: the in-process send, batched (jobs/s on
+SQLite), and the peak RSS with 100,000 jobs queued and 256 in flight. The
+queues are filled by the parent, so a child's time, CPU and peak RSS are the
+dispatching alone.
+
+``profile`` runs the c64 dispatcher and the in-process one under py-spy
+(``pip install py-spy``) and prints the top entries of each (own time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+__all__ = ["CpuBench", "fill_queue", "run_cpu_bench"]
+
+# (label, concurrency, receiver latency ms, requests per run)
+RECEIVER_CASES = (("c64, 0 ms", 64, 0, 4000), ("c256, 50 ms", 256, 50, 6000))
+QUICK_CASES = (("c64, 0 ms", 64, 0, 300), ("c256, 50 ms", 256, 50, 600))
+CPU_TARGET = 1.3  # dispatcher CPU per job / plain client CPU per request, at most
+RATE_TARGET = 0.9  # dispatcher / min(receiver's own limit, concurrency / latency), at least
+INPROCESS_TARGET = 20_000.0  # jobs/s, in-process send, batched, SQLite
+RSS_TARGET_MB = 150.0
+
+
+def _cpu_s() -> float:
+    """This process's user + system CPU time, every thread of it."""
+    times = os.times()
+    return times.user + times.system
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def fill_queue(path: Path, n: int, prefix: str = "job") -> None:
+    """A product queue of n lab events, every one ready now."""
+    from lease.store import open_store
+
+    store = open_store(path, create=True)
+    try:
+        for start in range(0, n, 5000):
+            store.enqueue_events([{"id": f"{prefix}-{i}", "qty": i % 1000 + 1}
+                                  for i in range(start, min(n, start + 5000))])
+    finally:
+        store.close()
+
+
+# ----------------------------------------------------------------- the children
+
+
+async def _plain_client(url: str, n: int, concurrency: int, prefix: str) -> dict:
+    """The receiver's own limit: C requests in flight over kept-alive
+    connections, the same body and headers the dispatcher sends, no queue."""
+    import aiohttp
+
+    from lease.http import request_parts
+
+    next_i = iter(range(n))
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
+
+        async def worker() -> None:
+            for i in next_i:
+                outgoing = request_parts({"id": f"{prefix}-{i}", "qty": 1}, i + 1)
+                async with session.post(url, data=outgoing.body,
+                                        headers=outgoing.headers) as answer:
+                    await answer.read()
+                    if answer.status != 200:
+                        raise RuntimeError(f"the receiver answered {answer.status}")
+
+        started, cpu = time.perf_counter(), _cpu_s()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return {"seconds": time.perf_counter() - started, "cpu_s": _cpu_s() - cpu, "jobs": n}
+
+
+async def _dispatch(queue: str, concurrency: int, batch: int, *, url: Optional[str] = None,
+                    send_ms: float = 0.0) -> dict:
+    from asyncworker.dispatcher import Dispatcher
+
+    async def send(event: dict, token: int) -> bool:
+        if send_ms:
+            await asyncio.sleep(send_ms / 1000)
+        return True
+
+    async with Dispatcher(queue, "bench", url=url, send=None if url else send,
+                          concurrency=concurrency, batch_size=batch, lease_ms=30_000,
+                          poll_interval=0.01) as d:
+        started, cpu = time.perf_counter(), _cpu_s()
+        stats = await d.run(until_idle=True)
+        seconds, cpu_s = time.perf_counter() - started, _cpu_s() - cpu
+    if stats.ok == 0 or stats.errors or stats.bad_acks:
+        raise RuntimeError(f"the dispatcher did not deliver cleanly: {stats.as_dict()}")
+    return {"seconds": seconds, "cpu_s": cpu_s, "jobs": stats.ok,
+            "peak_sending": stats.peak_sending}
+
+
+def child_main(argv: Sequence[str]) -> None:
+    """One measured run: ``client URL N C PREFIX`` or ``dispatch QUEUE URL|- C BATCH SEND_MS``."""
+    kind, *args = argv
+    if kind == "client":
+        url, n, concurrency, prefix = args
+        result = asyncio.run(_plain_client(url, int(n), int(concurrency), prefix))
+    elif kind == "dispatch":
+        queue, url, concurrency, batch, send_ms = args
+        result = asyncio.run(_dispatch(queue, int(concurrency), int(batch),
+                                       url=None if url == "-" else url,
+                                       send_ms=float(send_ms)))
+    else:
+        raise SystemExit(f"unknown child {kind!r}")
+    result["rss_mb"] = round(_rss_mb(), 1)
+    print(json.dumps(result))
+
+
+# ----------------------------------------------------------------- the parent
+
+
+def _child_command(*args: object) -> list[str]:
+    return [sys.executable, "-m", "asyncworker.bench_cpu", "--child", *map(str, args)]
+
+
+def _run(command: list[str], timeout: float = 600) -> dict:
+    out = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[3:])} failed:\n{out.stderr[-2000:]}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+class Receiver:
+    """``asyncworker serve`` on loopback, its own process, for a whole case."""
+
+    def __init__(self, folder: Path, latency_ms: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncworker", "serve", "--inbox", str(folder / "inbox.db"),
+             "--latency-ms", str(latency_ms)], stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+        if not self.url.startswith("http"):
+            self.close()
+            raise RuntimeError("the receiver did not start")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> Receiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+class CpuBench:
+    """The measurements, in one folder of their own (removed by ``close``)."""
+
+    def __init__(self, pairs: int = 5, quick: bool = False) -> None:
+        if pairs < 1:
+            raise ValueError("pairs must be at least 1")
+        self.pairs = pairs
+        self.quick = quick
+        self.folder = Path(tempfile.mkdtemp(prefix="asyncworker-bench-cpu-"))
+        self._runs = 0
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _queue(self, n: int) -> Path:
+        self._runs += 1
+        path = self.folder / f"q{self._runs}.db"
+        fill_queue(path, n, prefix=f"run{self._runs}")
+        return path
+
+    def paired(self, label: str, concurrency: int, latency_ms: int, n: int) -> dict:
+        """A B A B ... against one receiver: the paired ratios of rate and of CPU per job."""
+        rates, cpus, client_cpu, dispatcher_cpu, limits = [], [], [], [], []
+        with Receiver(self.folder, latency_ms) as receiver:
+            for pair in range(self.pairs):
+                self._runs += 1
+                plain = _run(_child_command("client", receiver.url, n, concurrency,
+                                            f"plain{self._runs}"))
+                queue = self._queue(n)
+                ours = _run(_child_command("dispatch", queue, receiver.url, concurrency, 64, 0))
+                queue.unlink()
+                limit = plain["jobs"] / plain["seconds"]
+                if latency_ms:
+                    limit = min(limit, concurrency / (latency_ms / 1000))
+                limits.append(plain["jobs"] / plain["seconds"])
+                rates.append(ours["jobs"] / ours["seconds"] / limit)
+                client_cpu.append(plain["cpu_s"] / plain["jobs"] * 1e6)
+                dispatcher_cpu.append(ours["cpu_s"] / ours["jobs"] * 1e6)
+                cpus.append(dispatcher_cpu[-1] / client_cpu[-1])
+                print(f"  {label} pair {pair + 1}: limit {limits[-1]:,.0f}/s, dispatcher "
+                      f"{ours['jobs'] / ours['seconds']:,.0f}/s, CPU {dispatcher_cpu[-1]:.0f} "
+                      f"vs {client_cpu[-1]:.0f} us", file=sys.stderr, flush=True)
+        return {"case": label, "rate_ratio": _spread(rates), "cpu_ratio": _spread(cpus),
+                "client_us": statistics.median(client_cpu),
+                "dispatcher_us": statistics.median(dispatcher_cpu),
+                "limit": statistics.median(limits)}
+
+    def in_process(self, n: int, concurrency: int, batch: int, send_ms: float = 0.0) -> dict:
+        queue = self._queue(n)
+        try:
+            result = _run(_child_command("dispatch", queue, "-", concurrency, batch, send_ms))
+        finally:
+            queue.unlink()
+        result["rate"] = result["jobs"] / result["seconds"]
+        result["us_per_job"] = result["cpu_s"] / result["jobs"] * 1e6
+        return result
+
+    def profile(self, out: Any, top: int = 25, keep: Optional[Path] = None) -> None:
+        """py-spy on the c64 dispatcher and on the in-process one: the top entries
+        by own time and by total time (the project's own frames); ``keep``: a
+        folder for py-spy's raw stacks."""
+        py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if not Path(py_spy).exists():
+            raise RuntimeError("py-spy is not installed: pip install py-spy")
+        n = 600 if self.quick else 8000
+        with Receiver(self.folder, 0) as receiver:
+            runs = {"c64 against the receiver": (self._queue(n), receiver.url, 64),
+                    "in-process, batch 64": (self._queue(n * 5), "-", 64)}
+            for number, (title, (queue, url, concurrency)) in enumerate(runs.items()):
+                raw = (keep or self.folder) / f"profile-{number}.txt"
+                subprocess.run([py_spy, "record", "--format", "raw", "--rate", "250",
+                                "--threads", "--gil", "-o", str(raw), "--", *_child_command(
+                                    "dispatch", queue, url, concurrency, 64, 0)],
+                               check=True, capture_output=True, timeout=600)
+                out.write(f"\n{title}: py-spy, own time, GIL held\n")
+                for line in top_frames(raw.read_text(), top):
+                    out.write(f"  {line}\n")
+                out.write(f"\n{title}: py-spy, total time, the project's frames\n")
+                for line in top_frames(raw.read_text(), top, inclusive=True):
+                    out.write(f"  {line}\n")
+
+
+def top_frames(raw: str, top: int, inclusive: bool = False) -> list[str]:
+    """py-spy's raw (collapsed) stacks as the frames most often on top (or,
+    ``inclusive``, the project's frames most often anywhere in a stack), with %."""
+    own: Counter[str] = Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        if inclusive:
+            for frame in {re.sub(r":\d+\)$", ")", f) for f in frames
+                          if "asyncworker/" in f or "lease/" in f}:
+                own[frame] += int(count)
+        else:
+            own[frames[-1]] += int(count)
+        total += int(count)
+    return [f"{100 * n / total:5.1f}%  {frame}" for frame, n in own.most_common(top)]
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "NOT met"
+
+
+def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None) -> list[dict]:
+    """Measure every figure in one run and print the table; return its rows."""
+    out = out or sys.stdout
+    bench = CpuBench(pairs, quick)
+    rows: list[dict] = []
+    try:
+        for case in QUICK_CASES if quick else RECEIVER_CASES:
+            rows.append(bench.paired(*case))
+        batched = bench.in_process(2000 if quick else 40_000, 64, 64)
+        rss = bench.in_process(2000 if quick else 100_000, 256, 64, send_ms=2)
+    finally:
+        bench.close()
+    load = os.getloadavg()
+    out.write(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+              f"{platform.python_version()}, load average {load[0]:.1f} {load[1]:.1f}; "
+              f"{pairs} pairs A B, medians (min..max)\n")
+    out.write("| case | receiver limit/s | dispatcher / limit | CPU us/job: dispatcher | "
+              "plain client | CPU ratio | targets |\n|---|---|---|---|---|---|---|\n")
+    for row in rows:
+        rate, cpu = row["rate_ratio"], row["cpu_ratio"]
+        met = (f"rate {_verdict(rate['median'] >= RATE_TARGET)}, "
+               f"CPU {_verdict(cpu['median'] <= CPU_TARGET)}")
+        out.write(f"| {row['case']} | {row['limit']:,.0f} | {rate['median']:.2f} "
+                  f"({rate['min']:.2f}..{rate['max']:.2f}) | {row['dispatcher_us']:.0f} | "
+                  f"{row['client_us']:.0f} | {cpu['median']:.2f} ({cpu['min']:.2f}.."
+                  f"{cpu['max']:.2f}) | {met} |\n")
+    out.write(f"| in-process, batch 64, c64 | - | {batched['rate']:,.0f} jobs/s | "
+              f"{batched['us_per_job']:.0f} | - | - | >= 20,000/s "
+              f"{_verdict(batched['rate'] >= INPROCESS_TARGET)} |\n")
+    out.write(f"| {rss['jobs']:,} queued, 256 in flight (2 ms send) | - | "
+              f"{rss['rate']:,.0f} jobs/s | {rss['us_per_job']:.0f} | - | - | peak RSS "
+              f"{rss['rss_mb']:.1f} MB < 150 {_verdict(rss['rss_mb'] < RSS_TARGET_MB)} |\n")
+    out.flush()
+    rows.append({"case": "in-process batched", **batched})
+    rows.append({"case": "rss", **rss})
+    return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--child"]:
+        child_main(args[1:])
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m asyncworker.bench_cpu",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", nargs="?", choices=("table", "profile"), default="table")
+    parser.add_argument("--pairs", type=int, default=5, help="A B pairs per case (default 5)")
+    parser.add_argument("--quick", action="store_true", help="small runs: a smoke test")
+    parser.add_argument("--keep", type=Path, help="profile: keep py-spy's raw stacks here")
+    parsed = parser.parse_args(args)
+    if parsed.pairs < 1:
+        parser.error("--pairs must be at least 1")
+    if parsed.what == "profile":
+        bench = CpuBench(1, parsed.quick)
+        try:
+            bench.profile(sys.stdout, keep=parsed.keep)
+        finally:
+            bench.close()
+        return 0
+    run_cpu_bench(pairs=parsed.pairs, quick=parsed.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The CPU benchmark's smoke run: tiny sizes, the figures not judged (the
+benchmark itself runs by hand: ``python -m asyncworker.bench_cpu``)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+
+from asyncworker.bench_cpu import CpuBench, fill_queue, run_cpu_bench, top_frames
+from lease.store import open_store
+
+
+@pytest.mark.timeout(300)
+def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
+    out = io.StringIO()
+    rows = run_cpu_bench(pairs=1, quick=True, out=out)
+    table = [line for line in out.getvalue().splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| case") and len(table) == 1 + 4
+    for label in ("c64, 0 ms", "c256, 50 ms", "in-process, batch 64", "256 in flight"):
+        assert any(line.startswith(f"| {label}") or label in line for line in table), label
+    assert all(("met" in line) for line in table[1:])
+    paired = [row for row in rows if "rate_ratio" in row]
+    assert [row["case"] for row in paired] == ["c64, 0 ms", "c256, 50 ms"]
+    for row in paired:
+        assert row["rate_ratio"]["min"] <= row["rate_ratio"]["median"] <= row["rate_ratio"]["max"]
+        assert row["rate_ratio"]["median"] > 0 and row["dispatcher_us"] > 0
+        assert row["client_us"] >= 0 and row["limit"] > 0
+    batched, rss = rows[-2], rows[-1]
+    assert batched["jobs"] == 2000 and rss["jobs"] == 2000 and 0 < rss["rss_mb"] < 1000
+
+
+def test_the_queue_it_fills_holds_every_job_ready(tmp_path):
+    fill_queue(tmp_path / "q.db", 12, prefix="x")
+    store = open_store(tmp_path / "q.db")
+    try:
+        assert store.counts()["pending"] == 12
+    finally:
+        store.close()
+
+
+def test_py_spy_stacks_become_own_and_total_time_entries():
+    raw = ("MainThread;main (asyncworker/bench_cpu.py:1);_post (asyncworker/sender.py:9) 3\n"
+           "MainThread;main (asyncworker/bench_cpu.py:2);select (selectors.py:4) 1\n"
+           "not a stack line\n")
+    assert top_frames(raw, 5) == [" 75.0%  _post (asyncworker/sender.py:9)",
+                                  " 25.0%  select (selectors.py:4)"]
+    assert top_frames(raw, 1, inclusive=True) == ["100.0%  main (asyncworker/bench_cpu.py)"]
+
+
+def test_bad_arguments_are_one_line_refusals():
+    with pytest.raises(ValueError, match="pairs must be at least 1"):
+        CpuBench(0)
+    out = subprocess.run([sys.executable, "-m", "asyncworker.bench_cpu", "--pairs", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--pairs must be at least 1" in out.stderr
+    assert "Traceback" not in out.stderr
