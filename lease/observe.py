@@ -150,6 +150,8 @@ def snapshot(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
         redrives_day = con.execute(
             "SELECT COUNT(*) FROM redrives WHERE at_ms > ?", (now_ms - DAY_MS,)).fetchone()[0]
         product = _product_figures(con, now_ms) if _has_table(con, "tallies") else {}
+        if "ordering_key" in _columns(con, "jobs"):
+            product.update(_blocked(con))
     finally:
         con.execute("COMMIT")
     return {
@@ -180,6 +182,26 @@ def _product_figures(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
         ).fetchone()[0],
         "stale_finishes": stale_finishes(con),
     }
+
+
+# A key is blocked when the first of its line is dead (not cancelled): the jobs
+# behind it wait until it is redriven or cancelled. (lease.sqlite, "Ordered keys".)
+_DEAD_FIRST = ("h.ordering_key IS NOT NULL AND h.held = 0 AND h.status = 'dead'"
+               " AND h.reason <> 'cancelled'")
+# (the jobs table's name is {jobs}: lease.postgres asks the same of lease.jobs)
+BLOCKED_KEYS = f"SELECT COUNT(*) FROM {{jobs}} h WHERE {_DEAD_FIRST}"
+BLOCKED_JOBS = f"""SELECT COUNT(*) FROM {{jobs}} h
+JOIN {{jobs}} w ON w.ordering_key = h.ordering_key AND w.held = 1 AND w.status = 'pending'
+  AND w.ordering_key IS NOT NULL AND (w.status IN ('pending', 'leased')
+    OR (w.status = 'dead' AND w.reason <> 'cancelled'))
+WHERE {_DEAD_FIRST}"""
+
+
+def _blocked(con: sqlite3.Connection) -> dict[str, int]:
+    """Keys whose line is stopped by a dead first job, and the pending jobs
+    waiting behind them."""
+    return {"blocked_keys": con.execute(BLOCKED_KEYS.format(jobs="jobs")).fetchone()[0],
+            "blocked_jobs": con.execute(BLOCKED_JOBS.format(jobs="jobs")).fetchone()[0]}
 
 
 def stale_finishes(con: sqlite3.Connection) -> int:

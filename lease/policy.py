@@ -46,6 +46,7 @@ __all__ = [
     "LAB_POLICY",
     "Intake",
     "check_product_event",
+    "check_ordering_key",
     "check_note",
     "check_actor",
     "canonical_body",
@@ -159,6 +160,7 @@ class Intake:
     qty: int
     body: Optional[str]
     digest: Optional[str]
+    key: Optional[str] = None  # the ordering key: delivered one at a time, in intake order
 
 
 def canonical_body(body: object) -> Tuple[str, str]:
@@ -191,22 +193,31 @@ def canonical_body(body: object) -> Tuple[str, str]:
 
 def check_product_event(event: object) -> Intake:
     """{"id", "qty"} (the lab's event, by the lab's rule: check_event) or
-    {"id", "body"} (a JSON object, its id by the product's rule). ValueError
-    naming the problem."""
+    {"id", "body"} (a JSON object, its id by the product's rule), either with
+    an optional "key": the ordering key (1-255 visible ASCII, like an id) of
+    jobs delivered one at a time in intake order. ValueError naming the problem."""
     if type(event) is not dict:
         raise ValueError(f"event must be a dict, got {type(event).__name__}")
     keys = set(event)
+    key = check_ordering_key(event["key"]) if "key" in keys else None
+    keys.discard("key")
     if keys == {"id", "qty"}:
         # The lab's event keeps the lab's rule whole, id included: it goes to
         # receivers that check it so (the demo's inbox among them).
-        check_event(event)
-        return Intake(event["id"], event["qty"], None, None)
+        check_event({"id": event["id"], "qty": event["qty"]})
+        return Intake(event["id"], event["qty"], None, None, key)
     if keys == {"id", "body"}:
         job_id = check_job_id("event id", event["id"], PRODUCT)
         text, digest = canonical_body(event["body"])
-        return Intake(job_id, 0, text, digest)
+        return Intake(job_id, 0, text, digest, key)
     raise ValueError(
-        f"event must have the keys id and qty, or id and body; got {sorted(map(str, keys))}")
+        "event must have the keys id and qty, or id and body (and an optional key); "
+        f"got {sorted(map(str, event))}")
+
+
+def check_ordering_key(key: object) -> str:
+    """An ordering key: what a job id may be (1-255 visible ASCII characters)."""
+    return check_job_id("event key", key, PRODUCT)
 
 
 def check_note(note: object) -> str:

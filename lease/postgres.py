@@ -19,6 +19,21 @@ of transactions can let a stale ticket win:
   first statement, so hosts whose clocks are skewed cannot steal or keep a
   lease (``clock=`` injects another, for tests).
 
+Ordered keys (``lease.sqlite``, "Ordered keys"): the same ``held`` mark on
+the first job of each key's line, moved by the same transactions. Here many
+writers run at once, so every transaction that moves a mark (an intake, a
+finish, a redrive, a cancel) first takes a transaction-level advisory lock
+on each of its keys, in one order, before it locks any row: two of them on
+one key run one after the other and see each other's rows. A claim takes no
+key lock: it only leases marked jobs, and the one move of a mark away from a
+job a claim could take (a cancelled job redriven to its place) locks that job
+first (FOR UPDATE), so a claim in flight either committed (and the redrive
+sees it) or skips it.
+
+A service enqueues inside its own transaction with ``enqueue_in`` (the
+transactional outbox): on its own psycopg connection, the server's clock, the
+NOTIFY delivered at the service's COMMIT.
+
 The tables live in a schema of their own (``lease``), so a service's own
 ``jobs`` table cannot collide; they have the SQLite product file's columns in
 its order. Versioned migrations (``lease.schema_migrations``) each run in one
@@ -36,10 +51,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import psycopg_pool
-from psycopg import errors
-from psycopg.rows import dict_row
+from psycopg import errors, pq
+from psycopg.rows import dict_row, tuple_row
 
-from lease.observe import DAY_MS, STATUSES, _job_filter
+from lease.observe import BLOCKED_JOBS, BLOCKED_KEYS, DAY_MS, STATUSES, _job_filter
 from lease.policy import (
     DEFAULT_POLICY,
     PRODUCT,
@@ -51,7 +66,15 @@ from lease.policy import (
     check_product_event,
 )
 from lease.sqlite import _TABLES as _TABLES_SQLITE
-from lease.sqlite import _TABLES_V1, _cancel_decisions, _check_ids, _check_item, _conflict
+from lease.sqlite import (
+    _TABLES_V1,
+    _TABLES_V2,
+    _cancel_decisions,
+    _check_ids,
+    _check_item,
+    _conflict,
+    _in_flight_refusals,
+)
 from lease.store import MAX_ERROR_CHARS, Claimed, Leased
 from lease.worker import (
     _COLUMNS,
@@ -74,10 +97,11 @@ from lease.worker import (
     finish_decision,
 )
 
-__all__ = ["CHANNEL", "SCHEMA", "SCHEMA_VERSION", "Listener", "PostgresStore", "redact"]
+__all__ = ["CHANNEL", "SCHEMA", "SCHEMA_VERSION", "Listener", "PostgresStore", "enqueue_in",
+           "redact"]
 
 SCHEMA = "lease"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 CHANNEL = "lease_jobs"  # NOTIFY'd when work becomes available
 
 # pg_advisory_xact_lock key of the migrations ("lease" in ASCII): two hosts
@@ -94,7 +118,15 @@ _INTAKE_CHUNK = 500  # events per INSERT: bounded memory for a stream of million
 _NOW = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 # The tables each version has: the SQLite product file's, column for column.
-_TABLES = {1: {**_TABLES_V1, "redrives": _COLUMNS["redrives"]}, 2: _TABLES_SQLITE}
+_TABLES = {1: {**_TABLES_V1, "redrives": _COLUMNS["redrives"]}, 2: _TABLES_V2,
+           3: _TABLES_SQLITE}
+
+# A job in its key's line (lease.sqlite._LINE), and the classid of the keys'
+# advisory locks ("ke"; the two-int form, a key space apart from the one-int
+# form of the migrations' lock).
+_LINE = ("{a}.ordering_key IS NOT NULL AND ({a}.status IN ('pending', 'leased')"
+         " OR ({a}.status = 'dead' AND {a}.reason <> 'cancelled'))")
+_KEY_LOCK = 0x6B65
 
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -137,6 +169,16 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         # Who made an operator's change (a name, a token's label); NULL when not said.
         "ALTER TABLE lease.redrives ADD COLUMN actor text",
         "ALTER TABLE lease.cancels ADD COLUMN actor text",
+    ),
+    3: (
+        "ALTER TABLE lease.jobs ADD COLUMN ordering_key text",  # NULL: no order to keep
+        # 1 while an earlier job of its key is in line (lease.sqlite, "Ordered keys")
+        "ALTER TABLE lease.jobs ADD COLUMN held bigint NOT NULL DEFAULT 0",
+        # What a claim may take, in seq order; a key's line, its first apart.
+        """CREATE INDEX jobs_ready ON lease.jobs (seq)
+  WHERE status IN ('pending', 'leased') AND held = 0""",
+        "CREATE INDEX jobs_line ON lease.jobs (ordering_key, held, seq) WHERE "
+        + _LINE.format(a="jobs").replace("jobs.", ""),
     ),
 }
 
@@ -278,7 +320,7 @@ FROM doomed WHERE j.seq = doomed.seq"""),
 # lease.worker._PICK, locked in a CTE: the planner cannot update more rows
 # than the limit; a new lease as lease.worker._lease_rows makes it.
 _PICK_AND_LEASE = """WITH picked AS (SELECT seq FROM lease.jobs
-  WHERE status IN ('pending', 'leased')
+  WHERE status IN ('pending', 'leased') AND held = 0
     AND ((status = 'pending' AND available_at <= %(now)s)
       OR (status = 'leased' AND lease_until <= %(now)s))
   ORDER BY seq LIMIT %(limit)s
@@ -287,6 +329,35 @@ UPDATE lease.jobs j SET status = 'leased', attempts = j.attempts + 1, token = j.
   owner = %(owner)s, lease_until = LEAST(%(now)s + %(lease_ms)s, j.deadline), reason = NULL
 FROM picked WHERE j.seq = picked.seq
 RETURNING j.seq, j.id, j.qty, j.token, j.attempts, j.lease_until, j.body"""
+
+# The keys' locks, in one order (by their hash, so two writers of the same
+# keys never deadlock), before any row is locked: of an intake's keys, and of
+# the keys of the jobs an operator's change or a finish names.
+_LOCK_KEYS = f"""SELECT count(pg_advisory_xact_lock({_KEY_LOCK}, h)) FROM
+  (SELECT DISTINCT hashtext(k) AS h FROM unnest(%s::text[]) AS k ORDER BY h) s"""
+_LOCK_KEYS_OF = f"""SELECT count(pg_advisory_xact_lock({_KEY_LOCK}, h)) FROM
+  (SELECT DISTINCT hashtext(ordering_key) AS h FROM lease.jobs
+   WHERE id = ANY(%s::text[]) AND ordering_key IS NOT NULL ORDER BY h) s"""
+
+# lease.sqlite._PROMOTE for many keys: each line with no marked job gets its first.
+_PROMOTE = f"""UPDATE lease.jobs j SET held = 0
+FROM unnest(%(keys)s::text[]) AS k(key)
+CROSS JOIN LATERAL (SELECT f.seq FROM lease.jobs f WHERE f.ordering_key = k.key
+  AND f.held = 1 AND {_LINE.format(a='f')} ORDER BY f.seq LIMIT 1) f
+WHERE j.seq = f.seq AND NOT EXISTS (SELECT 1 FROM lease.jobs c
+  WHERE c.ordering_key = k.key AND c.held = 0 AND {_LINE.format(a='c')})"""
+
+# lease.sqlite._DEMOTE for many keys (the marked jobs are locked by then).
+_DEMOTE = f"""UPDATE lease.jobs j SET held = 1
+FROM unnest(%(keys)s::text[]) AS k(key)
+WHERE j.ordering_key = k.key AND j.held = 0 AND {_LINE.format(a='j')} AND j.status <> 'leased'
+  AND EXISTS (SELECT 1 FROM lease.jobs f WHERE f.ordering_key = k.key AND f.held = 1
+    AND {_LINE.format(a='f')} AND f.seq < j.seq)"""
+
+# The marked job of each key's line, locked: a claim leasing it commits first.
+_FIRSTS = f"""SELECT ordering_key, seq, id, status FROM lease.jobs j
+WHERE j.ordering_key = ANY(%s::text[]) AND j.held = 0 AND {_LINE.format(a='j')}
+ORDER BY seq FOR UPDATE"""
 
 # The fence: each UPDATE below changes a row only if it is still leased by this
 # very ticket, now; its row count says whether it did.
@@ -331,10 +402,11 @@ ON CONFLICT (name) DO UPDATE SET n = lease.tallies.n + excluded.n"""
 
 # Identity values follow the SELECT's order: seq is the order of intake.
 _INSERT_NEW = """INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,
-  available_at, deadline, owner, lease_until, reason, body, digest)
-SELECT id, qty, 'pending', 0, %s, 0, %s, %s, NULL, NULL, NULL, body, digest
-FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[]) WITH ORDINALITY
-  AS u(id, qty, body, digest, ord)
+  available_at, deadline, owner, lease_until, reason, body, digest, ordering_key, held)
+SELECT id, qty, 'pending', 0, %s, 0, %s, %s, NULL, NULL, NULL, body, digest, key,
+  CASE WHEN key IS NULL THEN 0 ELSE 1 END
+FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[]) WITH ORDINALITY
+  AS u(id, qty, body, digest, key, ord)
 ORDER BY ord
 ON CONFLICT (id) DO NOTHING
 RETURNING id"""
@@ -345,7 +417,8 @@ SELECT id, token, %s, %s, %s::text FROM unnest(%s::text[], %s::bigint[])
 ORDER BY ord"""
 
 _RELEASE = """UPDATE lease.jobs SET status = 'pending', attempts = 0, available_at = %s,
-  deadline = %s, owner = NULL, lease_until = NULL, reason = NULL
+  deadline = %s, owner = NULL, lease_until = NULL, reason = NULL,
+  held = CASE WHEN ordering_key IS NOT NULL AND reason = 'cancelled' THEN 1 ELSE held END
 WHERE seq = ANY(%s::bigint[]) AND status = 'dead'"""
 
 _AUDIT_CANCELS = """INSERT INTO lease.cancels (id, token, at_ms, note, was, actor)
@@ -452,6 +525,7 @@ class PostgresStore:
                 # it has not got yet): a writer migrates it.
                 _check_tables(conn, self.name, version)
                 self._actors = "actor" in _TABLES[version]["redrives"]
+                self._keys = "ordering_key" in _TABLES[version]["jobs"]
         finally:
             conn.close()
 
@@ -534,23 +608,10 @@ class PostgresStore:
             check_now(now_ms)
         if not isinstance(policy, RetryPolicy):
             raise ValueError(f"policy must be a RetryPolicy, got {type(policy).__name__}")
-        stream = iter(events)
-        results: list = []
         with self._tx() as conn:
             now = self._now_in(conn, now_ms)
             available_at = now if not_before_ms is None else check_not_before(not_before_ms, now)
-            while True:
-                chunk = [check_product_event(event)
-                         for event in itertools.islice(stream, _INTAKE_CHUNK)]
-                if not chunk:
-                    break
-                for result in _insert(conn, chunk, available_at, policy):
-                    results.append(result)
-                    if on_progress is not None and len(results) % 1000 == 0:
-                        on_progress(len(results))
-            if any(result is True for result in results):
-                conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
-        return results
+            return _intake(conn, events, available_at, policy, on_progress)
 
     # -- one attempt
 
@@ -645,12 +706,24 @@ class PostgresStore:
         _check_fault(fault)
         with self._tx() as conn:
             now = self._now_in(conn, now_ms)
-            rows = _lock(conn, "seq, id, status, token", job_ids)
+            conn.execute(_LOCK_KEYS_OF, (sorted(set(job_ids)),))
+            rows = _lock(conn, "seq, id, status, reason, token, ordering_key", job_ids)
             results, audits, releases = _redrive_decisions(rows, job_ids)
+            keys = sorted({row["ordering_key"] for row in rows.values()
+                           if row["ordering_key"] is not None})
+            firsts = {row["ordering_key"]: row for row in _dicts(conn, _FIRSTS, (keys,))} \
+                if keys else {}
+            results = _in_flight_refusals(rows, firsts, results, job_ids)
+            audits = [(job_id, token) for job_id, token in audits
+                      if results[job_ids.index(job_id)] is True]
+            releases = [rows[job_id]["seq"] for job_id, _ in audits]
             if audits:
                 conn.execute(_AUDIT_REDRIVES, (now, note, actor, *_columns(audits)))
                 _call(fault, "after-audit")
                 conn.execute(_RELEASE, (now, now + ttl_ms, releases))
+                if keys:  # a cancelled job back in its place; each line's first
+                    conn.execute(_DEMOTE, {"keys": keys})
+                    conn.execute(_PROMOTE, {"keys": keys})
                 _call(fault, "after-redrive")
                 conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
         if audits:
@@ -670,13 +743,19 @@ class PostgresStore:
         _check_fault(fault)
         with self._tx() as conn:
             now = self._now_in(conn, now_ms)
-            rows = _lock(conn, "seq, id, status, reason, token", job_ids)
+            conn.execute(_LOCK_KEYS_OF, (sorted(set(job_ids)),))
+            rows = _lock(conn, "seq, id, status, reason, token, ordering_key", job_ids)
             results, audits = _cancel_decisions(rows, job_ids)
             if audits:
                 conn.execute(_AUDIT_CANCELS, (now, note, actor, *_columns(
                     [(job_id, token, was) for _, job_id, token, was in audits])))
                 _call(fault, "after-audit")
                 conn.execute(_CANCEL, (now, [seq for seq, _, _, _ in audits]))
+                # a line whose first was cancelled: the next one goes
+                lines = sorted({rows[job_id]["ordering_key"] for _, job_id, _, _ in audits
+                                if rows[job_id]["ordering_key"] is not None})
+                if lines:
+                    conn.execute(_PROMOTE, {"keys": lines})
                 _call(fault, "after-cancel")
         if audits:
             _call(fault, "after-commit")
@@ -717,7 +796,7 @@ class PostgresStore:
             check_now(now_ms)
         with self._tx(snapshot=True) as conn:
             now = self._now_in(conn, now_ms)
-            return _snapshot(conn, now)
+            return _snapshot(conn, now, keys=self._keys)
 
     def job_history(self, job_id: str) -> Optional[dict[str, Any]]:
         """A job's whole row, its redrives, every attempt in the order written,
@@ -771,11 +850,80 @@ class PostgresStore:
             return _stale_finishes(conn)
 
 
-def _insert(conn: psycopg.Connection, chunk: list[Intake], available_at: int,
-            policy: RetryPolicy) -> list:
+def enqueue_in(conn: psycopg.Connection, events: Iterable[object],
+               policy: RetryPolicy = DEFAULT_POLICY, *, now_ms: Optional[int] = None,
+               not_before_ms: Optional[int] = None) -> list:
+    """The transactional outbox: enqueue on the service's own psycopg
+    connection, inside its transaction, so the jobs commit or roll back with
+    the service's rows. Per event True, False or Conflict, as enqueue_events.
+
+    ``conn`` has a transaction open: inside ``with conn.transaction():``, or a
+    connection that is not autocommit after the service's own first statement.
+    A connection with none open is refused: the jobs would commit on their
+    own, or begin a transaction the service does not know it has. All or
+    none: a bad event rolls back this call's rows (a savepoint), never the
+    service's. The time is the server's clock (``now_ms`` overrides it); the
+    dispatchers' wake-up is NOTIFY'd, delivered at the service's COMMIT.
+    The database must hold the queue at this version (``PostgresStore(url,
+    create=True)`` makes or migrates it).
+    """
+    if not isinstance(conn, psycopg.Connection):
+        raise ValueError(f"conn must be a psycopg.Connection, got {type(conn).__name__}")
+    status = conn.info.transaction_status
+    if status == pq.TransactionStatus.INERROR:
+        raise ValueError("the service's transaction has already failed: roll it back first")
+    if status != pq.TransactionStatus.INTRANS:
+        raise ValueError("enqueue_in needs the service's open transaction (with "
+                         "conn.transaction(): the service's writes, then enqueue_in): "
+                         f"conn has none ({status.name})")
+    if now_ms is not None:
+        check_now(now_ms)
+    if not isinstance(policy, RetryPolicy):
+        raise ValueError(f"policy must be a RetryPolicy, got {type(policy).__name__}")
+    name = redact(conn.info.dsn)
+    with _mapped(name), conn.transaction():  # a savepoint inside the service's transaction
+        cursor = conn.cursor(row_factory=tuple_row)  # the service's factory is not ours
+        version = _version(cursor)  # type: ignore[arg-type]
+        if version != SCHEMA_VERSION:
+            raise NotAQueue(f"{name} holds no version {SCHEMA_VERSION} queue (version "
+                            f"{version}): PostgresStore(url, create=True) makes it")
+        if now_ms is None:
+            row = cursor.execute(_NOW).fetchone()
+            assert row is not None  # a SELECT of one value returns one row
+            now_ms = int(row[0])
+        available_at = now_ms if not_before_ms is None \
+            else check_not_before(not_before_ms, now_ms)
+        return _intake(cursor, events, available_at, policy, None)
+
+
+def _intake(conn: Any, events: Iterable[object], available_at: int, policy: RetryPolicy,
+            on_progress: Optional[Callable[[int], None]]) -> list:
+    """Inside a transaction (``conn`` a connection or a cursor): the events
+    read, checked and inserted in chunks, never held whole; the wake-up."""
+    stream = iter(events)
+    results: list = []
+    while True:
+        chunk = [check_product_event(event) for event in itertools.islice(stream, _INTAKE_CHUNK)]
+        if not chunk:
+            break
+        for result in _insert(conn, chunk, available_at, policy):
+            results.append(result)
+            if on_progress is not None and len(results) % 1000 == 0:
+                on_progress(len(results))
+    if any(result is True for result in results):
+        conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+    return results
+
+
+def _insert(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPolicy) -> list:
     """Inside the intake: per event True (new), False (a duplicate) or its
     Conflict, in order, as single intakes in sequence would give them. Only
-    new ids reach the INSERT: a duplicate never draws a seq."""
+    new ids reach the INSERT: a duplicate never draws a seq. The chunk's keys
+    are locked first, so the jobs of a key take their seqs in the order their
+    intakes commit; each key's line then gets its first if it has none."""
+    keys = sorted({intake.key for intake in chunk if intake.key is not None})
+    if keys:
+        conn.execute(_LOCK_KEYS, (keys,))
     kept = _contents(conn, sorted({intake.id for intake in chunk}))
     new: dict[str, Intake] = {}
     for intake in chunk:
@@ -785,7 +933,7 @@ def _insert(conn: psycopg.Connection, chunk: list[Intake], available_at: int,
     if new:
         inserted = {job_id for (job_id,) in conn.execute(_INSERT_NEW, (
             policy.max_attempts, available_at, available_at + policy.ttl_ms,
-            *_columns([(i.id, i.qty, i.body, i.digest) for i in new.values()])))}
+            *_columns([(i.id, i.qty, i.body, i.digest, i.key) for i in new.values()])))}
         # another intake committed one of these ids meanwhile: judge by its row
         kept.update(_contents(conn, [job_id for job_id in new if job_id not in inserted]))
     results: list = []
@@ -794,21 +942,29 @@ def _insert(conn: psycopg.Connection, chunk: list[Intake], available_at: int,
         if first is intake and intake.id in inserted:
             results.append(True)
         else:
-            qty, digest = kept.get(intake.id) or (first.qty, first.digest)  # type: ignore[union-attr]
-            results.append(_judge(intake, qty, digest))
+            qty, digest, key = kept.get(intake.id) or (
+                first.qty, first.digest, first.key)  # type: ignore[union-attr]
+            results.append(_judge(intake, qty, digest, key))
+    lines = sorted({key for key in (new[job_id].key for job_id in inserted) if key is not None})
+    if lines:
+        conn.execute(_PROMOTE, {"keys": lines})
     return results
 
 
-def _contents(conn: psycopg.Connection, ids: list[str]) -> dict[str, tuple]:
+def _contents(conn: Any, ids: list[str]) -> dict[str, tuple]:
     if not ids:
         return {}
-    return {job_id: (qty, digest) for job_id, qty, digest in conn.execute(
-        "SELECT id, qty, digest FROM lease.jobs WHERE id = ANY(%s::text[])", (ids,))}
+    return {job_id: (qty, digest, key) for job_id, qty, digest, key in conn.execute(
+        "SELECT id, qty, digest, ordering_key FROM lease.jobs WHERE id = ANY(%s::text[])",
+        (ids,))}
 
 
-def _judge(intake: Intake, qty: int, digest: Optional[str]) -> Union[bool, Conflict]:
+def _judge(intake: Intake, qty: int, digest: Optional[str],
+           key: Optional[str]) -> Union[bool, Conflict]:
     """A known id: False for the content it has, else lease.sqlite's Conflict."""
-    return False if (qty, digest) == (intake.qty, intake.digest) else _conflict(intake, qty, digest)
+    if (qty, digest, key) == (intake.qty, intake.digest, intake.key):
+        return False
+    return _conflict(intake, qty, digest, key)
 
 
 def _marker(ticket: dict) -> dict[str, Any]:
@@ -837,7 +993,9 @@ def _finish_marked(conn: psycopg.Connection, items: list, now: int) -> list:
     Every item's row is locked, an evidence-only item's too: a job's attempts
     are then written one transaction after another, in the order of their seqs.
     """
-    rows = _lock(conn, _MARKED, [ticket["id"] for ticket, _, _, _ in items])
+    ids = [ticket["id"] for ticket, _, _, _ in items]
+    conn.execute(_LOCK_KEYS_OF, (sorted(set(ids)),))
+    rows = _lock(conn, f"{_MARKED}, ordering_key", ids)
     verdicts: list = []
     writes: list[tuple] = []
     for ticket, outcome, delay_ms, _ in items:
@@ -858,6 +1016,11 @@ def _finish_marked(conn: psycopg.Connection, items: list, now: int) -> list:
     names = ("seq", "status", "reason", "available_at", *_marker(items[0][0]))
     written = {seq for (seq,) in conn.execute(
         _FINISH_IF_STILL_LEASED, {"now": now, **dict(zip(names, _columns(writes), strict=True))})}
+    # a line whose first was delivered: the next one goes
+    lines = sorted({row["ordering_key"] for row in rows.values() if row["status"] == "done"
+                    and row["seq"] in written and row["ordering_key"] is not None})
+    if lines:
+        conn.execute(_PROMOTE, {"keys": lines})
     return [v if v and v[2] in written else False for v in verdicts]
 
 
@@ -908,7 +1071,7 @@ def _stale_finishes(conn: psycopg.Connection) -> int:
     return 0 if row is None else int(row[0])
 
 
-def _snapshot(conn: psycopg.Connection, now: int) -> dict[str, Any]:
+def _snapshot(conn: psycopg.Connection, now: int, *, keys: bool = True) -> dict[str, Any]:
     """lease.observe.snapshot's figures, inside one consistent read."""
     def one(sql: str, args: Any = ()) -> Any:
         row = conn.execute(sql, args).fetchone()
@@ -948,6 +1111,8 @@ def _snapshot(conn: psycopg.Connection, now: int) -> dict[str, Any]:
             "SELECT (SELECT count(*) FROM lease.attempts)"
             " + (SELECT count(*) FROM lease.jobs WHERE status = 'done' AND done_by IS NOT NULL)"),
         "stale_finishes": _stale_finishes(conn),
+        **({"blocked_keys": one(BLOCKED_KEYS.format(jobs="lease.jobs")),
+            "blocked_jobs": one(BLOCKED_JOBS.format(jobs="lease.jobs"))} if keys else {}),
     }
 
 

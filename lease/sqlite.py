@@ -17,10 +17,29 @@ Versions:
   ``attempts``; ``cancels``, their audit rows; ``tallies``, durable counters (the
   stale finishes refused); indexes for pruning done jobs and for a job's
   audit rows;
-- 2: ``redrives.actor`` and ``cancels.actor``: who made an operator's change.
+- 2: ``redrives.actor`` and ``cancels.actor``: who made an operator's change;
+- 3: ``jobs.ordering_key`` and ``jobs.held``: ordered delivery per key (below).
 
 Every migration runs in one transaction: a crash leaves the old version
 whole. A file newer than this code is refused untouched.
+
+Ordered keys. Jobs enqueued with the same ``key`` are delivered one at a time
+in intake order. A key's *line* is its jobs still to be delivered: pending,
+leased, or dead but not cancelled (a dead job blocks the jobs behind it until
+it is redriven, when it is first in line again, or cancelled, when the next
+goes). Exactly one job of a non-empty line has ``held = 0``: its first, the
+only one a claim may take; every other has ``held = 1``. Each transaction
+that changes a line (intake, a finish that makes its first done, a cancel, a
+redrive) moves the mark in the same transaction, by index probes on the key
+alone, so a claim reads only the jobs it may take (``jobs_ready``) however
+long the lines are. Jobs without a key are never held.
+
+A queue can share a file with a service's own tables, as a declared choice
+(``SQLiteStore(path, create=True, shared=True)``): the declaration is a row in
+``lease_meta``, so every later open accepts the file without being told, the
+file keeps the journal mode the service gave it (WAL or a rollback journal),
+and the service enqueues inside its own transaction with ``enqueue_in``. A file
+with foreign tables that was never declared shared is refused as before.
 """
 
 from __future__ import annotations
@@ -29,6 +48,7 @@ import os
 import sqlite3
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
 from lease import observe
@@ -44,6 +64,7 @@ from lease.policy import (
     check_product_event,
 )
 from lease.store import MAX_ERROR_CHARS, Attempt, Claimed, Leased
+from lease.worker import _SCHEMA as _CONTRACT_SCHEMA
 from lease.worker import (
     MAX_BATCH,
     Busy,
@@ -56,11 +77,12 @@ from lease.worker import (
     _check_fault,
     _check_int,
     _check_path,
+    _check_schema,
     _claim_tx,
     _extend_tx,
     _finish_tx,
     _immediate,
-    _redrive_tx,
+    _redrive_decisions,
     _select,
     check_identifier,
     check_job_id,
@@ -78,6 +100,7 @@ __all__ = [
     "migrate",
     "schema_version",
     "enqueue_events",
+    "enqueue_in",
     "claim_jobs",
     "extend_lease",
     "finish_jobs",
@@ -88,7 +111,18 @@ __all__ = [
     "SQLiteStore",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+
+# A job in its key's line: still to be delivered, or dead and blocking the
+# jobs behind it. The partial index below has this very predicate (SQLite uses
+# a partial index only for a query that states its terms).
+_LINE = ("ordering_key IS NOT NULL AND (status IN ('pending', 'leased')"
+         " OR (status = 'dead' AND reason <> 'cancelled'))")
+
+
+def _in_line(alias: str) -> str:
+    return _LINE.replace("ordering_key", f"{alias}.ordering_key").replace(
+        "status", f"{alias}.status").replace("reason", f"{alias}.reason")
 
 _MIGRATIONS: dict[int, Tuple[str, ...]] = {
     1: (
@@ -127,19 +161,29 @@ _MIGRATIONS: dict[int, Tuple[str, ...]] = {
         "ALTER TABLE redrives ADD COLUMN actor TEXT",
         "ALTER TABLE cancels ADD COLUMN actor TEXT",
     ),
+    3: (
+        "ALTER TABLE jobs ADD COLUMN ordering_key TEXT",  # NULL: no order to keep
+        # 1 while an earlier job of its key is in line (see "Ordered keys" above)
+        "ALTER TABLE jobs ADD COLUMN held INTEGER NOT NULL DEFAULT 0",
+        # What a claim may take, in seq order: the contract's live rows less the held.
+        "CREATE INDEX jobs_ready ON jobs(seq) WHERE status IN ('pending', 'leased') AND held = 0",
+        # A key's line, its first (held = 0) apart from the rest (held = 1, in order).
+        f"CREATE INDEX jobs_line ON jobs(ordering_key, held, seq) WHERE {_LINE}",
+    ),
 }
 
 _TABLES = {
     "jobs": ["seq", "id", "qty", "status", "attempts", "max_attempts", "token",
              "available_at", "deadline", "owner", "lease_until", "reason", "body", "digest",
              "done_by", "done_started_ms", "done_latency_ms", "done_http_status",
-             "done_after"],
+             "done_after", "ordering_key", "held"],
     "attempts": ["seq", "id", "token", "attempt", "owner", "started_ms", "ended_ms", "outcome",
                  "result", "reason", "http_status", "error", "latency_ms"],
     "redrives": ["seq", "id", "token", "at_ms", "note", "actor"],
     "cancels": ["seq", "id", "token", "at_ms", "note", "was", "actor"],
     "tallies": ["name", "n"],
 }
+_TABLES_V2 = {**_TABLES, "jobs": _TABLES["jobs"][:-2]}  # lease.postgres reads a v2 database by it
 _TABLES_V1 = {  # version 1: lease.postgres reads a version-1 database by it
     "jobs": ["seq", "id", "qty", "status", "attempts", "max_attempts", "token",
              "available_at", "deadline", "owner", "lease_until", "reason", "body", "digest",
@@ -203,6 +247,82 @@ def _check_version(con: sqlite3.Connection) -> int:
     return version
 
 
+# A shared file's journal modes: the ones that keep a COMMIT across a crash.
+# (MEMORY and OFF can lose or corrupt the file: a queue cannot live there.)
+SHARED_JOURNAL_MODES = ("delete", "truncate", "persist", "wal")
+_META = "CREATE TABLE IF NOT EXISTS lease_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
+
+
+def is_declared_shared(con: sqlite3.Connection) -> bool:
+    """True when the file records that its queue shares it with other tables."""
+    if not con.execute("SELECT EXISTS (SELECT 1 FROM sqlite_master"
+                       " WHERE type = 'table' AND name = 'lease_meta')").fetchone()[0]:
+        return False
+    row = con.execute("SELECT value FROM lease_meta WHERE name = 'shared'").fetchone()
+    return row is not None and row[0] == "1"
+
+
+def open_shared(path: Union[str, os.PathLike[str]], *, create: bool = False,
+                declare: bool = False) -> Optional[sqlite3.Connection]:
+    """Open a queue that shares its file with a service's own tables; None
+    when the file was never declared shared and ``declare`` is False (the
+    caller opens it as a queue file of its own, with its refusals).
+
+    ``declare`` makes the choice: the queue's tables are created beside the
+    service's if missing (``create``), the file migrated, and the declaration
+    recorded in ``lease_meta``, all in one transaction. The file keeps its
+    journal mode (WAL, or a rollback journal): the service chose it, and
+    switching a WAL file another process has open would fail or surprise it.
+    synchronous=FULL on our connection makes each COMMIT durable in either.
+    """
+    text = _check_path(path, "queue")
+    if create:
+        con = sqlite3.connect(text, isolation_level=None, timeout=1.0)
+    else:
+        uri = Path(text).resolve().as_uri() + "?mode=rw"
+        try:
+            con = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=1.0)
+        except sqlite3.OperationalError as exc:
+            raise FileNotFoundError(f"queue file not found: {text}") from exc
+    try:
+        declared = is_declared_shared(con)
+        if not declared and not declare:
+            con.close()
+            return None
+        mode = con.execute("PRAGMA journal_mode").fetchone()[0]
+        if mode not in SHARED_JOURNAL_MODES:
+            raise NotAQueue(f"{text}: journal_mode={mode} cannot keep a COMMIT across a crash;"
+                            f" a shared queue needs one of {', '.join(SHARED_JOURNAL_MODES)}")
+        con.execute("PRAGMA synchronous=FULL")
+        if not declared or schema_version(con) < SCHEMA_VERSION:
+            with _immediate(con):
+                _make_shared(con, declared)
+        _check_version(con)
+        _check_tables(con)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _make_shared(con: sqlite3.Connection, declared: bool) -> None:
+    """Inside a write transaction: the queue's tables beside the others (the
+    ones it already has checked first), migrated, the declaration recorded."""
+    has_queue = con.execute("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table'"
+                            " AND name IN ('jobs', 'redrives'))").fetchone()[0]
+    if has_queue:
+        _check_schema(con)  # the contract's columns, or NotAQueue
+    elif schema_version(con) != 0:  # the service numbers its own schema there
+        raise NotAQueue("PRAGMA user_version of the file is "
+                        f"{schema_version(con)}: a shared queue keeps its version there")
+    for statement in _CONTRACT_SCHEMA:
+        con.execute(statement)
+    _migrate_here(con)
+    if not declared:
+        con.execute(_META)
+        con.execute("INSERT OR REPLACE INTO lease_meta (name, value) VALUES ('shared', '1')")
+
+
 def _check_tables(con: sqlite3.Connection) -> None:
     for name, columns in _TABLES.items():
         found = [row[1] for row in con.execute(f"PRAGMA table_info({name})")]
@@ -241,48 +361,185 @@ def enqueue_events(
     if not isinstance(policy, RetryPolicy):
         raise ValueError(f"policy must be a RetryPolicy, got {type(policy).__name__}")
     available_at = now_ms if not_before_ms is None else check_not_before(not_before_ms, now_ms)
-    results: list = []
     with _immediate(con):
         # A contract file is migrated in the intake's own transaction: an intake
         # refused halfway leaves it exactly as it was, at its old version too.
         _migrate_here(con)
-        for event in events:
-            intake = check_product_event(event)
-            try:
-                results.append(_insert(con, intake, now_ms, available_at, policy))
-            except Conflict as conflict:
-                results.append(conflict)
-            if on_progress is not None and len(results) % 1000 == 0:
-                on_progress(len(results))
+        return _intake(con, events, now_ms, available_at, policy, on_progress)
+
+
+def _intake(con: Union[sqlite3.Connection, sqlite3.Cursor], events: Iterable[object],
+            now_ms: int, available_at: int, policy: RetryPolicy,
+            on_progress: Optional[Callable[[int], None]] = None) -> list:
+    """Inside a transaction: each event checked and inserted, then each key
+    that got a job given its first in line; per event True, False or Conflict."""
+    results: list = []
+    keys: set[str] = set()
+    for event in events:
+        intake = check_product_event(event)
+        try:
+            new = _insert(con, intake, now_ms, available_at, policy)
+        except Conflict as conflict:
+            results.append(conflict)
+        else:
+            results.append(new)
+            if new and intake.key is not None:
+                keys.add(intake.key)
+        if on_progress is not None and len(results) % 1000 == 0:
+            on_progress(len(results))
+    _promote(con, keys)
     return results
 
 
-def _insert(con: sqlite3.Connection, intake: Intake, now_ms: int, available_at: int,
-            policy: RetryPolicy) -> bool:
-    """Inside a transaction: a new pending job (True), or the duplicate kept (False)."""
-    row = con.execute("SELECT qty, digest FROM jobs WHERE id = ?", (intake.id,)).fetchone()
+def enqueue_in(
+    con: sqlite3.Connection,
+    events: Iterable[object],
+    policy: RetryPolicy = DEFAULT_POLICY,
+    *,
+    now_ms: Optional[int] = None,
+    not_before_ms: Optional[int] = None,
+) -> list:
+    """The transactional outbox: enqueue on the service's own connection,
+    inside the transaction it has open, so the jobs commit or roll back with
+    the service's rows. Per event True, False or Conflict, as enqueue_events.
+
+    ``con`` is the service's sqlite3 connection to a file that holds the queue
+    (declared shared, beside the service's tables: ``SQLiteStore(path,
+    create=True, shared=True)`` once makes it). A connection with no
+    transaction open is refused: the jobs would be committed on their own,
+    which is what this function exists to prevent. All or none: a bad event
+    rolls back what this call wrote (a savepoint), never the service's work.
+    ``now_ms`` None: this host's clock.
+    """
+    if not isinstance(con, sqlite3.Connection):
+        raise ValueError(f"con must be a sqlite3.Connection, got {type(con).__name__}")
+    if not con.in_transaction:
+        raise ValueError("enqueue_in needs the service's open transaction (BEGIN, then the "
+                         "service's writes, then enqueue_in, then COMMIT): con has none")
+    now = wall_clock_ms() if now_ms is None else check_now(now_ms)
+    if not isinstance(policy, RetryPolicy):
+        raise ValueError(f"policy must be a RetryPolicy, got {type(policy).__name__}")
+    available_at = now if not_before_ms is None else check_not_before(not_before_ms, now)
+    cursor = con.cursor()
+    cursor.row_factory = None  # the service's factory, whatever it is, is not ours
+    with _store_errors():
+        version = schema_version(con)
+        if version != SCHEMA_VERSION:
+            raise NotAQueue(f"the file holds no version {SCHEMA_VERSION} queue (version "
+                            f"{version}): open it once with SQLiteStore(path, create=True, "
+                            f"shared=True)")
+        cursor.execute("SAVEPOINT lease_enqueue_in")
+        try:
+            results = _intake(cursor, events, now, available_at, policy)
+        except BaseException:
+            cursor.execute("ROLLBACK TO lease_enqueue_in")
+            cursor.execute("RELEASE lease_enqueue_in")
+            raise
+        cursor.execute("RELEASE lease_enqueue_in")
+    return results
+
+
+def _insert(con: Union[sqlite3.Connection, sqlite3.Cursor], intake: Intake, now_ms: int,
+            available_at: int, policy: RetryPolicy) -> bool:
+    """Inside a transaction: a new pending job (True), or the duplicate kept
+    (False). A keyed job is held until ``_promote`` finds it first in line."""
+    row = con.execute("SELECT qty, digest, ordering_key FROM jobs WHERE id = ?",
+                      (intake.id,)).fetchone()
     if row is not None:
-        if (row[0], row[1]) != (intake.qty, intake.digest):
-            raise _conflict(intake, row[0], row[1])
+        if (row[0], row[1], row[2]) != (intake.qty, intake.digest, intake.key):
+            raise _conflict(intake, row[0], row[1], row[2])
         return False
     con.execute(
         "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
-        " deadline, owner, lease_until, reason, body, digest)"
-        " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?)",
+        " deadline, owner, lease_until, reason, body, digest, ordering_key, held)"
+        " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?)",
         (intake.id, intake.qty, policy.max_attempts, available_at,
-         available_at + policy.ttl_ms, intake.body, intake.digest),
+         available_at + policy.ttl_ms, intake.body, intake.digest, intake.key,
+         0 if intake.key is None else 1),
     )
     return True
 
 
-def _conflict(intake: Intake, qty: int, digest: Optional[str]) -> Conflict:
+def _conflict(intake: Intake, qty: int, digest: Optional[str],
+              key: Optional[str] = None) -> Conflict:
     """The intake's refusal of an id kept with other content, in every store's words."""
     return Conflict(f"job {intake.id!r} exists with other content "
-                    f"({_content(qty, digest)}, not {_content(intake.qty, intake.digest)})")
+                    f"({_content(qty, digest, key)}, not "
+                    f"{_content(intake.qty, intake.digest, intake.key)})")
 
 
-def _content(qty: int, digest: Optional[str]) -> str:
-    return f"qty {qty}" if digest is None else f"body sha256 {digest[:12]}..."
+def _content(qty: int, digest: Optional[str], key: Optional[str]) -> str:
+    text = f"qty {qty}" if digest is None else f"body sha256 {digest[:12]}..."
+    return text if key is None else f"{text}, key {key!r:.40}"
+
+
+# ------------------------------------------------------------------ ordered keys
+
+# The first of a key's line, if the line has none marked (its first was
+# delivered or cancelled, or the line is new): two index probes on the key.
+_PROMOTE = f"""UPDATE jobs SET held = 0
+WHERE seq = (SELECT f.seq FROM jobs f WHERE f.ordering_key = :key AND f.held = 1
+    AND {_in_line("f")} ORDER BY f.seq LIMIT 1)
+  AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.ordering_key = :key AND c.held = 0
+    AND {_in_line("c")})"""
+
+# A redriven job that was cancelled goes back to its place: the line's marked
+# job, when it is later and not on the wire, waits again behind it.
+_DEMOTE = f"""UPDATE jobs SET held = 1
+WHERE ordering_key = :key AND held = 0 AND {_LINE} AND status <> 'leased'
+  AND EXISTS (SELECT 1 FROM jobs f WHERE f.ordering_key = :key AND f.held = 1
+    AND {_in_line("f")} AND f.seq < jobs.seq)"""
+
+# The marked job of each key's line (the only one a claim may take).
+_FIRSTS = f"""SELECT ordering_key, seq, id, status FROM jobs
+WHERE ordering_key = ? AND held = 0 AND {_LINE}"""
+
+# lease.worker._PICK less the held jobs, through the index of what may be taken.
+_PICK_READY = """
+SELECT * FROM jobs INDEXED BY jobs_ready
+WHERE status IN ('pending', 'leased') AND held = 0
+  AND ((status = 'pending' AND available_at <= :now)
+    OR (status = 'leased' AND lease_until <= :now))
+ORDER BY seq LIMIT :limit
+"""
+
+
+def _promote(con: Union[sqlite3.Connection, sqlite3.Cursor], keys: Iterable[str]) -> None:
+    """Inside a transaction: each key's line given its first, if it has none."""
+    for key in sorted(set(keys)):
+        con.execute(_PROMOTE, {"key": key})
+
+
+def _keys_of(con: sqlite3.Connection, seqs: list) -> list[str]:
+    if not seqs:
+        return []
+    marks = ", ".join("?" * len(seqs))
+    return [key for (key,) in con.execute(
+        f"SELECT DISTINCT ordering_key FROM jobs WHERE seq IN ({marks})"
+        " AND ordering_key IS NOT NULL", seqs)]
+
+
+def _in_flight_refusals(rows: Mapping[str, Mapping], firsts: Mapping[str, Mapping],
+                        results: list, job_ids: list) -> list:
+    """Pure: a cancelled keyed job cannot go back in its line while a later job
+    of its key is on the wire (two of a key would be delivered at once): its
+    True becomes a ValueError. ``firsts``: key -> its marked job (seq, id,
+    status). Every store calls this."""
+    out = []
+    for job_id, result in zip(job_ids, results, strict=True):
+        row = rows.get(job_id)
+        first = None if row is None or row["ordering_key"] is None \
+            else firsts.get(row["ordering_key"])
+        if (result is True and row is not None and row["reason"] == "cancelled"
+                and first is not None and first["status"] == "leased"
+                and first["seq"] > row["seq"]):
+            out.append(ValueError(
+                f"job {job_id!r} was cancelled and the later job {first['id']!r} of its key "
+                f"{row['ordering_key']!r:.40} is being delivered: redrive it when that "
+                f"one has finished"))
+        else:
+            out.append(result)
+    return out
 
 
 # ------------------------------------------------------------------ one attempt
@@ -305,7 +562,7 @@ def claim_jobs(
     _check_int("lease_ms", lease_ms, 1, PRODUCT.max_lease_ms)
     _check_int("limit", limit, 1, MAX_BATCH)
     _check_fault(fault)
-    rows, tickets, moved = _claim_tx(con, owner, now_ms, lease_ms, limit, fault)
+    rows, tickets, moved = _claim_tx(con, owner, now_ms, lease_ms, limit, fault, _PICK_READY)
     return [Leased(ticket, row["body"]) for row, ticket in zip(rows, tickets, strict=True)], moved
 
 
@@ -357,6 +614,9 @@ def finish_jobs(
                       for _, outcome, _, _ in items)
         found = [next(rows) if outcome is not None else None for _, outcome, _, _ in items]
         _record_attempts(con, items, merged, found, now_ms)
+        # a line whose first was delivered: the next one goes
+        _promote(con, _keys_of(con, [seq for seq, result in zip(found, merged, strict=True)
+                                     if result and result[0] == "done"]))
 
     _finish_tx(con, finishing, now_ms, fault, record)
     return merged
@@ -459,7 +719,41 @@ def redrive_jobs(
     check_note(note)
     check_actor(actor)
     _check_fault(fault)
-    return _redrive_tx(con, job_ids, now_ms, ttl_ms, note, fault, actor)
+    with _immediate(con):
+        unique = sorted(set(job_ids))
+        marks = ", ".join("?" * len(unique))
+        sql = (f"SELECT seq, id, status, reason, token, ordering_key FROM jobs"
+               f" WHERE id IN ({marks})")
+        rows = {row["id"]: row for row in _select(con, sql, unique)} if unique else {}
+        results, audits, releases = _redrive_decisions(rows, job_ids)
+        keys = sorted({row["ordering_key"] for row in rows.values()
+                       if row["ordering_key"] is not None})
+        firsts = {row["ordering_key"]: row for key in keys
+                  for row in _select(con, _FIRSTS, (key,))}
+        results = _in_flight_refusals(rows, firsts, results, job_ids)
+        audits = [(job_id, token) for job_id, token in audits
+                  if results[job_ids.index(job_id)] is True]
+        releases = [rows[job_id]["seq"] for job_id, _ in audits]
+        if audits:
+            con.executemany(
+                "INSERT INTO redrives (id, token, at_ms, note, actor) VALUES (?, ?, ?, ?, ?)",
+                [(job_id, token, now_ms, note, actor) for job_id, token in audits])
+            _call(fault, "after-audit")
+            # A cancelled job left its line: it comes back held, and the
+            # demotion below gives it its place again.
+            con.executemany(
+                "UPDATE jobs SET status = 'pending', attempts = 0, available_at = ?,"
+                " deadline = ?, owner = NULL, lease_until = NULL, reason = NULL,"
+                " held = CASE WHEN ordering_key IS NOT NULL AND reason = 'cancelled'"
+                " THEN 1 ELSE held END WHERE seq = ?",
+                [(now_ms, now_ms + ttl_ms, seq) for seq in releases])
+            for key in keys:
+                con.execute(_DEMOTE, {"key": key})
+            _promote(con, keys)
+            _call(fault, "after-redrive")
+    if audits:
+        _call(fault, "after-commit")
+    return results
 
 
 def cancel_jobs(
@@ -488,7 +782,8 @@ def cancel_jobs(
     with _immediate(con):
         unique = sorted(set(job_ids))
         marks = ", ".join("?" * len(unique))
-        sql = f"SELECT seq, id, status, reason, token FROM jobs WHERE id IN ({marks})"
+        sql = (f"SELECT seq, id, status, reason, token, ordering_key FROM jobs"
+               f" WHERE id IN ({marks})")
         rows = {row["id"]: row for row in _select(con, sql, unique)} if unique else {}
         results, audits = _cancel_decisions(rows, job_ids)
         if audits:
@@ -501,6 +796,9 @@ def cancel_jobs(
                 "UPDATE jobs SET status = 'dead', reason = 'cancelled', available_at = ?,"
                 " owner = NULL, lease_until = NULL WHERE seq = ?",
                 [(now_ms, seq) for seq, _, _, _ in audits])
+            # a line whose first was cancelled: the next one goes
+            _promote(con, {rows[job_id]["ordering_key"] for _, job_id, _, _ in audits
+                           if rows[job_id]["ordering_key"] is not None})
             _call(fault, "after-cancel")
     if audits:
         _call(fault, "after-commit")
@@ -598,12 +896,17 @@ class SQLiteStore:
 
     def __init__(self, path: Union[str, os.PathLike[str]], *, create: bool = False,
                  read_only: bool = False, clock: Optional[Callable[[], int]] = None,
-                 migrate: bool = True) -> None:
+                 migrate: bool = True, shared: bool = False) -> None:
         """``migrate=False`` leaves a contract file at its version until the
         first intake migrates it in its own transaction (``enqueue_events``):
-        an intake refused halfway then leaves the file exactly as it was."""
+        an intake refused halfway then leaves the file exactly as it was.
+
+        ``shared=True`` declares that the queue shares its file with a
+        service's own tables (``open_shared``); a file declared so once is
+        opened as shared ever after, by every store, without being told."""
         self.name = _check_path(path, "queue")
         self.read_only = read_only
+        self.shared = False
         self._clock = clock or wall_clock_ms
         with _store_errors():
             if read_only:
@@ -611,6 +914,12 @@ class SQLiteStore:
                 return
             if not create and not os.path.isfile(self.name):
                 raise FileNotFoundError(f"queue file not found: {self.name}")
+            found = None
+            if shared or os.path.isfile(self.name):
+                found = open_shared(self.name, create=create, declare=shared)
+            if found is not None:
+                self.connection, self.shared = found, True
+                return
             if migrate:
                 self.connection = open_store(self.name, create=create)
                 return

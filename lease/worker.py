@@ -719,13 +719,16 @@ def claim_batch(
 
 
 def _claim_tx(
-    con: sqlite3.Connection, owner: str, now_ms: int, lease_ms: int, limit: int, fault: Fault
+    con: sqlite3.Connection, owner: str, now_ms: int, lease_ms: int, limit: int, fault: Fault,
+    pick: str = _PICK,
 ) -> Tuple[list, list, dict]:
     """The claim transaction, arguments already checked: (picked rows, tickets,
-    quarantine moves). Every front end's claim is this one."""
+    quarantine moves). Every front end's claim is this one; ``pick`` (the
+    statement choosing the rows, with :now and :limit) is the contract's
+    unless a product file narrows it (its ordered keys)."""
     with _immediate(con):
         moved = _quarantine(con, now_ms)
-        picked = _select(con, _PICK, {"now": now_ms, "limit": limit}).fetchall()
+        picked = _select(con, pick, {"now": now_ms, "limit": limit}).fetchall()
         tickets = _lease_rows(con, picked, owner, now_ms, lease_ms)
         if tickets:
             _call(fault, "after-claim")

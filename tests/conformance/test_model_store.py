@@ -60,7 +60,8 @@ class StoreModel(Model):
             return False if (job["qty"], job["digest"]) == (qty, digest) else Conflict
         self.enqueue(job_id, qty, available_at, policy.ttl_ms, policy.max_attempts)
         self.jobs[job_id].update(body=text, digest=digest, done_by=None, done_started_ms=None,
-                                 done_latency_ms=None, done_http_status=None)
+                                 done_latency_ms=None, done_http_status=None,
+                                 ordering_key=None, held=0)  # unkeyed: never held
         return True
 
     def record(self, ticket: dict, outcome: Optional[str], result: object, now: int,
@@ -142,6 +143,8 @@ class StoreModel(Model):
             "cancels_last_day": sum(1 for cancel in self.cancels if cancel[2] > now - DAY),
             "attempts_recorded": sum(len(rows) for rows in self.attempts.values()),
             "stale_finishes": self.stale,
+            "blocked_keys": 0,  # no keys here: tests/conformance/test_store_ordering.py
+            "blocked_jobs": 0,
         }
 
 

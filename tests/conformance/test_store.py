@@ -55,7 +55,7 @@ def test_a_new_job_is_a_whole_pending_row(store):
              "done_started_ms": None, "done_latency_ms": None, "done_http_status": None}
     assert snack == {"seq": 1, "id": "snack-7", "qty": 7, "status": "pending", "attempts": 0,
                      "max_attempts": 4, "token": 0, "available_at": T0, "deadline": T0 + 5000,
-                     "body": None, "digest": None, **empty}
+                     "body": None, "digest": None, "ordering_key": None, "held": 0, **empty}
     text, digest = canonical_body({"n": 1})
     assert order == {**snack, "seq": 2, "id": "order:7", "qty": 0, "body": text,
                      "digest": digest}
@@ -664,7 +664,7 @@ def test_the_observations_agree(store):
         "live_leases": 0, "attempts": {"0": 2, "1": 2}, "dead_by_reason": {"deadline": 1},
         "redrives": 0, "redriven_jobs": 0, "redrives_last_day": 0, "cancels": 0,
         "cancels_last_day": 0, "attempts_recorded": 1,
-        "stale_finishes": 0}
+        "stale_finishes": 0, "blocked_keys": 0, "blocked_jobs": 0}
     with pytest.raises(ValueError):
         store.jobs_with_status("gone")
     assert store.job_history("nobody") is None
