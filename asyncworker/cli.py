@@ -374,7 +374,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("bench", "measure throughput and latency against their limits", _bench)
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not figures")
     p.add_argument("--peers", action="store_true",
-                   help="also measure huey, persist-queue and litequeue, where installed")
+                   help="also measure the peer queues, where installed (huey, persist-queue "
+                        "and litequeue; with --store, procrastinate and pgqueuer)")
+    p.add_argument("--store", metavar="URL", default=None,
+                   help="also measure PostgreSQL: a postgresql:// URL, or 'postgres' to "
+                        "start a server for the run with durable settings (from a checkout)")
 
     p = command("demo", "the crash-after-ACK story, end to end, on loopback", _demo)
     p.add_argument("--jobs", metavar="N", type=_int_in(10, 100_000), default=300,
@@ -1461,8 +1465,16 @@ def _prune_inbox(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from asyncworker.bench import run_bench
+    from lease.store import is_postgres_url
 
-    run_bench(quick=args.quick, peers=args.peers)
+    if args.store is not None and args.store != "postgres" and not is_postgres_url(args.store):
+        # refused before the SQLite table runs, not after it
+        raise UsageError(f"--store must be a postgresql:// URL or 'postgres' (a server "
+                         f"started for the run), got {args.store!r:.80}")
+    try:
+        run_bench(quick=args.quick, peers=args.peers, store=args.store)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return EXIT_OK
 
 

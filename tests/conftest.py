@@ -129,4 +129,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("soak", "the chaos soak (tests/test_soak.py)")
     group.addoption("--soak-jobs", type=int, default=1000,
                     help="jobs in the chaos soak (default 1000: the short CI run)")
+    group.addoption("--soak-seconds", type=float, default=None,
+                    help="seconds of chaos in the PostgreSQL soak (default 25: the short run)")
     group.addoption("--soak-seed", type=int, default=20261129, help="seed of the chaos")
