@@ -315,7 +315,8 @@ class PostgresServer:
         try:
             self._watchdog = subprocess.Popen(
                 [sys.executable, "-I", "-S", postgres_processes.__file__, str(proc.pid),
-                 str(self.root)], stdin=subprocess.PIPE, start_new_session=True)
+                 str(self.root)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True)  # holds none of our pipes
         except BaseException:
             kill_tree(proc.pid)
             proc.wait()
