@@ -38,7 +38,6 @@ No record holds a job's body.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import random
 import signal
@@ -145,7 +144,8 @@ class DispatcherStats:
 class SendSlots:
     """The bound on sends in flight: a job takes a slot when it is claimed and
     gives it back the moment its send ends (its finish is written in a group
-    while the next sends already run). ``Slot.give_back`` is idempotent."""
+    while the next sends already run). The slot is a flag on the job itself
+    (``Held.has_slot``): no object per job, and ``give_back`` is idempotent."""
 
     def __init__(self, size: int, stats: DispatcherStats) -> None:
         self.size = size
@@ -160,27 +160,19 @@ class SendSlots:
     def free(self) -> int:
         return self.size - self._stats.sending
 
-    def take(self) -> Slot:
+    def take(self, held: Held) -> None:
         assert self.free > 0, "a claim took more jobs than there are free slots"
-        self._stats.sending += 1
-        self._stats.peak_sending = max(self._stats.peak_sending, self._stats.sending)
-        return Slot(self)
+        stats = self._stats
+        stats.sending += 1
+        if stats.sending > stats.peak_sending:
+            stats.peak_sending = stats.sending
+        held.has_slot = True
 
-    def _give(self) -> None:
-        self._stats.sending -= 1
-        self.freed.set()
-
-
-class Slot:
-    __slots__ = ("_slots",)
-
-    def __init__(self, slots: SendSlots) -> None:
-        self._slots: Optional[SendSlots] = slots
-
-    def give_back(self) -> None:
-        slots, self._slots = self._slots, None
-        if slots is not None:
-            slots._give()
+    def give_back(self, held: Held) -> None:
+        if held.has_slot:
+            held.has_slot = False
+            self._stats.sending -= 1
+            self.freed.set()
 
 
 class Dispatcher:
@@ -272,7 +264,7 @@ class Dispatcher:
         self._time = StoreTime(clock)
         self._queue = AsyncStore(queue_path, create=create, threads=threads, listen=True)
         self._session: Optional[aiohttp.ClientSession] = None
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: dict[asyncio.Task, Held] = {}  # each job's task, and the job
         self._slots = SendSlots(concurrency, self.stats)
         self._claim_at_least = max(1, min(batch_size, concurrency // 8))
         self._keeper = LeaseKeeper(self._queue, self._time, lease_ms, self.finish_margin_ms,
@@ -439,8 +431,10 @@ class Dispatcher:
                     continue
                 if await self._claim_some():
                     continue
-                if until_idle and not self._tasks and await self._queue.is_drained():
-                    break
+                if until_idle and not self._tasks:
+                    await self._finisher.settle()  # the last outcomes written first
+                    if await self._queue.is_drained():
+                        break
                 await self._wait(stop_wait, self.poll_interval, work=True)
             if self._tasks:  # graceful: in-flight sends end within their leases
                 await asyncio.wait(self._tasks)
@@ -533,37 +527,40 @@ class Dispatcher:
         stats.claim_batches += 1
         stats.in_flight += len(claimed.leased)
         first_ms = claimed.now_ms
+        take, work, tasks, job_done = self._slots.take, self._work, self._tasks, self._job_done
         for job in claimed.leased:
             ticket = job.ticket
             held = Held(ticket, job.event, first_ms, half_way(first_ms, ticket["lease_until"]))
-            slot = self._slots.take()  # from the claim to the end of the send
-            held.task = asyncio.create_task(
-                self._work(held, slot), name=f"job {ticket['id']} token {ticket['token']}")
-            self._tasks.add(held.task)
-            held.task.add_done_callback(functools.partial(self._job_done, held, slot))
+            take(held)  # from the claim to the end of the send
+            held.task = task = asyncio.create_task(work(held))
+            tasks[task] = held
+            task.add_done_callback(job_done)
 
-    def _job_done(self, held: Held, slot: Slot, task: asyncio.Task) -> None:
+    def _job_done(self, task: asyncio.Task) -> None:
         # A done callback, so it runs even for a task cancelled before its first step.
-        self._tasks.discard(task)
-        slot.give_back()
+        held = self._tasks.pop(task)
+        self._slots.give_back(held)
         if not held.handed_over:  # no finish queued: the job ends here, left leased
             self.stats.in_flight -= 1
-        self._slots.freed.set()
+        self._slots.freed.set()  # a task ended: the dispatch loop looks again (drained?)
 
     # --------------------------------------------------------------- one job
 
-    async def _work(self, held: Held, slot: Slot) -> None:
+    async def _work(self, held: Held) -> None:
+        """Send, judge, and hand the outcome to the finisher: the task ends there
+        (the finisher owns the outcome from then on, and counts it)."""
         try:
-            judged = await self._judged_send(held, slot)
+            judged = await self._judged_send(held)
             await held.settled()  # an extension in flight first: its ticket is the store's
-            held.handed_over = True  # from here the finisher owns the outcome and counts it
-            await self._finisher.finish(held, judged)
         except Exception as exc:
             self.stats.errors += 1
             log.exception("job failed", extra=self._facts(held, status="leased",
                                                           error=_error_line(exc)))
+            return
+        held.handed_over = True
+        self._finisher.add(held, judged)
 
-    async def _judged_send(self, held: Held, slot: Slot) -> Judged:
+    async def _judged_send(self, held: Held) -> Judged:
         """Send, and judge what came of it; the send's own duration is its latency.
 
         The lease keeper may cancel the send: at the end of its lease (a
@@ -590,7 +587,7 @@ class Dispatcher:
         finally:
             took = time.perf_counter() - started
             self._keeper.unwatch(held)
-            slot.give_back()
+            self._slots.give_back(held)
         self.metrics.observe_send(took)  # a send that ended: not one a shutdown cancelled
         seen = Attempt.of(held.first_ms, round(took * 1000), error)
         if error is None:

@@ -37,16 +37,12 @@ class Judged(NamedTuple):
     seen: Attempt
 
 
-class _Queued(NamedTuple):
-    held: Held
-    judged: Judged
-    result: asyncio.Future
-
-
 class GroupFinisher:
-    """``await finisher.finish(held, judged)`` -> what was recorded, or None if
-    the group's transaction failed (the job stays leased). ``on_committed``
-    gets each committed group's transaction time in seconds."""
+    """``finisher.add(held, judged)`` hands one outcome over; ``on_recorded``
+    gets what was recorded, or ``on_failed`` the group whose transaction
+    failed (its jobs stay leased). ``on_committed`` gets each committed
+    group's transaction time in seconds. Nothing per job waits for its group:
+    no future, no wake-up of the job's task."""
 
     def __init__(self, queue: AsyncStore, store_time: StoreTime, batch_size: int, *,
                  on_recorded: Callable[[Held, Judged, Recorded], None],
@@ -60,15 +56,19 @@ class GroupFinisher:
         self._on_failed = on_failed
         self._on_committed = on_committed
         self._on_busy = on_busy
-        self._to_finish: list[_Queued] = []
+        self._to_finish: list[tuple[Held, Judged]] = []
         self._flusher: Optional[asyncio.Task] = None
 
-    async def finish(self, held: Held, judged: Judged) -> Optional[Recorded]:
-        result: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._to_finish.append(_Queued(held, judged, result))
+    def add(self, held: Held, judged: Judged) -> None:
+        """Queue one outcome; from here this committer owns it and counts it."""
+        self._to_finish.append((held, judged))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush(), name="finish flusher")
-        return await result
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing being written."""
+        return not self._to_finish and (self._flusher is None or self._flusher.done())
 
     async def settle(self) -> None:
         """Wait until every queued finish is written (or has failed)."""
@@ -79,19 +79,16 @@ class GroupFinisher:
         while self._to_finish:
             group = self._to_finish[: self.batch_size]
             del self._to_finish[: self.batch_size]
-            helds = [queued.held for queued in group]
-            judged = [queued.judged for queued in group]
-            recorded: list[Optional[Recorded]]
+            helds = [held for held, _ in group]
+            judged = [one for _, one in group]
             try:
-                recorded = list(await self._write(helds, judged))
+                recorded = await self._write(helds, judged)
             except Exception:
                 self._on_failed(helds, judged)
-                recorded = [None] * len(group)
-            for queued, one in zip(group, recorded, strict=True):
-                if one is not None:
-                    self._on_recorded(queued.held, queued.judged, one)
-                if not queued.result.done():
-                    queued.result.set_result(one)
+                continue
+            on_recorded = self._on_recorded
+            for (held, one), result in zip(group, recorded, strict=True):
+                on_recorded(held, one, result)
 
     async def _write(self, helds: list[Held], judged: list[Judged]) -> list[Recorded]:
         """finish_jobs, each job with its newest ticket, at a clock value read

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from asyncworker.store import AsyncStore
@@ -72,21 +71,27 @@ class StoreTime:
             self.observe(await queue.call(lambda s: s.now_ms()), asked)
 
 
-@dataclass(eq=False)  # identity: a job in flight is itself, whatever its ticket says
 class Held:
     """A job in flight. ``ticket`` is replaced only by its extension, on the
-    event loop, and a finish waits for that extension first (``settled``)."""
+    event loop, and a finish waits for that extension first (``settled``).
+    Identity: a job in flight is itself, whatever its ticket says. Slots: one
+    is made per job, so it stays small."""
 
-    ticket: dict
-    event: dict  # what is sent: {"id", "qty"} or {"id", "body"}
-    first_ms: int  # the store's time of the claim
-    extend_at: int  # the store's time at half of the current lease
-    claimed_at: float = field(default_factory=time.perf_counter)
-    task: Optional[asyncio.Task] = None
-    cut: Optional[str] = None  # why the lease keeper cancelled the send: timeout | lost
-    can_extend: bool = True
-    extension: Optional[asyncio.Task] = None
-    handed_over: bool = False  # its outcome is the finisher's: counted there
+    __slots__ = ("ticket", "event", "first_ms", "extend_at", "claimed_at", "task", "cut",
+                 "can_extend", "extension", "handed_over", "has_slot")
+
+    def __init__(self, ticket: dict, event: dict, first_ms: int, extend_at: int) -> None:
+        self.ticket = ticket
+        self.event = event  # what is sent: {"id", "qty"} or {"id", "body"}
+        self.first_ms = first_ms  # the store's time of the claim
+        self.extend_at = extend_at  # the store's time at half of the current lease
+        self.claimed_at = time.perf_counter()
+        self.task: Optional[asyncio.Task] = None
+        self.cut: Optional[str] = None  # why the lease keeper cancelled the send: timeout | lost
+        self.can_extend = True
+        self.extension: Optional[asyncio.Task] = None
+        self.handed_over = False  # its outcome is the finisher's: counted there
+        self.has_slot = False  # it holds a send slot (from its claim to the end of its send)
 
     async def settled(self) -> None:
         """Wait for an extension in flight: after it, ``ticket`` is the store's."""
