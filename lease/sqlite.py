@@ -423,7 +423,7 @@ def enqueue_in(
     cursor = con.cursor()
     cursor.row_factory = None  # the service's factory, whatever it is, is not ours
     with _store_errors():
-        version = schema_version(con)
+        version = int(cursor.execute("PRAGMA user_version").fetchone()[0])
         if version != SCHEMA_VERSION:
             raise NotAQueue(f"the file holds no version {SCHEMA_VERSION} queue (version "
                             f"{version}): open it once with SQLiteStore(path, create=True, "

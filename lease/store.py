@@ -238,7 +238,7 @@ def is_postgres_url(target: object) -> bool:
 
 def open_store(target: Union[str, os.PathLike[str]], *, create: bool = False,
                read_only: bool = False, clock: Optional[Callable[[], int]] = None,
-               threads: int = 1) -> Store:
+               threads: int = 1, shared: bool = False) -> Store:
     """The store a queue is named by: a ``postgresql://`` URL, or a SQLite file's path.
 
     ``create`` makes a missing file (SQLite) or the missing tables (both);
@@ -246,6 +246,10 @@ def open_store(target: Union[str, os.PathLike[str]], *, create: bool = False,
     for a database without the queue's tables. ``read_only`` opens for the
     observations alone and never writes, repairs or migrates. ``threads``: how
     many threads will call it at once (PostgreSQL's pool size; SQLite has one).
+    ``shared`` declares that a SQLite queue shares its file with a service's
+    own tables (``lease.sqlite.open_shared``: recorded in the file, so later
+    opens need not say it); a PostgreSQL queue always lives in a schema of its
+    own beside the service's tables, so there it changes nothing.
     """
     if is_postgres_url(target):
         try:
@@ -257,7 +261,7 @@ def open_store(target: Union[str, os.PathLike[str]], *, create: bool = False,
                              threads=threads)
     from lease.sqlite import SQLiteStore
 
-    return SQLiteStore(target, create=create, read_only=read_only, clock=clock)
+    return SQLiteStore(target, create=create, read_only=read_only, clock=clock, shared=shared)
 
 
 @dataclass(frozen=True)

@@ -353,6 +353,38 @@ def test_a_version_1_queue_is_read_as_it_is_and_migrated_by_a_writer(
     assert migrations(admin) == ALL_VERSIONS
 
 
+def test_a_version_2_queue_migrates_to_ordered_keys_and_a_newer_one_is_refused(
+        postgres_url: str, admin: psycopg.Connection) -> None:
+    with admin.transaction():  # a queue as the second version made it
+        admin.execute("CREATE SCHEMA lease")
+        admin.execute("CREATE TABLE lease.schema_migrations (version integer PRIMARY KEY,"
+                      " applied_at timestamptz NOT NULL DEFAULT now())")
+        for version in (1, 2):
+            for statement in _MIGRATIONS[version]:
+                admin.execute(statement)
+            admin.execute("INSERT INTO lease.schema_migrations (version) VALUES (%s)",
+                          (version,))
+        admin.execute("INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,"
+                      " available_at, deadline) VALUES ('old', 1, 'pending', 0, 3, 0, 5, %s)",
+                      (T0 + 60_000,))
+    with PostgresStore(postgres_url, read_only=True) as looking:
+        assert looking.schema_version() == 2
+        assert "blocked_keys" not in looking.snapshot(now_ms=T0)  # read as it is
+    with PostgresStore(postgres_url) as store:
+        assert store.schema_version() == SCHEMA_VERSION == 3
+        [old] = store.jobs_with_status("pending")
+        assert (old["ordering_key"], old["held"]) == (None, 0)
+        assert store.enqueue_events([{"id": "new", "qty": 1, "key": "k"}], now_ms=T0) == [True]
+        claimed = store.claim_jobs("w", 1000, 10, now_ms=T0)
+        assert [j.ticket["id"] for j in claimed.leased] == ["old", "new"]
+        assert store.snapshot(now_ms=T0)["blocked_keys"] == 0
+    assert migrations(admin) == ALL_VERSIONS
+    admin.execute("INSERT INTO lease.schema_migrations (version) VALUES (%s)",
+                  (SCHEMA_VERSION + 1,))
+    with pytest.raises(NotAQueue, match="newer"):
+        PostgresStore(postgres_url)
+
+
 def test_two_hosts_creating_the_queue_at_once_migrate_it_once(postgres_url: str,
                                                               admin: psycopg.Connection) -> None:
     for _ in range(5):

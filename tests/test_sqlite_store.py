@@ -173,3 +173,29 @@ def test_a_refused_call_leaves_the_file_byte_for_byte(tmp_path):
                 call()
             assert path.read_bytes() == before
             assert not queue.connection.in_transaction
+
+
+def test_a_version_2_file_migrates_to_ordered_keys_with_every_row_kept(tmp_path):
+    path = tmp_path / "v2.db"
+    con = worker.open_queue(path)
+    with worker._immediate(con):
+        for version in (1, 2):
+            for statement in store._MIGRATIONS[version]:
+                con.execute(statement)
+        con.execute("PRAGMA user_version = 2")
+    worker.enqueue_many(con, [{"id": "old-1", "qty": 1}, {"id": "old-2", "qty": 2}], T0, 60_000)
+    con.close()
+    with SQLiteStore(path) as migrated:
+        assert migrated.schema_version() == 3
+        rows = migrated.jobs_with_status("pending")
+        assert [(r["id"], r["ordering_key"], r["held"]) for r in rows] == [
+            ("old-1", None, 0), ("old-2", None, 0)]
+        assert migrated.enqueue_events([{"id": "new", "qty": 1, "key": "k"}],
+                                       now_ms=T0) == [True]
+        claimed = migrated.claim_jobs("w", 1000, 10, now_ms=T0)
+        assert [j.ticket["id"] for j in claimed.leased] == ["old-1", "old-2", "new"]
+    newer = sqlite3.connect(path)
+    newer.execute("PRAGMA user_version = 4")
+    newer.close()
+    with pytest.raises(worker.NotAQueue, match="newer"):
+        SQLiteStore(path)
