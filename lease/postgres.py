@@ -237,7 +237,17 @@ def _connect(url: str, name: str, **kwargs: Any) -> psycopg.Connection:
         return psycopg.connect(url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S,
                                **kwargs)
     except psycopg.Error as exc:
+        if _server_down(exc):  # a pause may cure it: a dispatcher waits (AsyncStore)
+            raise Busy(f"cannot connect to {name}: {_one_line(exc)}") from None
         raise StoreError(f"cannot connect to {name}: {_one_line(exc)}") from None
+
+
+def _server_down(exc: psycopg.Error) -> bool:
+    """The server refuses connections for now (not listening, starting up,
+    shutting down, in recovery): not a wrong password, host or database name."""
+    text = str(exc)
+    return (getattr(exc, "sqlstate", None) == "57P03"  # cannot_connect_now
+            or "Connection refused" in text or "the database system is" in text)
 
 
 # ------------------------------------------------------------------ migrations
