@@ -23,6 +23,7 @@ file written by the contract alone is migrated forward, in one transaction.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import threading
@@ -158,9 +159,20 @@ class AsyncStore:
             await asyncio.sleep(retry.pause_s(draw()))
 
     async def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a store thread, its answer handed straight to an
+        asyncio future: one hop back to the loop per call, without the chained
+        futures (and their locks and callbacks) of ``asyncio.wrap_future``.
+        Cancelled before the thread starts it, it never runs, as with wrap_future."""
         if self._executor is None:
             raise RuntimeError("the queue is not open")
-        return await asyncio.wrap_future(self._executor.submit(fn, *args))
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future = loop.create_future()
+        work = self._executor.submit(_call_and_answer, loop, answer, fn, args)
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
 
     async def _patiently(self, fn: Callable[[], T]) -> T:
         give_up = time.monotonic() + PATIENT.patience_s
@@ -244,6 +256,32 @@ class AsyncStore:
             raise TypeError("the contract's functions run on a SQLite queue file only")
         connection = store.connection  # type: ignore[attr-defined]
         return await self.call(lambda _: _translate_locked(fn, connection, *args, **kwargs))
+
+
+def _call_and_answer(loop: asyncio.AbstractEventLoop, answer: asyncio.Future,
+                     fn: Callable[..., Any], args: tuple) -> None:
+    """On a store thread: the call, and its result or exception to the loop."""
+    try:
+        result = fn(*args)
+    except BaseException as exc:  # the caller's to handle, as a thread future would give it
+        _to_loop(loop, _set_exception, answer, exc)
+    else:
+        _to_loop(loop, _set_result, answer, result)
+
+
+def _to_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(fn, *args)
+
+
+def _set_result(answer: asyncio.Future, result: object) -> None:
+    if not answer.done():  # cancelled while the call ran
+        answer.set_result(result)
+
+
+def _set_exception(answer: asyncio.Future, exc: BaseException) -> None:
+    if not answer.done():
+        answer.set_exception(exc)
 
 
 QueueThread = AsyncStore  # the name of the SQLite-only runtime before the store interface
