@@ -7,6 +7,7 @@ the same words."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 import time
 from typing import Optional, Union
@@ -91,18 +92,33 @@ async def _exchange(session: aiohttp.ClientSession, destination: Destination,
                           int(time.time() * 1000))
 
 
+@functools.lru_cache(maxsize=256)
+def _url(url: str) -> URL:
+    """A destination's URL parsed once, not per request (it is checked already)."""
+    return URL(url, encoded=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _timeout(seconds: float) -> aiohttp.ClientTimeout:
+    """One (immutable) timeout per length, not one per request."""
+    return aiohttp.ClientTimeout(total=seconds)
+
+
 async def _post(session: aiohttp.ClientSession, destination: Destination, outgoing: Outgoing,
                 seconds: float) -> tuple[int, bytes, Optional[str]]:
     context = destination.ssl_context
     async with session.post(
-        URL(destination.url, encoded=True), data=outgoing.body, headers=outgoing.headers,
-        allow_redirects=False, timeout=aiohttp.ClientTimeout(total=seconds),
+        _url(destination.url), data=outgoing.body, headers=outgoing.headers,
+        allow_redirects=False, timeout=_timeout(seconds),
         ssl=True if context is None else context,
     ) as response:
-        answer = bytearray()
-        while len(answer) <= ACK_LIMIT:  # read one byte past the cap, never more
-            chunk = await response.content.read(ACK_LIMIT + 1 - len(answer))
+        content = response.content
+        answer = b""
+        # Read one byte past the cap, never more; an answer read whole (the
+        # usual one) needs no further read to find its end.
+        while len(answer) <= ACK_LIMIT and not content.at_eof():
+            chunk = await content.read(ACK_LIMIT + 1 - len(answer))
             if not chunk:
                 break
             answer += chunk
-        return response.status, bytes(answer), response.headers.get("Retry-After")
+        return response.status, answer, response.headers.get("Retry-After")
