@@ -18,8 +18,9 @@ SQLite), and the peak RSS with 100,000 jobs queued and 256 in flight. The
 queues are filled by the parent, so a child's time, CPU and peak RSS are the
 dispatching alone.
 
-``profile`` runs the c64 dispatcher and the in-process one under py-spy
-(``pip install py-spy``) and prints the top entries of each (own time).
+``profile`` runs the plain client, the c64 dispatcher and the in-process one
+under py-spy (``pip install py-spy``; only samples holding the GIL: CPU, not
+waits) and prints the top entries of each, by own time and by total time.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ def _cpu_s() -> float:
     """This process's user + system CPU time, every thread of it."""
     times = os.times()
     return times.user + times.system
+
+
+def _sys_s() -> float:
+    return os.times().system
 
 
 def _rss_mb() -> float:
@@ -98,9 +103,10 @@ async def _plain_client(url: str, n: int, concurrency: int, prefix: str) -> dict
                     if answer.status != 200:
                         raise RuntimeError(f"the receiver answered {answer.status}")
 
-        started, cpu = time.perf_counter(), _cpu_s()
+        started, cpu, system = time.perf_counter(), _cpu_s(), _sys_s()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return {"seconds": time.perf_counter() - started, "cpu_s": _cpu_s() - cpu, "jobs": n}
+        return {"seconds": time.perf_counter() - started, "cpu_s": _cpu_s() - cpu,
+                "sys_s": _sys_s() - system, "jobs": n}
 
 
 async def _dispatch(queue: str, concurrency: int, batch: int, *, url: Optional[str] = None,
@@ -115,19 +121,45 @@ async def _dispatch(queue: str, concurrency: int, batch: int, *, url: Optional[s
     async with Dispatcher(queue, "bench", url=url, send=None if url else send,
                           concurrency=concurrency, batch_size=batch, lease_ms=30_000,
                           poll_interval=0.01) as d:
-        started, cpu = time.perf_counter(), _cpu_s()
+        started, cpu, system = time.perf_counter(), _cpu_s(), _sys_s()
         stats = await d.run(until_idle=True)
         seconds, cpu_s = time.perf_counter() - started, _cpu_s() - cpu
+        sys_s = _sys_s() - system
     if stats.ok == 0 or stats.errors or stats.bad_acks:
         raise RuntimeError(f"the dispatcher did not deliver cleanly: {stats.as_dict()}")
-    return {"seconds": seconds, "cpu_s": cpu_s, "jobs": stats.ok,
-            "peak_sending": stats.peak_sending}
+    return {"seconds": seconds, "cpu_s": cpu_s, "sys_s": sys_s, "jobs": stats.ok,
+            "peak_sending": stats.peak_sending,
+            "claims_per_job": stats.claim_calls / stats.ok,
+            "finishes_per_job": stats.finish_batches / stats.ok}
+
+
+def _store_alone(queue: str, per_transaction: int) -> dict:
+    """The store's own share: claim_jobs and finish_jobs of ``per_transaction``
+    jobs each, one thread, no event loop, until the queue is empty."""
+    from lease.store import Attempt, open_store
+
+    store = open_store(queue)
+    jobs = 0
+    started, cpu, system = time.perf_counter(), _cpu_s(), _sys_s()
+    try:
+        while (claimed := store.claim_jobs("bench", 30_000, per_transaction)).leased:
+            seen = Attempt.of(claimed.now_ms, 1, None)
+            store.finish_jobs([(job.ticket, "ok", 0, seen) for job in claimed.leased])
+            jobs += len(claimed.leased)
+    finally:
+        store.close()
+    return {"seconds": time.perf_counter() - started, "cpu_s": _cpu_s() - cpu,
+            "sys_s": _sys_s() - system, "jobs": jobs}
 
 
 def child_main(argv: Sequence[str]) -> None:
-    """One measured run: ``client URL N C PREFIX`` or ``dispatch QUEUE URL|- C BATCH SEND_MS``."""
+    """One measured run: ``client URL N C PREFIX``, ``dispatch QUEUE URL|- C BATCH SEND_MS``
+    or ``store QUEUE PER_TRANSACTION``."""
     kind, *args = argv
-    if kind == "client":
+    if kind == "store":
+        queue, per_transaction = args
+        result = _store_alone(queue, int(per_transaction))
+    elif kind == "client":
         url, n, concurrency, prefix = args
         result = asyncio.run(_plain_client(url, int(n), int(concurrency), prefix))
     elif kind == "dispatch":
@@ -247,8 +279,18 @@ class CpuBench:
         result["us_per_job"] = result["cpu_s"] / result["jobs"] * 1e6
         return result
 
+    def store_alone(self, n: int, per_transaction: int) -> dict:
+        queue = self._queue(n)
+        try:
+            result = _run(_child_command("store", queue, per_transaction))
+        finally:
+            queue.unlink()
+        result["rate"] = result["jobs"] / result["seconds"]
+        result["us_per_job"] = result["cpu_s"] / result["jobs"] * 1e6
+        return result
+
     def profile(self, out: Any, top: int = 25, keep: Optional[Path] = None) -> None:
-        """py-spy on the c64 dispatcher and on the in-process one: the top entries
+        """py-spy on the plain client, the c64 dispatcher and the in-process one: the top entries
         by own time and by total time (the project's own frames); ``keep``: a
         folder for py-spy's raw stacks."""
         py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -256,13 +298,17 @@ class CpuBench:
             raise RuntimeError("py-spy is not installed: pip install py-spy")
         n = 600 if self.quick else 8000
         with Receiver(self.folder, 0) as receiver:
-            runs = {"c64 against the receiver": (self._queue(n), receiver.url, 64),
-                    "in-process, batch 64": (self._queue(n * 5), "-", 64)}
-            for number, (title, (queue, url, concurrency)) in enumerate(runs.items()):
+            runs = {
+                "the plain client, c64": ("client", receiver.url, n, 64, "profiled"),
+                "the dispatcher, c64 against the receiver": (
+                    "dispatch", self._queue(n), receiver.url, 64, 64, 0),
+                "the dispatcher, in-process, batch 64": (
+                    "dispatch", self._queue(n * 5), "-", 64, 64, 0)}
+            for number, (title, child) in enumerate(runs.items()):
                 raw = (keep or self.folder) / f"profile-{number}.txt"
                 subprocess.run([py_spy, "record", "--format", "raw", "--rate", "250",
-                                "--threads", "--gil", "-o", str(raw), "--", *_child_command(
-                                    "dispatch", queue, url, concurrency, 64, 0)],
+                                "--threads", "--gil", "-o", str(raw), "--",
+                                *_child_command(*child)],
                                check=True, capture_output=True, timeout=600)
                 out.write(f"\n{title}: py-spy, own time, GIL held\n")
                 for line in top_frames(raw.read_text(), top):
@@ -306,6 +352,7 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None) -> li
             rows.append(bench.paired(*case))
         batched = bench.in_process(2000 if quick else 40_000, 64, 64)
         rss = bench.in_process(2000 if quick else 100_000, 256, 64, send_ms=2)
+        stores = [bench.store_alone(600 if quick else 6000, k) for k in (12, 64)]
     finally:
         bench.close()
     load = os.getloadavg()
@@ -328,9 +375,15 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None) -> li
     out.write(f"| {rss['jobs']:,} queued, 256 in flight (2 ms send) | - | "
               f"{rss['rate']:,.0f} jobs/s | {rss['us_per_job']:.0f} | - | - | peak RSS "
               f"{rss['rss_mb']:.1f} MB < 150 {_verdict(rss['rss_mb'] < RSS_TARGET_MB)} |\n")
+    for k, store in zip((12, 64), stores, strict=True):
+        out.write(f"| the store alone: claim + finish, {k} jobs a transaction | - | "
+                  f"{store['rate']:,.0f} jobs/s | {store['us_per_job']:.0f} | - | - | "
+                  f"where the CPU goes (no target) |\n")
     out.flush()
     rows.append({"case": "in-process batched", **batched})
     rows.append({"case": "rss", **rss})
+    rows += [{"case": f"store alone {k}", **store} for k, store in zip((12, 64), stores,
+                                                                        strict=True)]
     return rows
 
 
