@@ -57,6 +57,7 @@ from typing import (
     Sequence,
     TextIO,
 )
+from urllib.parse import quote
 
 from lease.policy import (
     DEFAULT_POLICY,
@@ -64,6 +65,7 @@ from lease.policy import (
     PRODUCT,
     RetryPolicy,
     check_note,
+    check_ordering_key,
     check_product_event,
 )
 from lease.signing import TOLERANCE_S
@@ -304,6 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("queue", metavar="QUEUE",
                    help="the queue to create or bring to this version: a file's path, or a "
                         "postgresql:// URL of an existing database")
+    p.add_argument("--shared", action="store_true",
+                   help="the queue shares its SQLite file with a service's own tables, to be "
+                        "enqueued in the service's transactions (lease.sqlite.enqueue_in); "
+                        "recorded in the file, so later commands need no flag")
 
     _enqueue_arguments(command("enqueue", "add jobs: one with --id and --qty or --body, or "
                                "JSON lines with --file", _enqueue))
@@ -409,6 +415,9 @@ def _enqueue_arguments(p: argparse.ArgumentParser) -> None:
                    help="UTF-8 JSON lines, {\"id\", \"qty\"} or {\"id\", \"body\": {...}} (a "
                         "file, pipe or FIFO; '-' reads standard input), streamed into one "
                         "transaction: all or nothing")
+    p.add_argument("--key", metavar="KEY", type=_ordering_key,
+                   help="ordering key: jobs with the same key are delivered one at a time, in "
+                        "intake order (given to every event that has none of its own)")
     p.add_argument("--ttl-ms", metavar="MS", type=_int_in(1, PRODUCT.max_ttl_ms),
                    default=DEFAULT_POLICY.ttl_ms,
                    help=f"time to live from the first moment it may run, up to "
@@ -520,6 +529,9 @@ def _operator_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
                    help=f"bulk: every dead job of this reason ({', '.join(DEAD_REASONS)})")
     p.add_argument("--note", metavar="NOTE", type=_note, required=True,
                    help="audit note: free text, 1-500 characters, no control characters")
+    p.add_argument("--key", metavar="KEY", type=_ordering_key,
+                   help="ordering key: jobs with the same key are delivered one at a time, in "
+                        "intake order (given to every event that has none of its own)")
     p.add_argument("--ttl-ms", metavar="MS", type=_int_in(1, PRODUCT.max_ttl_ms),
                    default=DEFAULT_POLICY.ttl_ms,
                    help=f"time to live from now, up to {_ms(PRODUCT.max_ttl_ms)} "
@@ -631,7 +643,7 @@ def _check_queue_path(path: str) -> None:
 
 
 def open_queue_store(queue: str, *, create: bool = False, read_only: bool = False,
-                     migrate: bool = True) -> Store:
+                     migrate: bool = True, shared: bool = False) -> Store:
     """The store QUEUE names, for a command: a file is checked first (missing, a
     folder, empty: usage errors), a URL's server is reached and its queue found.
 
@@ -647,8 +659,8 @@ def open_queue_store(queue: str, *, create: bool = False, read_only: bool = Fals
         if not read_only and os.path.getsize(queue) == 0:  # SQLite would fill it silently
             raise UsageError(f"{queue}: not a queue file: it is empty (init makes one)")
     try:
-        if migrate or is_postgres_url(queue):
-            return open_store(queue, create=create, read_only=read_only)
+        if migrate or shared or is_postgres_url(queue):
+            return open_store(queue, create=create, read_only=read_only, shared=shared)
         from lease.sqlite import SQLiteStore
 
         return SQLiteStore(queue, create=create, migrate=False)
@@ -815,8 +827,11 @@ def _init(args: argparse.Namespace) -> int:
             raise UsageError(f"not a file: {queue}")
         if not os.path.isdir(os.path.dirname(os.path.abspath(queue))):
             raise UsageError(f"folder not found: {os.path.dirname(queue)}")
-    before = _version_before(queue)
-    with closing(open_queue_store(queue, create=True)) as store:
+    if args.shared and is_postgres_url(queue):
+        raise UsageError("--shared is for a SQLite file: a PostgreSQL queue lives in its own "
+                         "schema beside the service's tables already")
+    before = _shared_version_before(queue) if args.shared else _version_before(queue)
+    with closing(open_queue_store(queue, create=True, shared=args.shared)) as store:
         after = store.schema_version()
     if before is None:
         print(f"created queue {shown(queue)} (schema version {after})")
@@ -826,6 +841,23 @@ def _init(args: argparse.Namespace) -> int:
     else:
         print(f"kept existing queue {shown(queue)} (schema version {after})")
     return EXIT_OK
+
+
+def _shared_version_before(queue: str) -> Optional[int]:
+    """The version of the queue in a service's file, None when it holds none yet:
+    read with a read-only connection of its own (the file is the service's)."""
+    if not os.path.exists(queue) or os.path.getsize(queue) == 0:
+        return None
+    con = sqlite3.connect(f"file:{quote(os.path.abspath(queue))}?mode=ro", uri=True)
+    try:
+        if not con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'"
+                           " AND name = 'jobs'").fetchone():
+            return None
+        return int(con.execute("PRAGMA user_version").fetchone()[0])
+    except sqlite3.DatabaseError as exc:
+        raise UsageError(f"{queue}: not a SQLite file: {exc}") from None
+    finally:
+        con.close()
 
 
 def _version_before(queue: str) -> Optional[int]:
@@ -913,6 +945,21 @@ def _single_event(args: argparse.Namespace) -> Optional[dict]:
     return event
 
 
+def _ordering_key(text: str) -> str:
+    try:
+        return check_ordering_key(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _keyed(events: Any, key: Optional[str]) -> Any:
+    """Every event with --key, unless it carries a key of its own."""
+    if key is None:
+        return events
+    return ({**event, "key": key} if isinstance(event, dict) and "key" not in event
+            else event for event in events)
+
+
 def _enqueue(args: argparse.Namespace) -> int:
     event = _single_event(args)
     policy = RetryPolicy(max_attempts=args.max_attempts, ttl_ms=args.ttl_ms)
@@ -926,14 +973,16 @@ def _enqueue(args: argparse.Namespace) -> int:
                 stack.enter_context(source)
             lines = JsonLines(source)
         store = stack.enter_context(closing(open_queue_store(args.queue, migrate=False)))
-        results = _intake(store, [event] if lines is None else lines, policy, args.delay_ms)
+        events = _keyed([event] if lines is None else lines, args.key)
+        results = _intake(store, events, policy, args.delay_ms, lines)
     return _report_intake(results, lines)
 
 
-def _intake(store: Store, events: Any, policy: RetryPolicy, delay_ms: int) -> list:
+def _intake(store: Store, events: Any, policy: RetryPolicy, delay_ms: int,
+            lines: Optional[JsonLines] = None) -> list:
     """enqueue_events, a bad line named by its number; a progress line on a terminal.
     The delay is counted from the store's clock, as the job's first moment is."""
-    live = sys.stderr.isatty() and isinstance(events, JsonLines)
+    live = sys.stderr.isatty() and lines is not None
     try:
         now = store.now_ms()
         return store.enqueue_events(events, policy, now_ms=now,
@@ -942,7 +991,7 @@ def _intake(store: Store, events: Any, policy: RetryPolicy, delay_ms: int) -> li
     except NotAQueue as exc:  # found by the intake's migration: nothing was enqueued
         raise UsageError(about(store.name, exc)) from None
     except ValueError as exc:
-        where = f"line {events.number}: " if isinstance(events, JsonLines) else ""
+        where = f"line {lines.number}: " if lines is not None else ""
         raise UsageError(f"{where}{exc}; nothing was enqueued") from None
     finally:
         if live and events.number >= PROGRESS_EVERY:
@@ -1236,7 +1285,9 @@ def _stats_rows(snap: dict) -> list[tuple]:
              ("redrives", f"{snap['redrives']} ({snap['redriven_jobs']} jobs)")]
     # What only a product file records: absent on a contract file, not shown as 0.
     for key, label in (("cancels", "cancels"), ("attempts_recorded", "attempts recorded"),
-                       ("stale_finishes", "stale finishes")):
+                       ("stale_finishes", "stale finishes"),
+                       ("blocked_keys", "blocked keys"),
+                       ("blocked_jobs", "jobs behind them")):
         if key in snap:
             rows.append((label, snap[key]))
     for key, value in snap.get("receiver", {}).items():

@@ -4,6 +4,7 @@ cancel, prune, prune-inbox, the evidence shown, and migration of contract files.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -371,3 +372,54 @@ def test_an_enqueue_refused_halfway_leaves_a_contract_file_as_it_was(tmp_path: P
                           "--file", str(lines)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "line 2" in out.stderr, out.stderr
     assert queue.read_bytes() == before  # not even migrated
+
+
+# ------------------------------------------------------------------ the outbox, keys
+
+
+def test_init_shared_puts_the_queue_beside_a_services_tables(tmp_path: Path):
+    path = tmp_path / "shop.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE orders (id TEXT PRIMARY KEY, customer TEXT)")
+    con.commit()
+    con.close()
+    refused = cli("init", str(path))  # a file of the service's: never by accident
+    assert refused.returncode == 2 and "other tables" in refused.stderr
+    out = cli("init", "--shared", str(path))
+    assert out.returncode == 0 and "created queue" in out.stdout, out.stderr
+    events = tmp_path / "events.jsonl"
+    events.write_text('{"id": "o-1:placed", "body": {"state": "placed"}}\n'
+                      '{"id": "o-1:paid", "body": {"state": "paid"}}\n'
+                      '{"id": "o-2:placed", "body": {"state": "placed"}, "key": "bob"}\n')
+    added = cli("enqueue", str(path), "--file", str(events), "--key", "ann")
+    assert added.returncode == 0, added.stderr  # no flag needed: the file says it is shared
+    keys = {row["id"]: row["ordering_key"] for row in table(path, "jobs")}
+    assert keys == {"o-1:placed": "ann", "o-1:paid": "ann", "o-2:placed": "bob"}
+    con = sqlite3.connect(path)  # the service's own table is as it was
+    assert con.execute("SELECT COUNT(*) FROM orders").fetchone()[0] == 0
+    con.close()
+
+
+def test_a_bad_key_is_a_usage_error_and_nothing_is_enqueued(queue: Path):
+    out = cli("enqueue", str(queue), "--id", "a", "--qty", "1", "--key", "has space")
+    assert out.returncode == 2 and "key" in out.stderr and "\n" not in out.stderr.strip()
+    assert table(queue, "jobs") == []
+    assert cli("init", "--shared", "postgresql://nobody@127.0.0.1:1/db").returncode == 2
+
+
+def test_stats_shows_the_keys_a_dead_job_blocks(queue: Path):
+    con = store.open_store(queue)
+    try:
+        store.enqueue_events(con, [{"id": f"e{n}", "qty": 1, "key": "ann"} for n in range(3)],
+                             T0, DEFAULT_POLICY)
+        [job] = store.claim_jobs(con, "w", T0, 1000, 1)[0]
+        seen = store.Attempt(T0, 1, 410, "gone")
+        assert store.finish_jobs(con, [(job.ticket, "permanent", 0, seen)], T0 + 1) == [
+            ("dead", "permanent")]
+    finally:
+        con.close()
+    snap = json.loads(cli("stats", str(queue), "--json").stdout)
+    assert (snap["blocked_keys"], snap["blocked_jobs"]) == (1, 2)
+    text = cli("stats", str(queue)).stdout
+    assert re.search(r"^blocked keys +1$", text, re.M)
+    assert re.search(r"^jobs behind them +2$", text, re.M)

@@ -31,6 +31,17 @@ def test_embedding_example_runs_and_removes_its_folder(tmp_path: Path):
     assert list(cwd.iterdir()) == []
 
 
+def test_the_outbox_example_writes_the_event_with_the_order_or_not_at_all(tmp_path: Path):
+    code = re.search(r"<!-- example: outbox -->\n```python\n(.*?)```", README.read_text(), re.S)
+    assert code is not None
+    out = subprocess.run([sys.executable, "-c", code.group(1)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60,
+                         env={"TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['o-1:placed']"  # the rolled-back order left no job
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_ci_runs_the_readme_test_command():
     commands = re.findall(r"```sh\n(python3 -m venv .*?)\n```", README.read_text())
     assert commands[0].endswith("asyncworker demo")  # the first command: the main job

@@ -610,3 +610,18 @@ def test_the_command_serves_until_sigterm(sqlite_target: str, tmp_path: Path) ->
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+async def test_a_dead_head_shows_its_blocked_key_and_the_jobs_behind_it(target: str) -> None:
+    with open_store(target) as store:
+        store.enqueue_events([{"id": f"ann-{n}", "qty": 1, "key": "ann"} for n in range(3)],
+                             ONE_TRY)
+        fail(store, ["ann-0"], "permanent", "HTTP 410")
+    async with page(target) as client:
+        text = await (await client.get("/")).text()
+        figures = await (await client.get("/?format=json")).json()
+        behind = await (await client.get("/job?id=ann-1")).text()
+    shown = dict(re.findall(r'data-key="([a-z_.]+)">([^<]*)<', text))
+    assert (shown["blocked_keys"], shown["blocked_jobs"]) == ("1", "2")
+    assert (figures["blocked_keys"], figures["blocked_jobs"]) == (1, 2)
+    assert '<code id="ordering-key">ann</code> (waiting behind an earlier job of its key)' in behind
