@@ -48,7 +48,6 @@ import os
 import sqlite3
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
 from lease import observe
@@ -79,6 +78,7 @@ from lease.worker import (
     _check_path,
     _check_schema,
     _claim_tx,
+    _connect_file,
     _extend_tx,
     _finish_tx,
     _immediate,
@@ -276,14 +276,7 @@ def open_shared(path: Union[str, os.PathLike[str]], *, create: bool = False,
     synchronous=FULL on our connection makes each COMMIT durable in either.
     """
     text = _check_path(path, "queue")
-    if create:
-        con = sqlite3.connect(text, isolation_level=None, timeout=1.0)
-    else:
-        uri = Path(text).resolve().as_uri() + "?mode=rw"
-        try:
-            con = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=1.0)
-        except sqlite3.OperationalError as exc:
-            raise FileNotFoundError(f"queue file not found: {text}") from exc
+    con = _connect_file(text, create)
     try:
         declared = is_declared_shared(con)
         if not declared and not declare:

@@ -486,6 +486,18 @@ def _check_path(path: object, what: str = "path") -> str:
     return text
 
 
+def _connect_file(text: str, create: bool) -> sqlite3.Connection:
+    """An autocommit connection that waits 1 s for a competing writer; with
+    create=False the file must exist and is opened read-write, never created."""
+    if create:
+        return sqlite3.connect(text, isolation_level=None, timeout=1.0)
+    uri = Path(text).resolve().as_uri() + "?mode=rw"
+    try:
+        return sqlite3.connect(uri, uri=True, isolation_level=None, timeout=1.0)
+    except sqlite3.OperationalError as exc:
+        raise FileNotFoundError(f"queue file not found: {text}") from exc
+
+
 def open_queue(path: Union[str, os.PathLike[str]], *, create: bool = True) -> sqlite3.Connection:
     """Open (creating if missing) a queue file and return its connection.
 
@@ -497,15 +509,7 @@ def open_queue(path: Union[str, os.PathLike[str]], *, create: bool = True) -> sq
     With create=False the file must already exist: it is opened read-write,
     never created.
     """
-    text = _check_path(path)
-    if create:
-        con = sqlite3.connect(text, isolation_level=None, timeout=1.0)
-    else:
-        uri = Path(text).resolve().as_uri() + "?mode=rw"
-        try:
-            con = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=1.0)
-        except sqlite3.OperationalError as exc:
-            raise FileNotFoundError(f"queue file not found: {text}") from exc
+    con = _connect_file(_check_path(path), create)
     try:
         mode = con.execute("PRAGMA journal_mode=DELETE").fetchone()[0]
         if mode != "delete":
