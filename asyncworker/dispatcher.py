@@ -145,10 +145,14 @@ class SendSlots:
     """The bound on sends in flight: a job takes a slot when it is claimed and
     gives it back the moment its send ends (its finish is written in a group
     while the next sends already run). The slot is a flag on the job itself
-    (``Held.has_slot``): no object per job, and ``give_back`` is idempotent."""
+    (``Held.has_slot``): no object per job, and ``give_back`` is idempotent.
+    ``freed`` is set only when the dispatch loop has something to do: at least
+    ``wake_at`` slots free (a claim is worth making) or none in use; a wake-up
+    per send that ended would cost the loop a round (and a task) per job."""
 
-    def __init__(self, size: int, stats: DispatcherStats) -> None:
+    def __init__(self, size: int, stats: DispatcherStats, wake_at: int = 1) -> None:
         self.size = size
+        self.wake_at = wake_at
         self._stats = stats  # sending and peak_sending are the slots' own figures
         self.freed = asyncio.Event()
 
@@ -172,7 +176,8 @@ class SendSlots:
         if held.has_slot:
             held.has_slot = False
             self._stats.sending -= 1
-            self.freed.set()
+            if self.size - self._stats.sending >= self.wake_at or not self._stats.sending:
+                self.freed.set()
 
 
 class Dispatcher:
@@ -265,8 +270,8 @@ class Dispatcher:
         self._queue = AsyncStore(queue_path, create=create, threads=threads, listen=True)
         self._session: Optional[aiohttp.ClientSession] = None
         self._tasks: dict[asyncio.Task, Held] = {}  # each job's task, and the job
-        self._slots = SendSlots(concurrency, self.stats)
         self._claim_at_least = max(1, min(batch_size, concurrency // 8))
+        self._slots = SendSlots(concurrency, self.stats, wake_at=self._claim_at_least)
         self._keeper = LeaseKeeper(self._queue, self._time, lease_ms, self.finish_margin_ms,
                                    on_extended=self._count_extended, on_busy=self._count_busy,
                                    on_failure=self._keeper_failed)
@@ -542,7 +547,8 @@ class Dispatcher:
         self._slots.give_back(held)
         if not held.handed_over:  # no finish queued: the job ends here, left leased
             self.stats.in_flight -= 1
-        self._slots.freed.set()  # a task ended: the dispatch loop looks again (drained?)
+        if not self._tasks:  # the last one ended: the dispatch loop looks again (drained?)
+            self._slots.freed.set()
 
     # --------------------------------------------------------------- one job
 
