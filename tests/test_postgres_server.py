@@ -195,7 +195,7 @@ def test_an_interrupt_closes_the_server(scratch: Path) -> None:
         # Ctrl-C's own handler, whatever this process inherited: a parent that
         # ignores SIGINT (as a test runner may at that moment) would pass that on
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})
         from tests.postgres_server import PostgresServer
         with PostgresServer(base_dir={str(scratch)!r}) as server:
             print(json.dumps({{"pids": server.processes(), "root": str(server.root)}}),
