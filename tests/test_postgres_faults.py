@@ -404,7 +404,10 @@ async def test_a_server_stalled_longer_than_a_lease_records_nothing_after_it(
     inbox = tmp_path / "inbox.db"
 
     async def stall(d: Dispatcher) -> None:
-        await until(lambda: d.stats.ok >= JOBS // 4, "a quarter of the jobs done")
+        # frozen at the first job done: the sends then in flight end during the
+        # freeze (a quiet machine could finish a quarter of the jobs, and more,
+        # before the freeze takes hold)
+        await until(lambda: d.stats.ok >= 1, "a first job done")
         pids = freeze(server)
         try:
             await asyncio.sleep(2 * POLICY.lease_ms / 1000)
