@@ -42,6 +42,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from asyncworker.eventloop import LOOPS
+
 __all__ = ["CpuBench", "fill_queue", "run_cpu_bench"]
 
 # (label, concurrency, receiver latency ms, requests per run)
@@ -153,20 +155,22 @@ def _store_alone(queue: str, per_transaction: int) -> dict:
 
 
 def child_main(argv: Sequence[str]) -> None:
-    """One measured run: ``client URL N C PREFIX``, ``dispatch QUEUE URL|- C BATCH SEND_MS``
-    or ``store QUEUE PER_TRANSACTION``."""
-    kind, *args = argv
+    """One measured run on the event loop LOOP: ``LOOP client URL N C PREFIX``,
+    ``LOOP dispatch QUEUE URL|- C BATCH SEND_MS`` or ``LOOP store QUEUE PER_TRANSACTION``."""
+    from asyncworker import eventloop
+
+    loop, kind, *args = argv
     if kind == "store":
         queue, per_transaction = args
         result = _store_alone(queue, int(per_transaction))
     elif kind == "client":
         url, n, concurrency, prefix = args
-        result = asyncio.run(_plain_client(url, int(n), int(concurrency), prefix))
+        result = eventloop.run(_plain_client(url, int(n), int(concurrency), prefix), loop)
     elif kind == "dispatch":
         queue, url, concurrency, batch, send_ms = args
-        result = asyncio.run(_dispatch(queue, int(concurrency), int(batch),
-                                       url=None if url == "-" else url,
-                                       send_ms=float(send_ms)))
+        result = eventloop.run(_dispatch(queue, int(concurrency), int(batch),
+                                         url=None if url == "-" else url,
+                                         send_ms=float(send_ms)), loop)
     else:
         raise SystemExit(f"unknown child {kind!r}")
     result["rss_mb"] = round(_rss_mb(), 1)
@@ -176,8 +180,8 @@ def child_main(argv: Sequence[str]) -> None:
 # ----------------------------------------------------------------- the parent
 
 
-def _child_command(*args: object) -> list[str]:
-    return [sys.executable, "-m", "asyncworker.bench_cpu", "--child", *map(str, args)]
+def _child_command(loop: str, *args: object) -> list[str]:
+    return [sys.executable, "-m", "asyncworker.bench_cpu", "--child", loop, *map(str, args)]
 
 
 def _run(command: list[str], timeout: float = 600) -> dict:
@@ -190,10 +194,10 @@ def _run(command: list[str], timeout: float = 600) -> dict:
 class Receiver:
     """``asyncworker serve`` on loopback, its own process, for a whole case."""
 
-    def __init__(self, folder: Path, latency_ms: int) -> None:
+    def __init__(self, folder: Path, latency_ms: int, loop: str = "auto") -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "asyncworker", "serve", "--inbox", str(folder / "inbox.db"),
-             "--latency-ms", str(latency_ms)], stdout=subprocess.PIPE,
+             "--latency-ms", str(latency_ms), "--loop", loop], stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True)
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
@@ -225,11 +229,14 @@ def _spread(values: list[float]) -> dict:
 class CpuBench:
     """The measurements, in one folder of their own (removed by ``close``)."""
 
-    def __init__(self, pairs: int = 5, quick: bool = False) -> None:
+    def __init__(self, pairs: int = 5, quick: bool = False, loop: str = "auto") -> None:
+        from asyncworker.eventloop import loop_in_use
+
         if pairs < 1:
             raise ValueError("pairs must be at least 1")
         self.pairs = pairs
         self.quick = quick
+        self.loop = loop_in_use(loop)  # every child and the receiver on the same loop
         self.folder = Path(tempfile.mkdtemp(prefix="asyncworker-bench-cpu-"))
         self._runs = 0
 
@@ -245,13 +252,14 @@ class CpuBench:
     def paired(self, label: str, concurrency: int, latency_ms: int, n: int) -> dict:
         """A B A B ... against one receiver: the paired ratios of rate and of CPU per job."""
         rates, cpus, client_cpu, dispatcher_cpu, limits = [], [], [], [], []
-        with Receiver(self.folder, latency_ms) as receiver:
+        with Receiver(self.folder, latency_ms, self.loop) as receiver:
             for pair in range(self.pairs):
                 self._runs += 1
-                plain = _run(_child_command("client", receiver.url, n, concurrency,
+                plain = _run(_child_command(self.loop, "client", receiver.url, n, concurrency,
                                             f"plain{self._runs}"))
                 queue = self._queue(n)
-                ours = _run(_child_command("dispatch", queue, receiver.url, concurrency, 64, 0))
+                ours = _run(_child_command(self.loop, "dispatch", queue, receiver.url,
+                                           concurrency, 64, 0))
                 queue.unlink()
                 limit = plain["jobs"] / plain["seconds"]
                 if latency_ms:
@@ -272,7 +280,8 @@ class CpuBench:
     def in_process(self, n: int, concurrency: int, batch: int, send_ms: float = 0.0) -> dict:
         queue = self._queue(n)
         try:
-            result = _run(_child_command("dispatch", queue, "-", concurrency, batch, send_ms))
+            result = _run(_child_command(self.loop, "dispatch", queue, "-", concurrency, batch,
+                                         send_ms))
         finally:
             queue.unlink()
         result["rate"] = result["jobs"] / result["seconds"]
@@ -282,7 +291,7 @@ class CpuBench:
     def store_alone(self, n: int, per_transaction: int) -> dict:
         queue = self._queue(n)
         try:
-            result = _run(_child_command("store", queue, per_transaction))
+            result = _run(_child_command(self.loop, "store", queue, per_transaction))
         finally:
             queue.unlink()
         result["rate"] = result["jobs"] / result["seconds"]
@@ -297,7 +306,7 @@ class CpuBench:
         if not Path(py_spy).exists():
             raise RuntimeError("py-spy is not installed: pip install py-spy")
         n = 600 if self.quick else 8000
-        with Receiver(self.folder, 0) as receiver:
+        with Receiver(self.folder, 0, self.loop) as receiver:
             runs = {
                 "the plain client, c64": ("client", receiver.url, n, 64, "profiled"),
                 "the dispatcher, c64 against the receiver": (
@@ -308,7 +317,7 @@ class CpuBench:
                 raw = (keep or self.folder) / f"profile-{number}.txt"
                 subprocess.run([py_spy, "record", "--format", "raw", "--rate", "250",
                                 "--threads", "--gil", "-o", str(raw), "--",
-                                *_child_command(*child)],
+                                *_child_command(self.loop, *child)],
                                check=True, capture_output=True, timeout=600)
                 out.write(f"\n{title}: py-spy, own time, GIL held\n")
                 for line in top_frames(raw.read_text(), top):
@@ -342,10 +351,11 @@ def _verdict(met: bool) -> str:
     return "met" if met else "NOT met"
 
 
-def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None) -> list[dict]:
+def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
+                  loop: str = "auto") -> list[dict]:
     """Measure every figure in one run and print the table; return its rows."""
     out = out or sys.stdout
-    bench = CpuBench(pairs, quick)
+    bench = CpuBench(pairs, quick, loop)
     rows: list[dict] = []
     try:
         for case in QUICK_CASES if quick else RECEIVER_CASES:
@@ -357,7 +367,8 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None) -> li
         bench.close()
     load = os.getloadavg()
     out.write(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-              f"{platform.python_version()}, load average {load[0]:.1f} {load[1]:.1f}; "
+              f"{platform.python_version()}, {bench.loop}'s event loop, load average "
+              f"{load[0]:.1f} {load[1]:.1f}; "
               f"{pairs} pairs A B, medians (min..max)\n")
     out.write("| case | receiver limit/s | dispatcher / limit | CPU us/job: dispatcher | "
               "plain client | CPU ratio | targets |\n|---|---|---|---|---|---|---|\n")
@@ -398,17 +409,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--pairs", type=int, default=5, help="A B pairs per case (default 5)")
     parser.add_argument("--quick", action="store_true", help="small runs: a smoke test")
     parser.add_argument("--keep", type=Path, help="profile: keep py-spy's raw stacks here")
+    parser.add_argument("--loop", choices=LOOPS, default="auto",
+                        help="the event loop of the receiver and of every child (default auto: "
+                             "uvloop when installed)")
     parsed = parser.parse_args(args)
     if parsed.pairs < 1:
         parser.error("--pairs must be at least 1")
     if parsed.what == "profile":
-        bench = CpuBench(1, parsed.quick)
+        bench = CpuBench(1, parsed.quick, parsed.loop)
         try:
             bench.profile(sys.stdout, keep=parsed.keep)
         finally:
             bench.close()
         return 0
-    run_cpu_bench(pairs=parsed.pairs, quick=parsed.quick)
+    run_cpu_bench(pairs=parsed.pairs, quick=parsed.quick, loop=parsed.loop)
     return 0
 
 

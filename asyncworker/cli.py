@@ -337,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the injected faults")
     p.add_argument("--group", metavar="N", type=_int_in(1, 10000), default=64,
                    help="most requests in one commit (1 turns grouping off)")
+    _loop_argument(p)
     p.add_argument("--tls-cert", metavar="PATH", default=None,
                    help="serve https with this certificate chain (PEM), with --tls-key")
     p.add_argument("--tls-key", metavar="PATH", default=None,
@@ -444,6 +445,15 @@ def _log_arguments(p: argparse.ArgumentParser) -> None:
                         "facts as keys (run's banner, progress and summary lines too)")
 
 
+def _loop_argument(p: argparse.ArgumentParser) -> None:
+    from asyncworker.eventloop import LOOPS
+
+    p.add_argument("--loop", choices=LOOPS, default="auto",
+                   help="the event loop: auto (default: uvloop when installed, the 'fast' "
+                        "extra; asyncio's otherwise), asyncio, or uvloop (an error when it "
+                        "is not installed)")
+
+
 def _metrics_address(text: str) -> tuple[str, int]:
     """--metrics: HOST:PORT, [IPv6]:PORT, :PORT or PORT; loopback when no host is given."""
     host, colon, port = text.rpartition(":")
@@ -493,6 +503,7 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                    help="most jobs per claim or finish transaction (default 64; 1: one each)")
     p.add_argument("--poll-ms", metavar="MS", type=_int_in(1, 60_000), default=50,
                    help="how long an idle dispatcher waits before looking again (default 50)")
+    _loop_argument(p)
     p.add_argument("--crash-after-acks", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="failure drill: die by SIGKILL right after the N-th ACK, before "
                         "recording it")
@@ -1051,14 +1062,25 @@ def _run(args: argparse.Namespace) -> int:
     banner = (f"run: owner {owner}, queue {shown(args.queue)}, url {args.url} (ack {args.ack}, "
               f"{signed}), concurrency {args.concurrency}, lease {args.lease_ms} ms, backoff "
               f"{policy.backoff_base_ms}..{policy.backoff_cap_ms} ms, jitter {policy.jitter}")
-    import asyncio
+    from asyncworker import eventloop
 
     try:
-        stats = asyncio.run(_dispatch(dispatcher, args.until_idle, banner, args.metrics))
+        stats = eventloop.run(_dispatch(dispatcher, args.until_idle, banner, args.metrics),
+                              _usable_loop(args.loop))
     except StoreError as exc:  # the queue failed under the run: its summary is not printed
         raise WorkFailed(about(args.queue, exc)) from None
     print(json.dumps({"owner": owner, **stats.as_dict()}))
     return EXIT_DEAD if stats.dead else EXIT_OK
+
+
+def _usable_loop(loop: str) -> str:
+    """--loop, checked before anything starts: uvloop asked for and missing is a usage error."""
+    from asyncworker.eventloop import loop_in_use
+
+    try:
+        return loop_in_use(loop)
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _crashing_sender(destination: Destination, lease_ms: int, after: int) -> Any:
@@ -1182,17 +1204,17 @@ def _serve(args: argparse.Namespace) -> int:
     secrets = None if args.secret_file is None else read_secret_file(args.secret_file)
     if args.signature_tolerance_s is not None and secrets is None:
         raise UsageError("--signature-tolerance-s goes with --secret-file")
-    import asyncio
-
+    from asyncworker import eventloop
     from asyncworker.receiver import Faults, serve
 
     faults = Faults(latency_ms=args.latency_ms, p_503=args.p_503, p_drop=args.p_drop,
                     seed=args.seed)
+    loop = _usable_loop(args.loop)
     try:
-        asyncio.run(serve(args.inbox, args.host, args.port, faults=faults, max_group=args.group,
-                          secrets=secrets, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                          tolerance_s=args.signature_tolerance_s or TOLERANCE_S,
-                          path=args.path))
+        eventloop.run(serve(args.inbox, args.host, args.port, faults=faults, max_group=args.group,
+                            secrets=secrets, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                            tolerance_s=args.signature_tolerance_s or TOLERANCE_S,
+                            path=args.path), loop)
     except BrokenPipeError:
         raise
     # The receiver refuses before it binds or prints its URL: a foreign or damaged
