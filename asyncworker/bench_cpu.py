@@ -111,8 +111,67 @@ async def _plain_client(url: str, n: int, concurrency: int, prefix: str) -> dict
                 "sys_s": _sys_s() - system, "jobs": n}
 
 
+class MemoryStore:
+    """The runtime alone: a store that keeps ``n`` ready jobs in a list and
+    forgets every outcome, with no SQL, no commit and no durability. Only for
+    this benchmark's diagnostic row: the dispatcher's CPU per job on it,
+    beside the plain client's, is what the runtime itself costs; the
+    difference to a real store is the store's."""
+
+    kind = "memory"
+    name = "memory"
+    threads = 1
+
+    def __init__(self, n: int, prefix: str) -> None:
+        self._ids = [f"{prefix}-{i}" for i in range(n)]
+        self._next = 0
+
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)
+
+    def claim_jobs(self, owner: str, lease_ms: int, limit: int = 1, *,
+                   now_ms: Optional[int] = None, fault: Any = None) -> Any:
+        from lease.store import Claimed, Leased
+
+        now = self.now_ms() if now_ms is None else now_ms
+        taken = self._ids[self._next:self._next + limit]
+        self._next += len(taken)
+        return Claimed([Leased({"id": job_id, "qty": 1, "owner": owner, "token": 1,
+                                "attempt": 1, "lease_until": now + lease_ms}, None)
+                        for job_id in taken], {"deadline": 0, "exhausted": 0}, now)
+
+    def finish_jobs(self, items: list, *, now_ms: Optional[int] = None,
+                    fault: Any = None) -> list:
+        return [("done", None)] * len(items)
+
+    def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: Optional[int] = None,
+                     fault: Any = None) -> Any:
+        return {**ticket, "lease_until": (now_ms or self.now_ms()) + lease_ms}
+
+    def is_drained(self) -> bool:
+        return self._next >= len(self._ids)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> MemoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def _not_here(self, *args: object, **kwargs: object) -> Any:
+        raise NotImplementedError("the benchmark's memory store claims and finishes only")
+
+    # the rest of lease.store.Store: not called by a dispatcher's run
+    enqueue_events = redrive_jobs = cancel_jobs = prune_done = counts = snapshot = _not_here
+    job_history = dead_jobs = jobs_with_status = list_jobs = stale_finishes = _not_here
+    schema_version = _not_here
+
+
 async def _dispatch(queue: str, concurrency: int, batch: int, *, url: Optional[str] = None,
                     send_ms: float = 0.0) -> dict:
+    """The dispatcher on ``queue``: a file, a URL, or ``memory:N:PREFIX`` (``MemoryStore``)."""
     from asyncworker.dispatcher import Dispatcher
 
     async def send(event: dict, token: int) -> bool:
@@ -120,7 +179,11 @@ async def _dispatch(queue: str, concurrency: int, batch: int, *, url: Optional[s
             await asyncio.sleep(send_ms / 1000)
         return True
 
-    async with Dispatcher(queue, "bench", url=url, send=None if url else send,
+    target: Any = queue
+    if queue.startswith("memory:"):
+        _, n, prefix = queue.split(":", 2)
+        target = lambda: MemoryStore(int(n), prefix)  # noqa: E731
+    async with Dispatcher(target, "bench", url=url, send=None if url else send,
                           concurrency=concurrency, batch_size=batch, lease_ms=30_000,
                           poll_interval=0.01) as d:
         started, cpu, system = time.perf_counter(), _cpu_s(), _sys_s()
@@ -250,8 +313,10 @@ class CpuBench:
         return path
 
     def paired(self, label: str, concurrency: int, latency_ms: int, n: int) -> dict:
-        """A B A B ... against one receiver: the paired ratios of rate and of CPU per job."""
+        """A B A B ... against one receiver: the paired ratios of rate and of CPU per job;
+        in each pair also the runtime alone (``MemoryStore``), beside the same plain client."""
         rates, cpus, client_cpu, dispatcher_cpu, limits = [], [], [], [], []
+        runtime_cpu, runtime_ratios = [], []
         with Receiver(self.folder, latency_ms, self.loop) as receiver:
             for pair in range(self.pairs):
                 self._runs += 1
@@ -261,6 +326,9 @@ class CpuBench:
                 ours = _run(_child_command(self.loop, "dispatch", queue, receiver.url,
                                            concurrency, 64, 0))
                 queue.unlink()
+                alone = _run(_child_command(self.loop, "dispatch", f"memory:{n}:mem{self._runs}",
+                                            receiver.url, concurrency, 64, 0))
+                runtime_cpu.append(alone["cpu_s"] / alone["jobs"] * 1e6)
                 limit = plain["jobs"] / plain["seconds"]
                 if latency_ms:
                     limit = min(limit, concurrency / (latency_ms / 1000))
@@ -269,12 +337,16 @@ class CpuBench:
                 client_cpu.append(plain["cpu_s"] / plain["jobs"] * 1e6)
                 dispatcher_cpu.append(ours["cpu_s"] / ours["jobs"] * 1e6)
                 cpus.append(dispatcher_cpu[-1] / client_cpu[-1])
+                runtime_ratios.append(runtime_cpu[-1] / client_cpu[-1])
                 print(f"  {label} pair {pair + 1}: limit {limits[-1]:,.0f}/s, dispatcher "
                       f"{ours['jobs'] / ours['seconds']:,.0f}/s, CPU {dispatcher_cpu[-1]:.0f} "
-                      f"vs {client_cpu[-1]:.0f} us", file=sys.stderr, flush=True)
+                      f"vs {client_cpu[-1]:.0f} us (runtime alone {runtime_cpu[-1]:.0f})",
+                      file=sys.stderr, flush=True)
         return {"case": label, "rate_ratio": _spread(rates), "cpu_ratio": _spread(cpus),
                 "client_us": statistics.median(client_cpu),
                 "dispatcher_us": statistics.median(dispatcher_cpu),
+                "runtime_us": statistics.median(runtime_cpu),
+                "runtime_ratio": _spread(runtime_ratios),
                 "limit": statistics.median(limits)}
 
     def in_process(self, n: int, concurrency: int, batch: int, send_ms: float = 0.0) -> dict:
@@ -380,6 +452,10 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
                   f"({rate['min']:.2f}..{rate['max']:.2f}) | {row['dispatcher_us']:.0f} | "
                   f"{row['client_us']:.0f} | {cpu['median']:.2f} ({cpu['min']:.2f}.."
                   f"{cpu['max']:.2f}) | {met} |\n")
+        alone = row["runtime_ratio"]
+        out.write(f"| {row['case']}: the runtime alone (a store in memory, no SQL) | - | - | "
+                  f"{row['runtime_us']:.0f} | {row['client_us']:.0f} | {alone['median']:.2f} "
+                  f"({alone['min']:.2f}..{alone['max']:.2f}) | where the CPU goes (no target) |\n")
     out.write(f"| in-process, batch 64, c64 | - | {batched['rate']:,.0f} jobs/s | "
               f"{batched['us_per_job']:.0f} | - | - | >= 20,000/s "
               f"{_verdict(batched['rate'] >= INPROCESS_TARGET)} |\n")
