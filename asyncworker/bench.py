@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from asyncworker import eventloop
 from lease import worker
 
 # ----------------------------------------------------------------- helpers
@@ -45,6 +46,12 @@ def _percentiles(latencies: list[float]) -> dict:
     ordered = sorted(latencies)
     return {"p50_ms": round(ordered[len(ordered) // 2] * 1000, 2),
             "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 2)}
+
+
+def _cpu_s() -> float:
+    """This process's user + system CPU time, every thread of it."""
+    times = os.times()
+    return times.user + times.system
 
 
 def _now() -> int:
@@ -88,14 +95,14 @@ def scenario_commit(folder: Path, n: int) -> dict:
     path = folder / "q.db"
     _fill(path, n)
     con = worker.open_queue(path)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _cpu_s()
     for i in range(n):
         con.execute("BEGIN IMMEDIATE")
         con.execute("UPDATE jobs SET qty = 1001 - qty WHERE seq = ?", (i + 1,))  # a real change
         con.execute("COMMIT")
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu
     con.close()
-    return {"rate": n / elapsed, "commits_per_job": 1.0}
+    return {"rate": n / elapsed, "commits_per_job": 1.0, "cpu_us": cpu / n * 1e6}
 
 
 def scenario_sync(folder: Path, n: int) -> dict:
@@ -104,15 +111,16 @@ def scenario_sync(folder: Path, n: int) -> dict:
     _fill(path, n)
     con = worker.open_queue(path)
     latencies = []
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _cpu_s()
     for _ in range(n):
         begun = time.perf_counter()
         result = worker.run_once(con, "bench", _now, lambda event: True, 0.5, 30_000)
         assert result is not None and result["status"] == "done"
         latencies.append(time.perf_counter() - begun)
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu
     con.close()
-    return {"rate": n / elapsed, "commits_per_job": 2.0, **_percentiles(latencies)}
+    return {"rate": n / elapsed, "commits_per_job": 2.0, "cpu_us": cpu / n * 1e6,
+            **_percentiles(latencies)}
 
 
 async def _dispatch(path: Path, *, url: Optional[str] = None, send: Any = None,
@@ -123,11 +131,11 @@ async def _dispatch(path: Path, *, url: Optional[str] = None, send: Any = None,
     async with Dispatcher(path, "bench", url=url, send=send, concurrency=concurrency,
                           lease_ms=lease_ms, batch_size=batch, latencies=latencies,
                           poll_interval=0.01) as d:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), _cpu_s()
         stats = await d.run(until_idle=True)
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu
     commits = stats.claim_calls + stats.finish_batches + stats.extended
-    return {"rate": stats.ok / elapsed, "ok": stats.ok,
+    return {"rate": stats.ok / elapsed, "ok": stats.ok, "cpu_us": cpu / max(1, stats.ok) * 1e6,
             "commits_per_job": round(commits / max(1, stats.ok), 3),
             "peak_sending": stats.peak_sending, **_percentiles(latencies)}
 
@@ -143,7 +151,7 @@ def scenario_async(folder: Path, n: int, concurrency: int, batch: int,
             await asyncio.sleep(send_ms / 1000)
         return True
 
-    return asyncio.run(_dispatch(path, send=send, concurrency=concurrency, batch=batch))
+    return eventloop.run(_dispatch(path, send=send, concurrency=concurrency, batch=batch))
 
 
 def scenario_receiver_limit(folder: Path, n: int, concurrency: int, latency_ms: int,
@@ -168,12 +176,12 @@ def scenario_receiver_limit(folder: Path, n: int, concurrency: int, latency_ms: 
         return latencies
 
     try:
-        started = time.perf_counter()
-        latencies = asyncio.run(fire())
-        elapsed = time.perf_counter() - started
+        started, cpu = time.perf_counter(), _cpu_s()
+        latencies = eventloop.run(fire())
+        elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu
     finally:
         receiver.close()
-    return {"rate": n / elapsed, **_percentiles(latencies)}
+    return {"rate": n / elapsed, "cpu_us": cpu / n * 1e6, **_percentiles(latencies)}
 
 
 def scenario_receiver(folder: Path, n: int, concurrency: int, latency_ms: int) -> dict:
@@ -182,7 +190,7 @@ def scenario_receiver(folder: Path, n: int, concurrency: int, latency_ms: int) -
     _fill(path, n)
     receiver = _Receiver(folder, latency_ms)
     try:
-        return asyncio.run(_dispatch(path, url=receiver.url, concurrency=concurrency,
+        return eventloop.run(_dispatch(path, url=receiver.url, concurrency=concurrency,
                                      batch=64))
     finally:
         receiver.close()
@@ -284,7 +292,7 @@ def scenario_ours_end_to_end(folder: Path, n: int, bulk: bool) -> dict:
     async def send(event: dict, token: int) -> bool:
         return True
 
-    result = asyncio.run(_dispatch(path, send=send, concurrency=64, batch=64))
+    result = eventloop.run(_dispatch(path, send=send, concurrency=64, batch=64))
     return {"rate": n / (time.perf_counter() - started), "commits_per_job": None,
             "note": f"dispatch alone {result['rate']:.0f}/s"}
 
@@ -424,6 +432,14 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
             row(f"peer {peer}: enqueue {n} + consume/ack",
                 run_child("peer", {"n": n, "peer": peer}), None, "")
     print_table(rows, out)
+    from asyncworker.bench_cpu import run_cpu_bench
+
+    out.write("\nCPU per job, paired against one receiver (python -m asyncworker.bench_cpu): "
+              "the plain client and the dispatcher alternate, A B A B, each in a fresh "
+              "process; the ratios are the medians of the pairs (min..max)\n")
+    out.flush()
+    rows += [{"scenario": f"cpu: {row['case']}", **row}
+             for row in run_cpu_bench(pairs=2 if quick else 5, quick=quick, out=out)]
     if store is not None:
         from asyncworker.bench_postgres import run_postgres_bench
 
@@ -432,17 +448,18 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
 
 
 def print_table(rows: list[dict], out: Any) -> None:
-    header = ("scenario", "jobs/s", "p50 ms", "p99 ms", "commits/job", "RSS MB", "limit",
-              "ratio", "limit is")
+    header = ("scenario", "jobs/s", "CPU us/job", "p50 ms", "p99 ms", "commits/job", "RSS MB",
+              "limit", "ratio", "limit is")
     lines = [header]
     for r in rows:
         if "claim_small" in r:
             lines.append((r["scenario"],
-                          f"claim {r['claim_small']} -> {r['claim_big']} ms",
+                          f"claim {r['claim_small']} -> {r['claim_big']} ms", "-",
                           f"finish {r['finish_small']} -> {r['finish_big']} ms", "", "",
                           _fmt(r["rss_mb"], 1), "", _fmt(r["ratio"], 2), r["limit_label"]))
             continue
-        lines.append((r["scenario"], _fmt(r.get("rate")), _fmt(r.get("p50_ms"), 2),
+        lines.append((r["scenario"], _fmt(r.get("rate")), _fmt(r.get("cpu_us")),
+                      _fmt(r.get("p50_ms"), 2),
                       _fmt(r.get("p99_ms"), 2), _fmt(r.get("commits_per_job"), 3)
                       if r.get("commits_per_job") is not None else "-",
                       _fmt(r.get("rss_mb"), 1), _fmt(r.get("limit")), _fmt(r.get("ratio"), 2),
