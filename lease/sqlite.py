@@ -66,6 +66,8 @@ from lease.store import MAX_ERROR_CHARS, Attempt, Claimed, Leased
 from lease.worker import _SCHEMA as _CONTRACT_SCHEMA
 from lease.worker import (
     MAX_BATCH,
+    MAX_NOW_MS,
+    OUTCOMES,
     Busy,
     Conflict,
     Fault,
@@ -487,9 +489,11 @@ WHERE ordering_key = :key AND held = 0 AND {_LINE} AND status <> 'leased'
 _FIRSTS = f"""SELECT ordering_key, seq, id, status FROM jobs
 WHERE ordering_key = ? AND held = 0 AND {_LINE}"""
 
-# lease.worker._PICK less the held jobs, through the index of what may be taken.
+# lease.worker._PICK less the held jobs, through the index of what may be taken;
+# only what a lease (lease.worker._lease_rows) and its Leased need: every column
+# read costs, and a done job's evidence is no claim's business.
 _PICK_READY = """
-SELECT * FROM jobs INDEXED BY jobs_ready
+SELECT seq, id, qty, attempts, token, deadline, body FROM jobs INDEXED BY jobs_ready
 WHERE status IN ('pending', 'leased') AND held = 0
   AND ((status = 'pending' AND available_at <= :now)
     OR (status = 'leased' AND lease_until <= :now))
@@ -503,8 +507,14 @@ def _promote(con: Union[sqlite3.Connection, sqlite3.Cursor], keys: Iterable[str]
         con.execute(_PROMOTE, {"key": key})
 
 
+# Whether any key has a line at all: one probe of jobs_line. With none, no
+# finish has a next job to promote, and the finished rows need no second read.
+_ANY_LINE = f"SELECT EXISTS (SELECT 1 FROM jobs WHERE {_LINE})"
+
+
 def _keys_of(con: sqlite3.Connection, seqs: list) -> list[str]:
-    if not seqs:
+    """The ordering keys of the rows ``seqs``."""
+    if not seqs or not con.execute(_ANY_LINE).fetchone()[0]:
         return []
     marks = ", ".join("?" * len(seqs))
     return [key for (key,) in con.execute(
@@ -600,18 +610,32 @@ def finish_jobs(
     _check_fault(fault)
     finishing = [(t, o, d) for t, o, d, _ in items if o is not None]
     merged: list = []
+    planned: list = []  # the evidence, planned once inside the transaction
+
+    def plan(results: list) -> Tuple[list, list]:
+        if not planned:
+            outcomes = iter(results)
+            merged.extend(next(outcomes) if outcome is not None else ("leased", None)
+                          for _, outcome, _, _ in items)
+            planned.extend(_plan_evidence(items, merged, _attempts_high(con), now_ms))
+        return planned[0], planned[1]
+
+    def evidence(results: list) -> Tuple[Tuple[str, ...], list]:
+        # a delivery's evidence goes on its row in the finish's own UPDATE
+        done, _ = plan(results)
+        return _DONE_COLUMNS, [value for value, (_, outcome, _, _) in zip(done, items, strict=True)
+                               if outcome is not None]
 
     def record(con: sqlite3.Connection, results: list, seqs: list) -> None:
-        outcomes, rows = iter(results), iter(seqs)
-        merged.extend(next(outcomes) if outcome is not None else ("leased", None)
-                      for _, outcome, _, _ in items)
-        found = [next(rows) if outcome is not None else None for _, outcome, _, _ in items]
-        _record_attempts(con, items, merged, found, now_ms)
+        _, rows = plan(results)
+        _record_attempts(con, rows, merged)
+        found = iter(seqs)
+        done = [next(found) if outcome is not None else None for _, outcome, _, _ in items]
         # a line whose first was delivered: the next one goes
-        _promote(con, _keys_of(con, [seq for seq, result in zip(found, merged, strict=True)
+        _promote(con, _keys_of(con, [seq for seq, result in zip(done, merged, strict=True)
                                      if result and result[0] == "done"]))
 
-    _finish_tx(con, finishing, now_ms, fault, record)
+    _finish_tx(con, finishing, now_ms, fault, record, evidence)
     return merged
 
 
@@ -620,6 +644,17 @@ def _check_item(item: object) -> None:
         raise ValueError("each item must be a tuple (ticket, outcome, delay_ms, Attempt)")
     ticket, outcome, delay_ms, attempt = item
     check_ticket(ticket, PRODUCT)
+    if type(attempt) is Attempt:
+        # The checks below in one expression, for the common case of a good
+        # item; any miss goes through them one by one for the error's words.
+        started, latency, status, error = attempt
+        if ((outcome is None or (type(outcome) is str and outcome in OUTCOMES))
+                and type(delay_ms) is int and 0 <= delay_ms <= PRODUCT.max_delay_ms
+                and type(started) is int and 0 <= started <= MAX_NOW_MS
+                and (latency is None or (type(latency) is int and 0 <= latency <= 10**12))
+                and (status is None or (type(status) is int and 0 <= status <= 10**12))
+                and (error is None or type(error) is str)):
+            return
     if outcome is not None:
         check_outcome(outcome)
     _check_int("delay_ms", delay_ms, 0, PRODUCT.max_delay_ms)
@@ -635,29 +670,35 @@ def _check_item(item: object) -> None:
                          f"{type(attempt.error).__name__}")
 
 
-def _record_attempts(con: sqlite3.Connection, items: list, results: list, seqs: list,
-                     now_ms: int) -> None:
-    """Inside the finish transaction: each attempt's evidence. The attempt that
-    made a job done goes on the job's row (done_*: its end is available_at);
-    every other attempt (a retry, a refusal, a stale finish, evidence only) is
-    an attempts row."""
+# The evidence of the attempt that made a job done, on its row (see version 1).
+_DONE_COLUMNS = ("done_by", "done_started_ms", "done_latency_ms", "done_http_status",
+                 "done_after")
+
+
+def _plan_evidence(items: list, results: list, last: int, now_ms: int) -> Tuple[list, list]:
+    """Pure: each attempt's evidence, ``last`` being the largest attempts seq
+    yet. The attempt that made a job done goes on the job's row (per item its
+    done_* values, None for every other item: its end is available_at); every
+    other attempt (a retry, a refusal, a stale finish, evidence only) is an
+    attempts row, numbered on from ``last``."""
     rows: list[tuple] = []
-    done: list[tuple] = []
-    last = _attempts_high(con)
-    for (ticket, outcome, _, seen), result, seq in zip(items, results, seqs, strict=True):
+    done: list[Optional[tuple]] = []
+    for (ticket, outcome, _, seen), result in zip(items, results, strict=True):
         if result is not False and result[0] == "done":
             done.append((ticket["owner"], seen.started_ms, seen.latency_ms, seen.http_status,
-                         last + len(rows), seq))
+                         last + len(rows)))
             continue
+        done.append(None)
         status, reason = ("stale", None) if result is False else result
         error = None if seen.error is None else seen.error[:MAX_ERROR_CHARS]
         rows.append((last + len(rows) + 1, ticket["id"], ticket["token"], ticket["attempt"],
                      ticket["owner"], seen.started_ms, now_ms, outcome or "none", status, reason,
                      seen.http_status, error, seen.latency_ms))
-    if done:
-        con.executemany(
-            "UPDATE jobs SET done_by = ?, done_started_ms = ?, done_latency_ms = ?,"
-            " done_http_status = ?, done_after = ? WHERE seq = ?", done)
+    return done, rows
+
+
+def _record_attempts(con: sqlite3.Connection, rows: list, results: list) -> None:
+    """Inside the finish transaction: the attempts rows, and the stale finishes counted."""
     if rows:
         con.executemany(
             "INSERT INTO attempts (seq, id, token, attempt, owner, started_ms, ended_ms,"

@@ -286,6 +286,17 @@ def parse_event(data: Union[str, bytes]) -> dict:
 
 def check_ticket(ticket: object, limits: Limits = LAB) -> dict:
     """A ticket as claim returns it: exactly its six keys, each in range."""
+    if type(ticket) is dict and ticket.keys() == TICKET_KEYS:
+        # Every check below in one expression, for the common case of a good
+        # ticket; any miss goes through them one by one for the error's words.
+        job_id, owner, qty = ticket["id"], ticket["owner"], ticket["qty"]
+        token, attempt, until = ticket["token"], ticket["attempt"], ticket["lease_until"]
+        if (type(qty) is int and type(token) is int and type(attempt) is int
+                and type(until) is int and type(job_id) is str and type(owner) is str
+                and limits.min_qty <= qty <= limits.max_qty and 1 <= token <= MAX_TOKEN
+                and 1 <= attempt <= limits.max_attempts and 1 <= until <= MAX_TOKEN
+                and limits.job_id.fullmatch(job_id) and _IDENTIFIER.fullmatch(owner)):
+            return ticket
     _check_exact_dict("ticket", ticket, TICKET_KEYS)
     assert isinstance(ticket, dict)
     check_job_id("ticket id", ticket["id"], limits)
@@ -331,6 +342,13 @@ def _select(con: sqlite3.Connection, sql: str, params: object = ()) -> sqlite3.C
     only: the connection a caller gets from open_queue returns plain tuples."""
     cursor = con.cursor()
     cursor.row_factory = sqlite3.Row
+    return cursor.execute(sql, params)  # type: ignore[arg-type]
+
+
+def _tuples(con: sqlite3.Connection, sql: str, params: object = ()) -> sqlite3.Cursor:
+    """A query whose rows are plain tuples, whatever factory the connection has."""
+    cursor = con.cursor()
+    cursor.row_factory = None
     return cursor.execute(sql, params)  # type: ignore[arg-type]
 
 
@@ -632,9 +650,18 @@ ORDER BY seq LIMIT :limit
 """
 
 
+# Whether any of the quarantine's statements has a candidate: one statement of
+# three index probes, so that a claim with nothing to move runs no UPDATE.
+_QUARANTINE_DUE = "SELECT " + " OR ".join(
+    f"EXISTS (SELECT 1 FROM jobs WHERE {statement.split('WHERE', 1)[1]})"
+    for _, statement in _QUARANTINE)
+
+
 def _quarantine(con: sqlite3.Connection, now_ms: int) -> dict:
     """Inside a transaction: the contract's quarantine; the rows moved, by reason."""
     moved = {"deadline": 0, "exhausted": 0}
+    if not _tuples(con, _QUARANTINE_DUE, {"now": now_ms}).fetchone()[0]:
+        return moved  # none has a candidate, and a statement moving nothing changes none's
     for reason, statement in _QUARANTINE:
         moved[reason] += con.execute(statement, {"now": now_ms}).rowcount
     return moved
@@ -841,17 +868,22 @@ def finish_batch(
 
 
 Record = Optional[Callable[[sqlite3.Connection, list, list], None]]
+# More columns a front end sets on finished rows in the finish's own UPDATE:
+# given the per-item results, the columns' names and, per item, their values
+# (None: that row gets none of them). One UPDATE per row, not a second one.
+Extra = Optional[Callable[[list], Tuple[Tuple[str, ...], list]]]
 
 
 def _finish_tx(
-    con: sqlite3.Connection, items: list, now_ms: int, fault: Fault, record: Record = None
+    con: sqlite3.Connection, items: list, now_ms: int, fault: Fault, record: Record = None,
+    extra: Extra = None,
 ) -> list:
     """The finish transaction, arguments already checked. ``record(con,
     results, seqs)``, when given, writes more in the same transaction (the
     product's evidence of each attempt) before the hooks; ``seqs`` holds each
-    finished row's seq (None for a stale ticket)."""
+    finished row's seq (None for a stale ticket). ``extra``: see Extra."""
     with _immediate(con):
-        results, seqs = _finish_marked(con, items, now_ms) if items else ([], [])
+        results, seqs = _finish_marked(con, items, now_ms, extra) if items else ([], [])
         if record is not None:
             record(con, results, seqs)
         changed = any(results)
@@ -862,16 +894,19 @@ def _finish_tx(
     return results
 
 
-def _finish_marked(con: sqlite3.Connection, items: list, now_ms: int) -> Tuple[list, list]:
+def _finish_marked(
+    con: sqlite3.Connection, items: list, now_ms: int, extra: Extra = None
+) -> Tuple[list, list]:
     """Inside a transaction: the fenced finish of each (ticket, outcome, delay_ms),
     in order, as single finishes in sequence would do it (a job finished earlier
     in the list is no longer leased for a later item). Per item (status,
     reason) or False, and the row's seq (None when False)."""
     ids = sorted({ticket["id"] for ticket, _, _ in items})
-    found = _select(
+    found = _tuples(
         con, f"SELECT {_MARKED} FROM jobs WHERE id IN ({', '.join('?' * len(ids))})", ids
     ).fetchall()
-    rows = {row["id"]: dict(row) for row in found}
+    # dicts made straight from tuples: a sqlite3.Row copied into one costs twice
+    rows = {row[1]: dict(zip(_MARKED_NAMES, row, strict=True)) for row in found}  # [1]: id
     results: list = []
     seqs: list = []
     updates = []
@@ -889,16 +924,34 @@ def _finish_marked(con: sqlite3.Connection, items: list, now_ms: int) -> Tuple[l
         updates.append((status, reason, available_at, row["seq"]))
         results.append((status, reason))
         seqs.append(row["seq"])
-    con.executemany(
-        "UPDATE jobs SET status = ?, reason = ?, available_at = ?,"
-        " owner = NULL, lease_until = NULL WHERE seq = ?",
-        updates,
-    )
+    if extra is None:
+        con.executemany(_FINISH_ROW.format(""), updates)
+    else:
+        _finish_rows_with(con, updates, results, extra)
     return results, seqs
+
+
+_FINISH_ROW = ("UPDATE jobs SET status = ?, reason = ?, available_at = ?,"
+               " owner = NULL, lease_until = NULL{} WHERE seq = ?")
+
+
+def _finish_rows_with(con: sqlite3.Connection, updates: list, results: list,
+                      extra: Callable[[list], Tuple[Tuple[str, ...], list]]) -> None:
+    """The finish's UPDATEs, each row with the extra columns ``extra`` gives it."""
+    names, values = extra(results)
+    more = [value for value, result in zip(values, results, strict=True) if result is not False]
+    plain = [update for update, value in zip(updates, more, strict=True) if value is None]
+    rich = [(*update[:3], *value, update[3])
+            for update, value in zip(updates, more, strict=True) if value is not None]
+    if plain:
+        con.executemany(_FINISH_ROW.format(""), plain)
+    if rich:
+        con.executemany(_FINISH_ROW.format("".join(f", {name} = ?" for name in names)), rich)
 
 
 # What a finish reads of a row: the marker and the budget, never a payload.
 _MARKED = "seq, id, qty, status, attempts, max_attempts, token, deadline, owner, lease_until"
+_MARKED_NAMES = tuple(_MARKED.split(", "))
 
 
 def redrive(
