@@ -69,11 +69,12 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def fill_queue(path: Path, n: int, prefix: str = "job") -> None:
-    """A product queue of n lab events, every one ready now."""
+def fill_queue(path: Path, n: int, prefix: str = "job", journal: Optional[str] = None) -> None:
+    """A product queue of n lab events, every one ready now (``journal``: "wal"
+    for a file in WAL mode)."""
     from lease.store import open_store
 
-    store = open_store(path, create=True)
+    store = open_store(path, create=True, journal=journal)
     try:
         for start in range(0, n, 5000):
             store.enqueue_events([{"id": f"{prefix}-{i}", "qty": i % 1000 + 1}
@@ -306,26 +307,35 @@ class CpuBench:
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
 
-    def _queue(self, n: int) -> Path:
+    def _queue(self, n: int, journal: Optional[str] = None) -> Path:
         self._runs += 1
         path = self.folder / f"q{self._runs}.db"
-        fill_queue(path, n, prefix=f"run{self._runs}")
+        fill_queue(path, n, prefix=f"run{self._runs}", journal=journal)
         return path
+
+    def _dispatch_cpu(self, url: str, n: int, concurrency: int,
+                      journal: Optional[str]) -> dict:
+        """One dispatcher run against ``url`` on a fresh queue file, removed after."""
+        queue = self._queue(n, journal)
+        try:
+            return _run(_child_command(self.loop, "dispatch", queue, url, concurrency, 64, 0))
+        finally:
+            for leftover in (queue, queue.with_name(queue.name + "-wal"),
+                             queue.with_name(queue.name + "-shm")):
+                leftover.unlink(missing_ok=True)
 
     def paired(self, label: str, concurrency: int, latency_ms: int, n: int) -> dict:
         """A B A B ... against one receiver: the paired ratios of rate and of CPU per job;
         in each pair also the runtime alone (``MemoryStore``), beside the same plain client."""
         rates, cpus, client_cpu, dispatcher_cpu, limits = [], [], [], [], []
-        runtime_cpu, runtime_ratios = [], []
+        runtime_cpu, runtime_ratios, wal_cpu, wal_ratios, wal_rates = [], [], [], [], []
         with Receiver(self.folder, latency_ms, self.loop) as receiver:
             for pair in range(self.pairs):
                 self._runs += 1
                 plain = _run(_child_command(self.loop, "client", receiver.url, n, concurrency,
                                             f"plain{self._runs}"))
-                queue = self._queue(n)
-                ours = _run(_child_command(self.loop, "dispatch", queue, receiver.url,
-                                           concurrency, 64, 0))
-                queue.unlink()
+                ours = self._dispatch_cpu(receiver.url, n, concurrency, None)
+                wal = self._dispatch_cpu(receiver.url, n, concurrency, "wal")
                 alone = _run(_child_command(self.loop, "dispatch", f"memory:{n}:mem{self._runs}",
                                             receiver.url, concurrency, 64, 0))
                 runtime_cpu.append(alone["cpu_s"] / alone["jobs"] * 1e6)
@@ -338,15 +348,21 @@ class CpuBench:
                 dispatcher_cpu.append(ours["cpu_s"] / ours["jobs"] * 1e6)
                 cpus.append(dispatcher_cpu[-1] / client_cpu[-1])
                 runtime_ratios.append(runtime_cpu[-1] / client_cpu[-1])
+                wal_cpu.append(wal["cpu_s"] / wal["jobs"] * 1e6)
+                wal_ratios.append(wal_cpu[-1] / client_cpu[-1])
+                wal_rates.append(wal["jobs"] / wal["seconds"] / limit)
                 print(f"  {label} pair {pair + 1}: limit {limits[-1]:,.0f}/s, dispatcher "
                       f"{ours['jobs'] / ours['seconds']:,.0f}/s, CPU {dispatcher_cpu[-1]:.0f} "
-                      f"vs {client_cpu[-1]:.0f} us (runtime alone {runtime_cpu[-1]:.0f})",
+                      f"vs {client_cpu[-1]:.0f} us (a WAL file {wal_cpu[-1]:.0f}, "
+                      f"the runtime alone {runtime_cpu[-1]:.0f})",
                       file=sys.stderr, flush=True)
         return {"case": label, "rate_ratio": _spread(rates), "cpu_ratio": _spread(cpus),
                 "client_us": statistics.median(client_cpu),
                 "dispatcher_us": statistics.median(dispatcher_cpu),
                 "runtime_us": statistics.median(runtime_cpu),
                 "runtime_ratio": _spread(runtime_ratios),
+                "wal_us": statistics.median(wal_cpu), "wal_ratio": _spread(wal_ratios),
+                "wal_rate_ratio": _spread(wal_rates),
                 "limit": statistics.median(limits)}
 
     def in_process(self, n: int, concurrency: int, batch: int, send_ms: float = 0.0) -> dict:
@@ -452,6 +468,13 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
                   f"({rate['min']:.2f}..{rate['max']:.2f}) | {row['dispatcher_us']:.0f} | "
                   f"{row['client_us']:.0f} | {cpu['median']:.2f} ({cpu['min']:.2f}.."
                   f"{cpu['max']:.2f}) | {met} |\n")
+        wal, wal_rate = row["wal_ratio"], row["wal_rate_ratio"]
+        met = (f"rate {_verdict(wal_rate['median'] >= RATE_TARGET)}, "
+               f"CPU {_verdict(wal['median'] <= CPU_TARGET)}")
+        out.write(f"| {row['case']}, a WAL file (init --journal wal) | {row['limit']:,.0f} | "
+                  f"{wal_rate['median']:.2f} ({wal_rate['min']:.2f}..{wal_rate['max']:.2f}) | "
+                  f"{row['wal_us']:.0f} | {row['client_us']:.0f} | {wal['median']:.2f} "
+                  f"({wal['min']:.2f}..{wal['max']:.2f}) | {met} |\n")
         alone = row["runtime_ratio"]
         out.write(f"| {row['case']}: the runtime alone (a store in memory, no SQL) | - | - | "
                   f"{row['runtime_us']:.0f} | {row['client_us']:.0f} | {alone['median']:.2f} "

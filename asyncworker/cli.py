@@ -310,6 +310,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the queue shares its SQLite file with a service's own tables, to be "
                         "enqueued in the service's transactions (lease.sqlite.enqueue_in); "
                         "recorded in the file, so later commands need no flag")
+    p.add_argument("--journal", choices=("delete", "wal"), default=None,
+                   help="a SQLite file's journal: delete (the default for a new file: the "
+                        "rollback journal of the lab's format) or wal (write-ahead log: one "
+                        "fsync a COMMIT instead of several, readers never block the writer; "
+                        "every reader needs write access to the file's folder, and a copy "
+                        "must take the -wal file too). Kept by every later open; every "
+                        "COMMIT is durable in both")
 
     _enqueue_arguments(command("enqueue", "add jobs: one with --id and --qty or --body, or "
                                "JSON lines with --file", _enqueue))
@@ -654,7 +661,8 @@ def _check_queue_path(path: str) -> None:
 
 
 def open_queue_store(queue: str, *, create: bool = False, read_only: bool = False,
-                     migrate: bool = True, shared: bool = False) -> Store:
+                     migrate: bool = True, shared: bool = False,
+                     journal: Optional[str] = None) -> Store:
     """The store QUEUE names, for a command: a file is checked first (missing, a
     folder, empty: usage errors), a URL's server is reached and its queue found.
 
@@ -670,8 +678,9 @@ def open_queue_store(queue: str, *, create: bool = False, read_only: bool = Fals
         if not read_only and os.path.getsize(queue) == 0:  # SQLite would fill it silently
             raise UsageError(f"{queue}: not a queue file: it is empty (init makes one)")
     try:
-        if migrate or shared or is_postgres_url(queue):
-            return open_store(queue, create=create, read_only=read_only, shared=shared)
+        if migrate or shared or journal or is_postgres_url(queue):
+            return open_store(queue, create=create, read_only=read_only, shared=shared,
+                              journal=journal)
         from lease.sqlite import SQLiteStore
 
         return SQLiteStore(queue, create=create, migrate=False)
@@ -841,16 +850,25 @@ def _init(args: argparse.Namespace) -> int:
     if args.shared and is_postgres_url(queue):
         raise UsageError("--shared is for a SQLite file: a PostgreSQL queue lives in its own "
                          "schema beside the service's tables already")
+    if args.journal is not None and is_postgres_url(queue):
+        raise UsageError("--journal is for a SQLite file: a PostgreSQL queue has the "
+                         "server's write-ahead log")
+    if args.journal is not None and args.shared:
+        raise UsageError("--journal goes without --shared: a shared file keeps the "
+                         "service's journal mode")
     before = _shared_version_before(queue) if args.shared else _version_before(queue)
-    with closing(open_queue_store(queue, create=True, shared=args.shared)) as store:
+    with closing(open_queue_store(queue, create=True, shared=args.shared,
+                                  journal=args.journal)) as store:
         after = store.schema_version()
+        mode = store.journal if store.kind == "sqlite" else None  # type: ignore[attr-defined]
+        journal = "" if mode in (None, "delete") else f", journal {mode}"  # the default unsaid
     if before is None:
-        print(f"created queue {shown(queue)} (schema version {after})")
+        print(f"created queue {shown(queue)} (schema version {after}{journal})")
     elif before < after:
         print(f"migrated queue {shown(queue)} from schema version {before} to {after}, "
-              f"every row kept")
+              f"every row kept{journal}")
     else:
-        print(f"kept existing queue {shown(queue)} (schema version {after})")
+        print(f"kept existing queue {shown(queue)} (schema version {after}{journal})")
     return EXIT_OK
 
 

@@ -205,17 +205,90 @@ def schema_version(con: sqlite3.Connection) -> int:
     return int(con.execute("PRAGMA user_version").fetchone()[0])
 
 
-def open_store(path: Union[str, os.PathLike[str]], *, create: bool = True) -> sqlite3.Connection:
+def open_store(path: Union[str, os.PathLike[str]], *, create: bool = True,
+               journal: Optional[str] = None) -> sqlite3.Connection:
     """Open a queue for the product: the contract's ``open_queue`` (its
     settings, its refusal of foreign files), then the migrations up to
-    SCHEMA_VERSION, in one transaction. A newer file is a ValueError."""
-    con = open_queue(path, create=create)
+    SCHEMA_VERSION, in one transaction. A newer file is a ValueError.
+
+    A file in WAL mode stays in it (``open_wal``: the contract's opener would
+    insist on its rollback journal, and cannot switch a WAL file that another
+    process has open). ``journal`` ("wal" or "delete") switches the file's
+    mode, which needs the file to itself; None keeps what the file has."""
+    text = _check_path(path, "queue")
+    check_journal(journal)
+    con = open_wal(text) if is_wal_file(text) else open_queue(text, create=create)
     try:
         migrate(con)
+        if journal is not None:
+            _switch_journal(con, journal, text)
     except BaseException:
         con.close()
         raise
     return con
+
+
+# The journal modes a product file may choose: the contract's rollback
+# journal, or the write-ahead log (one fsync a COMMIT instead of several, and
+# readers that never block the writer). synchronous=FULL makes every COMMIT
+# durable in both.
+JOURNALS = ("delete", "wal")
+
+
+def check_journal(journal: object) -> None:
+    if journal is not None and (type(journal) is not str or journal not in JOURNALS):
+        raise ValueError(f"journal must be None, 'delete' or 'wal', got {journal!r}")
+
+
+def journal_mode(con: sqlite3.Connection) -> str:
+    """The journal mode of an open queue's connection ("delete", "wal", ...)."""
+    return str(con.execute("PRAGMA journal_mode").fetchone()[0])
+
+
+def is_wal_file(text: str) -> bool:
+    """True when the file's header says WAL (its read and write versions are 2),
+    read without opening it as a database: nothing is created or changed."""
+    try:
+        with open(text, "rb") as file:
+            header = file.read(20)
+    except FileNotFoundError:
+        return False
+    return header[:16] == b"SQLite format 3\x00" and header[18:20] == b"\x02\x02"
+
+
+def open_wal(text: str) -> sqlite3.Connection:
+    """A queue file in WAL mode, opened as the contract opens one (autocommit,
+    a 1 s wait for a competing writer, synchronous=FULL, foreign files refused,
+    missing tables created) but with its journal mode kept."""
+    con = _connect_file(text, create=False)
+    try:
+        con.execute("PRAGMA synchronous=FULL")
+        if not _check_schema(con):
+            with _immediate(con):
+                _check_schema(con)
+                for statement in _CONTRACT_SCHEMA:
+                    con.execute(statement)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _switch_journal(con: sqlite3.Connection, journal: str, text: str) -> None:
+    """The file's journal mode made ``journal``; SQLite answers with the mode it
+    has, which stays the old one while another connection has the file open."""
+    if journal_mode(con) == journal:
+        return
+    try:
+        found = con.execute(f"PRAGMA journal_mode={journal.upper()}").fetchone()[0]
+    except sqlite3.OperationalError as exc:
+        if "locked" not in str(exc):
+            raise
+        found = journal_mode(con)
+    if found != journal:
+        raise StoreError(f"{text}: could not switch to journal_mode={journal} (still {found}):"
+                         f" another connection has the file open; switch it while nothing else"
+                         f" uses it")
 
 
 def migrate(con: sqlite3.Connection) -> int:
@@ -930,15 +1003,24 @@ class SQLiteStore:
 
     def __init__(self, path: Union[str, os.PathLike[str]], *, create: bool = False,
                  read_only: bool = False, clock: Optional[Callable[[], int]] = None,
-                 migrate: bool = True, shared: bool = False) -> None:
+                 migrate: bool = True, shared: bool = False,
+                 journal: Optional[str] = None) -> None:
         """``migrate=False`` leaves a contract file at its version until the
         first intake migrates it in its own transaction (``enqueue_events``):
         an intake refused halfway then leaves the file exactly as it was.
 
         ``shared=True`` declares that the queue shares its file with a
         service's own tables (``open_shared``); a file declared so once is
-        opened as shared ever after, by every store, without being told."""
+        opened as shared ever after, by every store, without being told.
+
+        ``journal`` switches the file's journal mode ("wal" or "delete", see
+        ``open_store``); None keeps the one it has. A shared file keeps the
+        service's."""
         self.name = _check_path(path, "queue")
+        check_journal(journal)
+        if journal is not None and (shared or read_only):
+            raise ValueError("journal is not for a shared file (a shared file keeps the "
+                             "service's journal mode) nor for a read-only store")
         self.read_only = read_only
         self.shared = False
         self._clock = clock or wall_clock_ms
@@ -954,10 +1036,12 @@ class SQLiteStore:
             if found is not None:
                 self.connection, self.shared = found, True
                 return
-            if migrate:
-                self.connection = open_store(self.name, create=create)
+            if migrate or journal is not None:
+                self.connection = open_store(self.name, create=create, journal=journal)
                 return
-            self.connection = open_queue(self.name, create=create)
+            # a WAL file stays one: the contract's opener would insist on its journal
+            self.connection = open_wal(self.name) if is_wal_file(self.name) \
+                else open_queue(self.name, create=create)
             try:
                 _check_version(self.connection)
             except BaseException:
@@ -966,6 +1050,13 @@ class SQLiteStore:
 
     def close(self) -> None:
         self.connection.close()
+
+    @property
+    def journal(self) -> str:
+        """The file's journal mode: "delete" (the default), "wal", or a shared
+        file's own."""
+        with _store_errors():
+            return journal_mode(self.connection)
 
     def __enter__(self) -> SQLiteStore:
         return self

@@ -238,7 +238,8 @@ def is_postgres_url(target: object) -> bool:
 
 def open_store(target: Union[str, os.PathLike[str]], *, create: bool = False,
                read_only: bool = False, clock: Optional[Callable[[], int]] = None,
-               threads: int = 1, shared: bool = False) -> Store:
+               threads: int = 1, shared: bool = False,
+               journal: Optional[str] = None) -> Store:
     """The store a queue is named by: a ``postgresql://`` URL, or a SQLite file's path.
 
     ``create`` makes a missing file (SQLite) or the missing tables (both);
@@ -250,8 +251,13 @@ def open_store(target: Union[str, os.PathLike[str]], *, create: bool = False,
     own tables (``lease.sqlite.open_shared``: recorded in the file, so later
     opens need not say it); a PostgreSQL queue always lives in a schema of its
     own beside the service's tables, so there it changes nothing.
+    ``journal`` ("wal" or "delete") switches a SQLite file's journal mode, kept
+    by every later open (``lease.sqlite.SQLiteStore``); None keeps the file's.
     """
     if is_postgres_url(target):
+        if journal is not None:
+            raise ValueError("journal is a SQLite file's choice: a PostgreSQL queue has "
+                             "the server's write-ahead log")
         try:
             from lease.postgres import PostgresStore
         except ImportError as exc:  # the optional extra is not installed
@@ -261,7 +267,8 @@ def open_store(target: Union[str, os.PathLike[str]], *, create: bool = False,
                              threads=threads)
     from lease.sqlite import SQLiteStore
 
-    return SQLiteStore(target, create=create, read_only=read_only, clock=clock, shared=shared)
+    return SQLiteStore(target, create=create, read_only=read_only, clock=clock, shared=shared,
+                       journal=journal)
 
 
 @dataclass(frozen=True)

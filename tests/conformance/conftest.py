@@ -1,6 +1,7 @@
 """The conformance suite's fixtures: every test runs once per store.
 
-``store`` is an empty queue of one kind (``kind``: "sqlite", "postgresql"),
+``store`` is an empty queue of one kind (``kind``: "sqlite", "sqlite-wal" (a
+file in WAL mode), "postgresql"),
 ``make_store`` opens more stores on that same queue (other connections,
 other "hosts"), ``queues`` makes fresh empty queues of that kind (for
 Hypothesis, one per example). Every store is opened with an injected clock,
@@ -27,7 +28,7 @@ from tests.postgres_server import drop_database, fresh_database
 
 from ..conftest import T0
 
-KINDS = ("sqlite", "postgresql")
+KINDS = ("sqlite", "sqlite-wal", "postgresql")
 
 
 class ManualClock:
@@ -45,6 +46,8 @@ def open_kind(kind: str, location: str, clock: Callable[[], int], *,
     """A store of ``kind`` on the queue at ``location`` (a path or a URL)."""
     if kind == "sqlite":
         return SQLiteStore(location, create=create, clock=clock)
+    if kind == "sqlite-wal":
+        return SQLiteStore(location, create=create, clock=clock, journal="wal")
     return PostgresStore(location, create=create, clock=clock)
 
 
@@ -61,7 +64,7 @@ def clock() -> ManualClock:
 @pytest.fixture
 def location(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
     """Where this test's queue lives: a file in tmp_path, or a fresh database."""
-    if kind == "sqlite":
+    if kind.startswith("sqlite"):
         return str(tmp_path / "q.db")
     return str(request.getfixturevalue("postgres_url"))
 
@@ -97,10 +100,10 @@ class Queues:
     @contextlib.contextmanager
     def fresh(self, clock: Optional[Callable[[], int]] = None) -> Iterator[Store]:
         clock = clock or ManualClock(T0)
-        if self.kind == "sqlite":
+        if self.kind.startswith("sqlite"):
             folder = tempfile.mkdtemp(prefix="conformance-")
             try:
-                with contextlib.closing(open_kind("sqlite", f"{folder}/q.db", clock)) as store:
+                with contextlib.closing(open_kind(self.kind, f"{folder}/q.db", clock)) as store:
                     yield store
             finally:
                 shutil.rmtree(folder)
@@ -119,7 +122,10 @@ class Queues:
     def settings(self, sqlite_examples: int, postgresql_examples: int, **more: object) -> settings:
         """Hypothesis settings for this kind: a PostgreSQL example costs a
         fresh database, so fewer of them keep the suite quick."""
-        examples = sqlite_examples if self.kind == "sqlite" else postgresql_examples
+        # a WAL file runs the same SQL as a rollback-journal file: fewer examples
+        # prove its commits and reads keep the rules
+        examples = {"sqlite": sqlite_examples, "sqlite-wal": max(5, sqlite_examples // 3)
+                    }.get(self.kind, postgresql_examples)
         return settings(max_examples=examples, deadline=None, **more)  # type: ignore[arg-type]
 
 
