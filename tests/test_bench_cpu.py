@@ -18,13 +18,14 @@ def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
     out = io.StringIO()
     rows = run_cpu_bench(pairs=1, quick=True, out=out)
     table = [line for line in out.getvalue().splitlines() if line.startswith("| ")]
-    assert table[0].startswith("| case") and len(table) == 1 + 10
+    assert table[0].startswith("| case") and len(table) == 1 + 11
     for label in ("c64, 0 ms", "c256, 50 ms", "in-process, batch 64", "256 in flight",
                   "c64, 0 ms, a WAL file", "c256, 50 ms, a WAL file",
+                  "in-process, batch 64, c64, a WAL file",
                   "c64, 0 ms: the runtime alone", "c256, 50 ms: the runtime alone",
                   "the store alone: claim + finish, 12", "the store alone: claim + finish, 64"):
         assert any(line.startswith(f"| {label}") or label in line for line in table), label
-    assert all("met" in line for line in table[1:3] + table[4:6] + table[7:9])
+    assert all("met" in line for line in table[1:3] + table[4:6] + table[7:10])
     paired = [row for row in rows if "rate_ratio" in row]
     assert [row["case"] for row in paired] == ["c64, 0 ms", "c256, 50 ms"]
     for row in paired:
@@ -33,9 +34,10 @@ def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
         assert row["client_us"] >= 0 and row["limit"] > 0 and row["runtime_us"] > 0
         assert row["runtime_ratio"]["min"] <= row["runtime_ratio"]["median"]
         assert row["wal_us"] > 0 and row["wal_rate_ratio"]["median"] > 0
-    batched, rss = rows[2], rows[3]
-    assert [row["jobs"] for row in rows[4:]] == [600, 600]
-    assert batched["jobs"] == 2000 and rss["jobs"] == 2000 and 0 < rss["rss_mb"] < 1000
+    batched, batched_wal, rss = rows[2], rows[3], rows[4]
+    assert [row["jobs"] for row in rows[5:]] == [600, 600]
+    assert batched["jobs"] == batched_wal["jobs"] == rss["jobs"] == 2000
+    assert 0 < rss["rss_mb"] < 1000
 
 
 def test_the_queue_it_fills_holds_every_job_ready(tmp_path):
