@@ -314,9 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a SQLite file's journal: delete (the default for a new file: the "
                         "rollback journal of the lab's format) or wal (write-ahead log: one "
                         "fsync a COMMIT instead of several, readers never block the writer; "
-                        "every reader needs write access to the file's folder, and a copy "
-                        "must take the -wal file too). Kept by every later open; every "
-                        "COMMIT is durable in both")
+                        "a copy must take the -wal file too, and every process must be on "
+                        "this host). Kept by every later open; every COMMIT is durable in "
+                        "both")
 
     _enqueue_arguments(command("enqueue", "add jobs: one with --id and --qty or --body, or "
                                "JSON lines with --file", _enqueue))
