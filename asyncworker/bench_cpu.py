@@ -445,6 +445,16 @@ def _verdict(met: bool) -> str:
     return "met" if met else "NOT met"
 
 
+def _paired_line(label: str, limit: float, rate: dict, dispatcher_us: float,
+                 client_us: float, cpu: dict) -> str:
+    """One paired case's table line: the rate and CPU ratios with their spread."""
+    met = (f"rate {_verdict(rate['median'] >= RATE_TARGET)}, "
+           f"CPU {_verdict(cpu['median'] <= CPU_TARGET)}")
+    return (f"| {label} | {limit:,.0f} | {rate['median']:.2f} ({rate['min']:.2f}.."
+            f"{rate['max']:.2f}) | {dispatcher_us:.0f} | {client_us:.0f} | "
+            f"{cpu['median']:.2f} ({cpu['min']:.2f}..{cpu['max']:.2f}) | {met} |\n")
+
+
 def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
                   loop: str = "auto") -> list[dict]:
     """Measure every figure in one run and print the table; return its rows."""
@@ -468,20 +478,11 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
     out.write("| case | receiver limit/s | dispatcher / limit | CPU us/job: dispatcher | "
               "plain client | CPU ratio | targets |\n|---|---|---|---|---|---|---|\n")
     for row in rows:
-        rate, cpu = row["rate_ratio"], row["cpu_ratio"]
-        met = (f"rate {_verdict(rate['median'] >= RATE_TARGET)}, "
-               f"CPU {_verdict(cpu['median'] <= CPU_TARGET)}")
-        out.write(f"| {row['case']} | {row['limit']:,.0f} | {rate['median']:.2f} "
-                  f"({rate['min']:.2f}..{rate['max']:.2f}) | {row['dispatcher_us']:.0f} | "
-                  f"{row['client_us']:.0f} | {cpu['median']:.2f} ({cpu['min']:.2f}.."
-                  f"{cpu['max']:.2f}) | {met} |\n")
-        wal, wal_rate = row["wal_ratio"], row["wal_rate_ratio"]
-        met = (f"rate {_verdict(wal_rate['median'] >= RATE_TARGET)}, "
-               f"CPU {_verdict(wal['median'] <= CPU_TARGET)}")
-        out.write(f"| {row['case']}, a WAL file (init --journal wal) | {row['limit']:,.0f} | "
-                  f"{wal_rate['median']:.2f} ({wal_rate['min']:.2f}..{wal_rate['max']:.2f}) | "
-                  f"{row['wal_us']:.0f} | {row['client_us']:.0f} | {wal['median']:.2f} "
-                  f"({wal['min']:.2f}..{wal['max']:.2f}) | {met} |\n")
+        out.write(_paired_line(row["case"], row["limit"], row["rate_ratio"],
+                               row["dispatcher_us"], row["client_us"], row["cpu_ratio"]))
+        out.write(_paired_line(f"{row['case']}, a WAL file (init --journal wal)", row["limit"],
+                               row["wal_rate_ratio"], row["wal_us"], row["client_us"],
+                               row["wal_ratio"]))
         alone = row["runtime_ratio"]
         out.write(f"| {row['case']}: the runtime alone (a store in memory, no SQL) | - | - | "
                   f"{row['runtime_us']:.0f} | {row['client_us']:.0f} | {alone['median']:.2f} "

@@ -84,6 +84,7 @@ from lease.worker import (
     _extend_tx,
     _finish_tx,
     _immediate,
+    _open_file,
     _redrive_decisions,
     _select,
     check_identifier,
@@ -260,18 +261,7 @@ def open_wal(text: str) -> sqlite3.Connection:
     """A queue file in WAL mode, opened as the contract opens one (autocommit,
     a 1 s wait for a competing writer, synchronous=FULL, foreign files refused,
     missing tables created) but with its journal mode kept."""
-    con = _connect_file(text, create=False)
-    try:
-        con.execute("PRAGMA synchronous=FULL")
-        if not _check_schema(con):
-            with _immediate(con):
-                _check_schema(con)
-                for statement in _CONTRACT_SCHEMA:
-                    con.execute(statement)
-    except BaseException:
-        con.close()
-        raise
-    return con
+    return _open_file(text, False, None)
 
 
 def _switch_journal(con: sqlite3.Connection, journal: str, text: str) -> None:

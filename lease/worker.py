@@ -527,11 +527,19 @@ def open_queue(path: Union[str, os.PathLike[str]], *, create: bool = True) -> sq
     With create=False the file must already exist: it is opened read-write,
     never created.
     """
-    con = _connect_file(_check_path(path), create)
+    return _open_file(_check_path(path), create, "DELETE")
+
+
+def _open_file(text: str, create: bool, journal: Optional[str]) -> sqlite3.Connection:
+    """``open_queue`` with the journal mode to set (the contract's DELETE), or
+    None to keep the file's own (a product file made WAL keeps it)."""
+    con = _connect_file(text, create)
     try:
-        mode = con.execute("PRAGMA journal_mode=DELETE").fetchone()[0]
-        if mode != "delete":
-            raise sqlite3.OperationalError(f"could not set journal_mode=DELETE (got {mode})")
+        if journal is not None:
+            mode = con.execute(f"PRAGMA journal_mode={journal}").fetchone()[0]
+            if mode != journal.lower():
+                raise sqlite3.OperationalError(
+                    f"could not set journal_mode={journal} (got {mode})")
         con.execute("PRAGMA synchronous=FULL")
         # A queue that is already complete needs no write lock to open: another
         # process may be writing it right now.
