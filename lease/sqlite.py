@@ -252,7 +252,7 @@ def is_wal_file(text: str) -> bool:
     try:
         with open(text, "rb") as file:
             header = file.read(20)
-    except FileNotFoundError:
+    except OSError:  # missing, a folder, unreadable: the usual opener says which
         return False
     return header[:16] == b"SQLite format 3\x00" and header[18:20] == b"\x02\x02"
 
