@@ -439,7 +439,7 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
               "process; the ratios are the medians of the pairs (min..max)\n")
     out.flush()
     rows += [{"scenario": f"cpu: {row['case']}", **row}
-             for row in run_cpu_bench(pairs=2 if quick else 5, quick=quick, out=out)]
+             for row in run_cpu_bench(pairs=1 if quick else 5, quick=quick, out=out)]
     if store is not None:
         from asyncworker.bench_postgres import run_postgres_bench
 
