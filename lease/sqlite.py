@@ -585,6 +585,18 @@ def _keys_of(con: sqlite3.Connection, seqs: list) -> list[str]:
         " AND ordering_key IS NOT NULL", seqs)]
 
 
+def _rows_by_id(con: sqlite3.Connection, job_ids: list) -> dict[str, Any]:
+    """Inside a transaction: what an operator's redrive or cancel judges of each
+    named job (its marker, its reason and its key), by id."""
+    unique = sorted(set(job_ids))
+    if not unique:
+        return {}
+    marks = ", ".join("?" * len(unique))
+    sql = (f"SELECT seq, id, status, reason, token, ordering_key FROM jobs"
+           f" WHERE id IN ({marks})")
+    return {row["id"]: row for row in _select(con, sql, unique)}
+
+
 def _in_flight_refusals(rows: Mapping[str, Mapping], firsts: Mapping[str, Mapping],
                         results: list, job_ids: list) -> list:
     """Pure: a cancelled keyed job cannot go back in its line while a later job
@@ -817,11 +829,7 @@ def redrive_jobs(
     check_actor(actor)
     _check_fault(fault)
     with _immediate(con):
-        unique = sorted(set(job_ids))
-        marks = ", ".join("?" * len(unique))
-        sql = (f"SELECT seq, id, status, reason, token, ordering_key FROM jobs"
-               f" WHERE id IN ({marks})")
-        rows = {row["id"]: row for row in _select(con, sql, unique)} if unique else {}
+        rows = _rows_by_id(con, job_ids)
         results, audits, releases = _redrive_decisions(rows, job_ids)
         keys = sorted({row["ordering_key"] for row in rows.values()
                        if row["ordering_key"] is not None})
@@ -877,11 +885,7 @@ def cancel_jobs(
     check_actor(actor)
     _check_fault(fault)
     with _immediate(con):
-        unique = sorted(set(job_ids))
-        marks = ", ".join("?" * len(unique))
-        sql = (f"SELECT seq, id, status, reason, token, ordering_key FROM jobs"
-               f" WHERE id IN ({marks})")
-        rows = {row["id"]: row for row in _select(con, sql, unique)} if unique else {}
+        rows = _rows_by_id(con, job_ids)
         results, audits = _cancel_decisions(rows, job_ids)
         if audits:
             con.executemany(
