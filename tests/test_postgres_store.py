@@ -323,15 +323,22 @@ def test_a_fresh_database_is_made_a_queue_once_and_reopened_as_it_is(
     assert migrations(admin) == ALL_VERSIONS
 
 
+def _old_queue(admin: psycopg.Connection, version: int) -> None:
+    """Inside a transaction: the queue's schema as the code of ``version`` left
+    it, its migrations recorded, no rows."""
+    admin.execute("CREATE SCHEMA lease")
+    admin.execute("CREATE TABLE lease.schema_migrations (version integer PRIMARY KEY,"
+                  " applied_at timestamptz NOT NULL DEFAULT now())")
+    for applied in range(1, version + 1):
+        for statement in _MIGRATIONS[applied]:
+            admin.execute(statement)
+        admin.execute("INSERT INTO lease.schema_migrations (version) VALUES (%s)", (applied,))
+
+
 def test_a_version_1_queue_is_read_as_it_is_and_migrated_by_a_writer(
         postgres_url: str, admin: psycopg.Connection) -> None:
     with admin.transaction():  # a queue as the first version made it
-        admin.execute("CREATE SCHEMA lease")
-        admin.execute("CREATE TABLE lease.schema_migrations (version integer PRIMARY KEY,"
-                      " applied_at timestamptz NOT NULL DEFAULT now())")
-        for statement in _MIGRATIONS[1]:
-            admin.execute(statement)
-        admin.execute("INSERT INTO lease.schema_migrations (version) VALUES (1)")
+        _old_queue(admin, 1)
         admin.execute("INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,"
                       " available_at, deadline, reason) VALUES ('old', 1, 'dead', 1, 1, 1, 5, 9,"
                       " 'exhausted')")
@@ -356,14 +363,7 @@ def test_a_version_1_queue_is_read_as_it_is_and_migrated_by_a_writer(
 def test_a_version_2_queue_migrates_to_ordered_keys_and_a_newer_one_is_refused(
         postgres_url: str, admin: psycopg.Connection) -> None:
     with admin.transaction():  # a queue as the second version made it
-        admin.execute("CREATE SCHEMA lease")
-        admin.execute("CREATE TABLE lease.schema_migrations (version integer PRIMARY KEY,"
-                      " applied_at timestamptz NOT NULL DEFAULT now())")
-        for version in (1, 2):
-            for statement in _MIGRATIONS[version]:
-                admin.execute(statement)
-            admin.execute("INSERT INTO lease.schema_migrations (version) VALUES (%s)",
-                          (version,))
+        _old_queue(admin, 2)
         admin.execute("INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,"
                       " available_at, deadline) VALUES ('old', 1, 'pending', 0, 3, 0, 5, %s)",
                       (T0 + 60_000,))
