@@ -649,8 +649,10 @@ WHERE status = 'leased' AND lease_until <= :now AND attempts >= max_attempts""")
 WHERE status = 'pending' AND attempts >= max_attempts"""),
 )
 
-_PICK = """
-SELECT * FROM jobs
+# What a lease (_lease_rows) reads of a picked row.
+_PICK_NAMES = ("seq", "id", "qty", "attempts", "token", "deadline")
+_PICK = f"""
+SELECT {', '.join(_PICK_NAMES)} FROM jobs
 WHERE status IN ('pending', 'leased')
   AND ((status = 'pending' AND available_at <= :now)
     OR (status = 'leased' AND lease_until <= :now))
@@ -675,10 +677,33 @@ def _quarantine(con: sqlite3.Connection, now_ms: int) -> dict:
     return moved
 
 
+class _RowAtATime:
+    """How a transaction reads and writes the rows of a batch: the contract's
+    way, one SQLite step per row, on any SQLite. lease.sqlite subclasses it
+    to run a batch in one statement."""
+
+    def read(self, con: sqlite3.Connection, names: Tuple[str, ...], select: str,
+             params: object) -> list:
+        """The rows of ``select``, whose columns are ``names``, as sequences."""
+        return _tuples(con, select, params).fetchall()
+
+    def update(self, con: sqlite3.Connection, fixed: str, names: Tuple[str, ...],
+               rows: list) -> None:
+        """``UPDATE jobs SET fixed, names...`` per row of ``rows``: the values of
+        ``names``, then the row's seq. The seqs are distinct."""
+        sets = ", ".join([fixed, *(f"{name} = ?" for name in names)])
+        con.executemany(f"UPDATE jobs SET {sets} WHERE seq = ?", rows)
+
+
+_ROW_AT_A_TIME = _RowAtATime()
+
+
 def _lease_rows(
-    con: sqlite3.Connection, rows: list, owner: str, now_ms: int, lease_ms: int
+    con: sqlite3.Connection, rows: list, owner: str, now_ms: int, lease_ms: int,
+    batch: _RowAtATime = _ROW_AT_A_TIME,
 ) -> list:
-    """Inside a transaction: lease the picked rows to owner; their tickets, in order."""
+    """Inside a transaction: lease the picked rows (mappings) to owner; their
+    tickets, in order."""
     tickets, updates = [], []
     for row in rows:
         attempt, token = row["attempts"] + 1, row["token"] + 1
@@ -692,11 +717,9 @@ def _lease_rows(
             "attempt": attempt,
             "lease_until": lease_until,
         })
-    con.executemany(
-        "UPDATE jobs SET status = 'leased', attempts = ?, token = ?, owner = ?,"
-        " lease_until = ?, reason = NULL WHERE seq = ?",
-        updates,
-    )
+    if updates:
+        batch.update(con, "status = 'leased', reason = NULL",
+                     ("attempts", "token", "owner", "lease_until"), updates)
     return tickets
 
 
@@ -759,16 +782,19 @@ def claim_batch(
 
 def _claim_tx(
     con: sqlite3.Connection, owner: str, now_ms: int, lease_ms: int, limit: int, fault: Fault,
-    pick: str = _PICK,
+    pick: str = _PICK, names: Tuple[str, ...] = _PICK_NAMES,
+    batch: _RowAtATime = _ROW_AT_A_TIME,
 ) -> Tuple[list, list, dict]:
-    """The claim transaction, arguments already checked: (picked rows, tickets,
-    quarantine moves). Every front end's claim is this one; ``pick`` (the
-    statement choosing the rows, with :now and :limit) is the contract's
-    unless a product file narrows it (its ordered keys)."""
+    """The claim transaction, arguments already checked: (picked rows as
+    dicts, tickets, quarantine moves). Every front end's claim is this one;
+    ``pick`` (the statement choosing the rows, with :now and :limit; its
+    columns are ``names``) is the contract's unless a product file narrows it
+    (its ordered keys); ``batch``: see _RowAtATime."""
     with _immediate(con):
         moved = _quarantine(con, now_ms)
-        picked = _select(con, pick, {"now": now_ms, "limit": limit}).fetchall()
-        tickets = _lease_rows(con, picked, owner, now_ms, lease_ms)
+        picked = [dict(zip(names, row, strict=True))
+                  for row in batch.read(con, names, pick, {"now": now_ms, "limit": limit})]
+        tickets = _lease_rows(con, picked, owner, now_ms, lease_ms, batch)
         if tickets:
             _call(fault, "after-claim")
     if tickets:
@@ -884,14 +910,16 @@ Extra = Optional[Callable[[list], Tuple[Tuple[str, ...], list]]]
 
 def _finish_tx(
     con: sqlite3.Connection, items: list, now_ms: int, fault: Fault, record: Record = None,
-    extra: Extra = None,
+    extra: Extra = None, batch: _RowAtATime = _ROW_AT_A_TIME,
 ) -> list:
     """The finish transaction, arguments already checked. ``record(con,
     results, seqs)``, when given, writes more in the same transaction (the
     product's evidence of each attempt) before the hooks; ``seqs`` holds each
-    finished row's seq (None for a stale ticket). ``extra``: see Extra."""
+    finished row's seq (None for a stale ticket). ``extra``: see Extra;
+    ``batch``: see _RowAtATime."""
     with _immediate(con):
-        results, seqs = _finish_marked(con, items, now_ms, extra) if items else ([], [])
+        results, seqs = (_finish_marked(con, items, now_ms, extra, batch) if items
+                         else ([], []))
         if record is not None:
             record(con, results, seqs)
         changed = any(results)
@@ -903,16 +931,17 @@ def _finish_tx(
 
 
 def _finish_marked(
-    con: sqlite3.Connection, items: list, now_ms: int, extra: Extra = None
+    con: sqlite3.Connection, items: list, now_ms: int, extra: Extra = None,
+    batch: _RowAtATime = _ROW_AT_A_TIME,
 ) -> Tuple[list, list]:
     """Inside a transaction: the fenced finish of each (ticket, outcome, delay_ms),
     in order, as single finishes in sequence would do it (a job finished earlier
     in the list is no longer leased for a later item). Per item (status,
     reason) or False, and the row's seq (None when False)."""
     ids = sorted({ticket["id"] for ticket, _, _ in items})
-    found = _tuples(
-        con, f"SELECT {_MARKED} FROM jobs WHERE id IN ({', '.join('?' * len(ids))})", ids
-    ).fetchall()
+    found = batch.read(
+        con, _MARKED_NAMES,
+        f"SELECT {_MARKED} FROM jobs WHERE id IN ({', '.join('?' * len(ids))})", ids)
     # dicts made straight from tuples: a sqlite3.Row copied into one costs twice
     rows = {row[1]: dict(zip(_MARKED_NAMES, row, strict=True)) for row in found}  # [1]: id
     results: list = []
@@ -933,18 +962,21 @@ def _finish_marked(
         results.append((status, reason))
         seqs.append(row["seq"])
     if extra is None:
-        con.executemany(_FINISH_ROW.format(""), updates)
+        if updates:
+            batch.update(con, _FINISH_FIXED, _FINISH_NAMES, updates)
     else:
-        _finish_rows_with(con, updates, results, extra)
+        _finish_rows_with(con, updates, results, extra, batch)
     return results, seqs
 
 
-_FINISH_ROW = ("UPDATE jobs SET status = ?, reason = ?, available_at = ?,"
-               " owner = NULL, lease_until = NULL{} WHERE seq = ?")
+# A finish's UPDATE of a row: these set alike on each, and per row these values.
+_FINISH_FIXED = "owner = NULL, lease_until = NULL"
+_FINISH_NAMES = ("status", "reason", "available_at")
 
 
 def _finish_rows_with(con: sqlite3.Connection, updates: list, results: list,
-                      extra: Callable[[list], Tuple[Tuple[str, ...], list]]) -> None:
+                      extra: Callable[[list], Tuple[Tuple[str, ...], list]],
+                      batch: _RowAtATime) -> None:
     """The finish's UPDATEs, each row with the extra columns ``extra`` gives it."""
     names, values = extra(results)
     more = [value for value, result in zip(values, results, strict=True) if result is not False]
@@ -952,9 +984,9 @@ def _finish_rows_with(con: sqlite3.Connection, updates: list, results: list,
     rich = [(*update[:3], *value, update[3])
             for update, value in zip(updates, more, strict=True) if value is not None]
     if plain:
-        con.executemany(_FINISH_ROW.format(""), plain)
+        batch.update(con, _FINISH_FIXED, _FINISH_NAMES, plain)
     if rich:
-        con.executemany(_FINISH_ROW.format("".join(f", {name} = ?" for name in names)), rich)
+        batch.update(con, _FINISH_FIXED, _FINISH_NAMES + tuple(names), rich)
 
 
 # What a finish reads of a row: the marker and the budget, never a payload.
