@@ -319,6 +319,8 @@ def run_child(name: str, params: dict) -> dict:
 
 
 def child_main(name: str, params_json: str) -> None:
+    # every scenario, a peer's too, in a process set up as asyncworker run's
+    eventloop.tune_gc()
     folder = Path(tempfile.mkdtemp(prefix="asyncworker-bench-"))
     try:
         result = SCENARIOS[name](folder, **json.loads(params_json))

@@ -224,6 +224,7 @@ def child_main(argv: Sequence[str]) -> None:
     from asyncworker import eventloop
 
     loop, kind, *args = argv
+    eventloop.tune_gc()  # every child, the plain client's too, set up as asyncworker run's
     if kind == "store":
         queue, per_transaction = args
         result = _store_alone(queue, int(per_transaction))

@@ -1082,9 +1082,10 @@ def _run(args: argparse.Namespace) -> int:
               f"{policy.backoff_base_ms}..{policy.backoff_cap_ms} ms, jitter {policy.jitter}")
     from asyncworker import eventloop
 
+    loop = _usable_loop(args.loop)
+    eventloop.tune_gc()  # this process is the dispatcher's own
     try:
-        stats = eventloop.run(_dispatch(dispatcher, args.until_idle, banner, args.metrics),
-                              _usable_loop(args.loop))
+        stats = eventloop.run(_dispatch(dispatcher, args.until_idle, banner, args.metrics), loop)
     except StoreError as exc:  # the queue failed under the run: its summary is not printed
         raise WorkFailed(about(args.queue, exc)) from None
     print(json.dumps({"owner": owner, **stats.as_dict()}))
@@ -1228,6 +1229,7 @@ def _serve(args: argparse.Namespace) -> int:
     faults = Faults(latency_ms=args.latency_ms, p_503=args.p_503, p_drop=args.p_drop,
                     seed=args.seed)
     loop = _usable_loop(args.loop)
+    eventloop.tune_gc()  # this process is the receiver's own
     try:
         eventloop.run(serve(args.inbox, args.host, args.port, faults=faults, max_group=args.group,
                             secrets=secrets, tls_cert=args.tls_cert, tls_key=args.tls_key,

@@ -93,3 +93,70 @@ def test_run_delivers_on_either_loop(tmp_path: Path, loop: str):
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["ok"] == 30
         assert rx.stats()["applied"] == 30
+
+
+def _child(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_tune_gc_leaves_the_program_out_and_still_collects_cycles():
+    """In a child: this process's collector is the test runner's."""
+    out = _child("""
+        import gc, json, weakref
+        from asyncworker.eventloop import YOUNG_THRESHOLD, tune_gc
+
+        before = gc.get_threshold()
+        tune_gc()
+        after, frozen = gc.get_threshold(), gc.get_freeze_count()
+
+        class Node:
+            pass
+
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # a cycle: only the collector frees it
+        gone = weakref.ref(a)
+        del a, b
+        young = [[] for _ in range(YOUNG_THRESHOLD + 10)]  # a collection comes due by itself
+        print(json.dumps({"before": before, "after": after, "frozen": frozen,
+                          "collected": gone() is None}))
+    """)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["after"] == [eventloop.YOUNG_THRESHOLD, *seen["before"][1:]]
+    assert seen["before"][0] < eventloop.YOUNG_THRESHOLD
+    assert seen["frozen"] > 1000  # the program itself: modules, classes, functions
+    assert seen["collected"] is True
+
+
+@pytest.mark.parametrize("young", [0, -5, 1.5, "7000", True])
+def test_tune_gc_refuses_a_threshold_that_is_no_count(young: object):
+    before = gc.get_threshold()
+    with pytest.raises(ValueError, match="young must be an int of at least 1"):
+        eventloop.tune_gc(young)  # type: ignore[arg-type]
+    assert gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_run_and_serve_tune_the_collector_before_their_loop_starts(tmp_path: Path,
+                                                                   command: str):
+    queue = tmp_path / "q.db"
+    assert cli("init", str(queue)).returncode == 0
+    argv = ([str(queue), "--url", "http://127.0.0.1:9/events", "--until-idle"]
+            if command == "run" else ["--inbox", str(tmp_path / "inbox.db")])
+    out = _child(f"""
+        from asyncworker import eventloop
+        from asyncworker.cli import main
+
+        def tuned(*args):
+            print("tuned", flush=True)
+
+        def run(main, loop):  # the loop never starts: the command stops as on Ctrl-C
+            main.close()
+            print("loop", flush=True)
+            raise KeyboardInterrupt
+
+        eventloop.tune_gc, eventloop.run = tuned, run
+        print("exit", main([{command!r}, *{argv!r}]))
+    """)
+    assert out.stdout.splitlines() == ["tuned", "loop", "exit 130"], (out.stdout, out.stderr)
