@@ -65,6 +65,18 @@ def _sys_s() -> float:
     return os.times().system
 
 
+def _loop_thread_s() -> Optional[float]:
+    """The CPU time (user + system) of this process's main thread, the event
+    loop's: the rest of the process's is the store's threads'. None where
+    ``/proc`` does not say (not Linux)."""
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()  # after the command's name
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
@@ -187,13 +199,15 @@ async def _dispatch(queue: str, concurrency: int, batch: int, *, url: Optional[s
     async with Dispatcher(target, "bench", url=url, send=None if url else send,
                           concurrency=concurrency, batch_size=batch, lease_ms=30_000,
                           poll_interval=0.01) as d:
-        started, cpu, system = time.perf_counter(), _cpu_s(), _sys_s()
+        started, cpu, system, loop_s = time.perf_counter(), _cpu_s(), _sys_s(), _loop_thread_s()
         stats = await d.run(until_idle=True)
         seconds, cpu_s = time.perf_counter() - started, _cpu_s() - cpu
         sys_s = _sys_s() - system
+        loop_now = _loop_thread_s()
     if stats.ok == 0 or stats.errors or stats.bad_acks:
         raise RuntimeError(f"the dispatcher did not deliver cleanly: {stats.as_dict()}")
     return {"seconds": seconds, "cpu_s": cpu_s, "sys_s": sys_s, "jobs": stats.ok,
+            "loop_cpu_s": None if loop_s is None or loop_now is None else loop_now - loop_s,
             "peak_sending": stats.peak_sending,
             "claims_per_job": stats.claim_calls / stats.ok,
             "finishes_per_job": stats.finish_batches / stats.ok}
@@ -294,6 +308,20 @@ def _remove_queue(queue: Path) -> None:
         leftover.unlink(missing_ok=True)
 
 
+def _loop_us(result: dict) -> Optional[float]:
+    """A dispatcher run's CPU per job on its event loop's thread, if known."""
+    loop_s = result.get("loop_cpu_s")
+    return None if loop_s is None else loop_s / result["jobs"] * 1e6
+
+
+def _median_or_none(values: list) -> Optional[float]:
+    return None if None in values else statistics.median(values)
+
+
+def _us(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def _spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -335,6 +363,7 @@ class CpuBench:
         in each pair also the runtime alone (``MemoryStore``), beside the same plain client."""
         rates, cpus, client_cpu, dispatcher_cpu, limits = [], [], [], [], []
         runtime_cpu, runtime_ratios, wal_cpu, wal_ratios, wal_rates = [], [], [], [], []
+        loops: dict[str, list] = {"default": [], "wal": [], "runtime": []}
         with Receiver(self.folder, latency_ms, self.loop) as receiver:
             for pair in range(self.pairs):
                 self._runs += 1
@@ -345,6 +374,8 @@ class CpuBench:
                 alone = _run(_child_command(self.loop, "dispatch", f"memory:{n}:mem{self._runs}",
                                             receiver.url, concurrency, 64, 0))
                 runtime_cpu.append(alone["cpu_s"] / alone["jobs"] * 1e6)
+                for kind, result in (("default", ours), ("wal", wal), ("runtime", alone)):
+                    loops[kind].append(_loop_us(result))
                 limit = plain["jobs"] / plain["seconds"]
                 if latency_ms:
                     limit = min(limit, concurrency / (latency_ms / 1000))
@@ -369,7 +400,8 @@ class CpuBench:
                 "runtime_ratio": _spread(runtime_ratios),
                 "wal_us": statistics.median(wal_cpu), "wal_ratio": _spread(wal_ratios),
                 "wal_rate_ratio": _spread(wal_rates),
-                "limit": statistics.median(limits)}
+                "limit": statistics.median(limits),
+                **{f"{kind}_loop_us": _median_or_none(values) for kind, values in loops.items()}}
 
     def in_process(self, n: int, concurrency: int, batch: int, send_ms: float = 0.0,
                    journal: Optional[str] = None) -> dict:
@@ -381,6 +413,7 @@ class CpuBench:
             _remove_queue(queue)
         result["rate"] = result["jobs"] / result["seconds"]
         result["us_per_job"] = result["cpu_s"] / result["jobs"] * 1e6
+        result["loop_us"] = _loop_us(result)
         return result
 
     def store_alone(self, n: int, per_transaction: int) -> dict:
@@ -447,12 +480,12 @@ def _verdict(met: bool) -> str:
 
 
 def _paired_line(label: str, limit: float, rate: dict, dispatcher_us: float,
-                 client_us: float, cpu: dict) -> str:
+                 loop_us: Optional[float], client_us: float, cpu: dict) -> str:
     """One paired case's table line: the rate and CPU ratios with their spread."""
     met = (f"rate {_verdict(rate['median'] >= RATE_TARGET)}, "
            f"CPU {_verdict(cpu['median'] <= CPU_TARGET)}")
     return (f"| {label} | {limit:,.0f} | {rate['median']:.2f} ({rate['min']:.2f}.."
-            f"{rate['max']:.2f}) | {dispatcher_us:.0f} | {client_us:.0f} | "
+            f"{rate['max']:.2f}) | {dispatcher_us:.0f} | {_us(loop_us)} | {client_us:.0f} | "
             f"{cpu['median']:.2f} ({cpu['min']:.2f}..{cpu['max']:.2f}) | {met} |\n")
 
 
@@ -477,29 +510,33 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
               f"{load[0]:.1f} {load[1]:.1f}; "
               f"{pairs} pairs A B, medians (min..max)\n")
     out.write("| case | receiver limit/s | dispatcher / limit | CPU us/job: dispatcher | "
-              "plain client | CPU ratio | targets |\n|---|---|---|---|---|---|---|\n")
+              "of it, the event loop's thread | plain client | CPU ratio | targets |\n"
+              "|---|---|---|---|---|---|---|---|\n")
     for row in rows:
         out.write(_paired_line(row["case"], row["limit"], row["rate_ratio"],
-                               row["dispatcher_us"], row["client_us"], row["cpu_ratio"]))
+                               row["dispatcher_us"], row["default_loop_us"], row["client_us"],
+                               row["cpu_ratio"]))
         out.write(_paired_line(f"{row['case']}, a WAL file (init --journal wal)", row["limit"],
-                               row["wal_rate_ratio"], row["wal_us"], row["client_us"],
-                               row["wal_ratio"]))
+                               row["wal_rate_ratio"], row["wal_us"], row["wal_loop_us"],
+                               row["client_us"], row["wal_ratio"]))
         alone = row["runtime_ratio"]
         out.write(f"| {row['case']}: the runtime alone (a store in memory, no SQL) | - | - | "
-                  f"{row['runtime_us']:.0f} | {row['client_us']:.0f} | {alone['median']:.2f} "
+                  f"{row['runtime_us']:.0f} | {_us(row['runtime_loop_us'])} | "
+                  f"{row['client_us']:.0f} | {alone['median']:.2f} "
                   f"({alone['min']:.2f}..{alone['max']:.2f}) | where the CPU goes (no target) |\n")
     for label, result in (("in-process, batch 64, c64", batched),
                           ("in-process, batch 64, c64, a WAL file", batched_wal)):
         out.write(f"| {label} | - | {result['rate']:,.0f} jobs/s | "
-                  f"{result['us_per_job']:.0f} | - | - | >= 20,000/s "
+                  f"{result['us_per_job']:.0f} | {_us(result['loop_us'])} | - | - | >= 20,000/s "
                   f"{_verdict(result['rate'] >= INPROCESS_TARGET)} |\n")
     out.write(f"| {rss['jobs']:,} queued, 256 in flight (2 ms send) | - | "
-              f"{rss['rate']:,.0f} jobs/s | {rss['us_per_job']:.0f} | - | - | peak RSS "
+              f"{rss['rate']:,.0f} jobs/s | {rss['us_per_job']:.0f} | {_us(rss['loop_us'])} | "
+              f"- | - | peak RSS "
               f"{rss['rss_mb']:.1f} MB < 150 {_verdict(rss['rss_mb'] < RSS_TARGET_MB)} |\n")
     for k, store in zip((12, 64), stores, strict=True):
         out.write(f"| the store alone: claim + finish, {k} jobs a transaction | - | "
                   f"{store['rate']:,.0f} jobs/s | {store['us_per_job']:.0f} | - | - | "
-                  f"where the CPU goes (no target) |\n")
+                  f"- | where the CPU goes (no target) |\n")
     out.flush()
     rows.append({"case": "in-process batched", **batched})
     rows.append({"case": "in-process batched, WAL", **batched_wal})

@@ -34,6 +34,12 @@ def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
         assert row["client_us"] >= 0 and row["limit"] > 0 and row["runtime_us"] > 0
         assert row["runtime_ratio"]["min"] <= row["runtime_ratio"]["median"]
         assert row["wal_us"] > 0 and row["wal_rate_ratio"]["median"] > 0
+        # the event loop's thread: part of the process's CPU, the store's threads the rest
+        for kind, total in (("default", "dispatcher_us"), ("wal", "wal_us"),
+                            ("runtime", "runtime_us")):
+            assert 0 < row[f"{kind}_loop_us"] <= row[total] * 1.05, (kind, row)
+    assert all(line.count("|") == 9 for line in table), table  # 8 columns each
+    assert table[0].split(" | ")[4] == "of it, the event loop's thread"
     batched, batched_wal, rss = rows[2], rows[3], rows[4]
     assert [row["jobs"] for row in rows[5:]] == [600, 600]
     assert batched["jobs"] == batched_wal["jobs"] == rss["jobs"] == 2000
