@@ -654,7 +654,7 @@ class _OneStatement(_RowAtATime):
     (CPython's GIL is not fair to the thread that asked). A claim or a finish
     of 25 jobs took about 55 steps; with a thread as busy as a saturated
     event loop beside it a transaction of 25 rows measured 59 ms that way and
-    0.5 ms this way, and the dispatcher's CPU per job fell 7-8%
+    0.5 ms this way, and the store alone costs 6-15% less CPU a job
     (``docs/benchmarks.md``). A read is one row, the batch as JSON; a write
     is one ``UPDATE ... FROM (VALUES ...)``. Same rows, same values: any row
     JSON cannot carry exactly (a BLOB, a REAL) is read the contract's way.
