@@ -50,6 +50,7 @@ import os
 import sqlite3
 import time
 from contextlib import contextmanager
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
 from lease import observe
@@ -639,10 +640,6 @@ def _no_float(text: str) -> float:
     raise _NotExact(text)
 
 
-def _first(row: list) -> Any:
-    return row[0]
-
-
 _CHUNK = 64  # rows one UPDATE statement writes: 64 x 9 values stay under any SQLite's limit
 
 
@@ -670,7 +667,7 @@ class _OneStatement(_RowAtATime):
         except (sqlite3.OperationalError, _NotExact):
             return super().read(con, names, select, params)
         if names[0] == "seq":  # the aggregate keeps the select's order in fact, not by promise
-            rows.sort(key=_first)
+            rows.sort(key=itemgetter(0))
         return rows
 
     def update(self, con: sqlite3.Connection, fixed: str, names: Tuple[str, ...],

@@ -31,7 +31,7 @@ import re
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, NamedTuple, Optional, Pattern, Tuple, Union
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Pattern, Tuple, Union
 
 __all__ = [
     "LeaseError",
@@ -337,19 +337,18 @@ def _immediate(con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         raise
 
 
-def _select(con: sqlite3.Connection, sql: str, params: object = ()) -> sqlite3.Cursor:
+def _select(con: sqlite3.Connection, sql: str, params: object = (),
+            row_factory: Any = sqlite3.Row) -> sqlite3.Cursor:
     """A query whose rows read by column name. The factory is set on this cursor
     only: the connection a caller gets from open_queue returns plain tuples."""
     cursor = con.cursor()
-    cursor.row_factory = sqlite3.Row
+    cursor.row_factory = row_factory
     return cursor.execute(sql, params)  # type: ignore[arg-type]
 
 
 def _tuples(con: sqlite3.Connection, sql: str, params: object = ()) -> sqlite3.Cursor:
     """A query whose rows are plain tuples, whatever factory the connection has."""
-    cursor = con.cursor()
-    cursor.row_factory = None
-    return cursor.execute(sql, params)  # type: ignore[arg-type]
+    return _select(con, sql, params, None)
 
 
 def _call(fault: Fault, point: str) -> None:
@@ -961,11 +960,10 @@ def _finish_marked(
         updates.append((status, reason, available_at, row["seq"]))
         results.append((status, reason))
         seqs.append(row["seq"])
-    if extra is None:
-        if updates:
-            batch.update(con, _FINISH_FIXED, _FINISH_NAMES, updates)
-    else:
+    if extra is not None:
         _finish_rows_with(con, updates, results, extra, batch)
+    elif updates:
+        batch.update(con, _FINISH_FIXED, _FINISH_NAMES, updates)
     return results, seqs
 
 
