@@ -204,11 +204,13 @@ async def _dispatch(queue: str, concurrency: int, batch: int, *, url: Optional[s
         seconds, cpu_s = time.perf_counter() - started, _cpu_s() - cpu
         sys_s = _sys_s() - system
         loop_now = _loop_thread_s()
+        # the seconds spent sending, over the run's: how many sends were in flight on average
+        sending_mean = d.metrics.send.sum / seconds
     if stats.ok == 0 or stats.errors or stats.bad_acks:
         raise RuntimeError(f"the dispatcher did not deliver cleanly: {stats.as_dict()}")
     return {"seconds": seconds, "cpu_s": cpu_s, "sys_s": sys_s, "jobs": stats.ok,
             "loop_cpu_s": None if loop_s is None or loop_now is None else loop_now - loop_s,
-            "peak_sending": stats.peak_sending,
+            "peak_sending": stats.peak_sending, "sending_mean": sending_mean,
             "claims_per_job": stats.claim_calls / stats.ok,
             "finishes_per_job": stats.finish_batches / stats.ok}
 
@@ -364,6 +366,7 @@ class CpuBench:
         rates, cpus, client_cpu, dispatcher_cpu, limits = [], [], [], [], []
         runtime_cpu, runtime_ratios, wal_cpu, wal_ratios, wal_rates = [], [], [], [], []
         loops: dict[str, list] = {"default": [], "wal": [], "runtime": []}
+        sending: dict[str, list] = {"default": [], "wal": [], "runtime": []}
         with Receiver(self.folder, latency_ms, self.loop) as receiver:
             for pair in range(self.pairs):
                 self._runs += 1
@@ -376,6 +379,7 @@ class CpuBench:
                 runtime_cpu.append(alone["cpu_s"] / alone["jobs"] * 1e6)
                 for kind, result in (("default", ours), ("wal", wal), ("runtime", alone)):
                     loops[kind].append(_loop_us(result))
+                    sending[kind].append(result["sending_mean"])
                 limit = plain["jobs"] / plain["seconds"]
                 if latency_ms:
                     limit = min(limit, concurrency / (latency_ms / 1000))
@@ -401,7 +405,9 @@ class CpuBench:
                 "wal_us": statistics.median(wal_cpu), "wal_ratio": _spread(wal_ratios),
                 "wal_rate_ratio": _spread(wal_rates),
                 "limit": statistics.median(limits),
-                **{f"{kind}_loop_us": _median_or_none(values) for kind, values in loops.items()}}
+                **{f"{kind}_loop_us": _median_or_none(values) for kind, values in loops.items()},
+                **{f"{kind}_sending": statistics.median(values)
+                   for kind, values in sending.items()}}
 
     def in_process(self, n: int, concurrency: int, batch: int, send_ms: float = 0.0,
                    journal: Optional[str] = None) -> dict:
@@ -479,13 +485,14 @@ def _verdict(met: bool) -> str:
     return "met" if met else "NOT met"
 
 
-def _paired_line(label: str, limit: float, rate: dict, dispatcher_us: float,
+def _paired_line(label: str, limit: float, rate: dict, sending: float, dispatcher_us: float,
                  loop_us: Optional[float], client_us: float, cpu: dict) -> str:
     """One paired case's table line: the rate and CPU ratios with their spread."""
     met = (f"rate {_verdict(rate['median'] >= RATE_TARGET)}, "
            f"CPU {_verdict(cpu['median'] <= CPU_TARGET)}")
     return (f"| {label} | {limit:,.0f} | {rate['median']:.2f} ({rate['min']:.2f}.."
-            f"{rate['max']:.2f}) | {dispatcher_us:.0f} | {_us(loop_us)} | {client_us:.0f} | "
+            f"{rate['max']:.2f}) | {sending:.1f} | {dispatcher_us:.0f} | {_us(loop_us)} | "
+            f"{client_us:.0f} | "
             f"{cpu['median']:.2f} ({cpu['min']:.2f}..{cpu['max']:.2f}) | {met} |\n")
 
 
@@ -509,33 +516,35 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
               f"{platform.python_version()}, {bench.loop}'s event loop, load average "
               f"{load[0]:.1f} {load[1]:.1f}; "
               f"{pairs} pairs A B, medians (min..max)\n")
-    out.write("| case | receiver limit/s | dispatcher / limit | CPU us/job: dispatcher | "
-              "of it, the event loop's thread | plain client | CPU ratio | targets |\n"
-              "|---|---|---|---|---|---|---|---|\n")
+    out.write("| case | receiver limit/s | dispatcher / limit | sends in flight, mean | "
+              "CPU us/job: dispatcher | of it, the event loop's thread | plain client | "
+              "CPU ratio | targets |\n"
+              "|---|---|---|---|---|---|---|---|---|\n")
     for row in rows:
         out.write(_paired_line(row["case"], row["limit"], row["rate_ratio"],
-                               row["dispatcher_us"], row["default_loop_us"], row["client_us"],
-                               row["cpu_ratio"]))
+                               row["default_sending"], row["dispatcher_us"],
+                               row["default_loop_us"], row["client_us"], row["cpu_ratio"]))
         out.write(_paired_line(f"{row['case']}, a WAL file (init --journal wal)", row["limit"],
-                               row["wal_rate_ratio"], row["wal_us"], row["wal_loop_us"],
-                               row["client_us"], row["wal_ratio"]))
+                               row["wal_rate_ratio"], row["wal_sending"], row["wal_us"],
+                               row["wal_loop_us"], row["client_us"], row["wal_ratio"]))
         alone = row["runtime_ratio"]
         out.write(f"| {row['case']}: the runtime alone (a store in memory, no SQL) | - | - | "
-                  f"{row['runtime_us']:.0f} | {_us(row['runtime_loop_us'])} | "
+                  f"{row['runtime_sending']:.1f} | {row['runtime_us']:.0f} | "
+                  f"{_us(row['runtime_loop_us'])} | "
                   f"{row['client_us']:.0f} | {alone['median']:.2f} "
                   f"({alone['min']:.2f}..{alone['max']:.2f}) | where the CPU goes (no target) |\n")
     for label, result in (("in-process, batch 64, c64", batched),
                           ("in-process, batch 64, c64, a WAL file", batched_wal)):
-        out.write(f"| {label} | - | {result['rate']:,.0f} jobs/s | "
+        out.write(f"| {label} | - | {result['rate']:,.0f} jobs/s | - | "
                   f"{result['us_per_job']:.0f} | {_us(result['loop_us'])} | - | - | >= 20,000/s "
                   f"{_verdict(result['rate'] >= INPROCESS_TARGET)} |\n")
     out.write(f"| {rss['jobs']:,} queued, 256 in flight (2 ms send) | - | "
-              f"{rss['rate']:,.0f} jobs/s | {rss['us_per_job']:.0f} | {_us(rss['loop_us'])} | "
+              f"{rss['rate']:,.0f} jobs/s | - | {rss['us_per_job']:.0f} | {_us(rss['loop_us'])} | "
               f"- | - | peak RSS "
               f"{rss['rss_mb']:.1f} MB < 150 {_verdict(rss['rss_mb'] < RSS_TARGET_MB)} |\n")
     for k, store in zip((12, 64), stores, strict=True):
         out.write(f"| the store alone: claim + finish, {k} jobs a transaction | - | "
-                  f"{store['rate']:,.0f} jobs/s | {store['us_per_job']:.0f} | - | - | "
+                  f"{store['rate']:,.0f} jobs/s | - | {store['us_per_job']:.0f} | - | - | "
                   f"- | where the CPU goes (no target) |\n")
     out.flush()
     rows.append({"case": "in-process batched", **batched})

@@ -510,6 +510,10 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                    help="most jobs per claim or finish transaction (default 64; 1: one each)")
     p.add_argument("--poll-ms", metavar="MS", type=_int_in(1, 60_000), default=50,
                    help="how long an idle dispatcher waits before looking again (default 50)")
+    p.add_argument("--prefetch", metavar="N", type=_int_in(0, 10_000), default=None,
+                   help="claimed jobs that may wait for a send slot, so that a send that ends "
+                        "starts the next at once (default: the concurrency, at most the batch "
+                        "size; 0: none)")
     _loop_argument(p)
     p.add_argument("--crash-after-acks", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="failure drill: die by SIGKILL right after the N-th ACK, before "
@@ -1072,7 +1076,7 @@ def _run(args: argparse.Namespace) -> int:
         dispatcher = Dispatcher(args.queue, owner, destination=None if send else destination,
                                 send=send, concurrency=args.concurrency, lease_ms=args.lease_ms,
                                 poll_interval=args.poll_ms / 1000, batch_size=args.batch_size,
-                                policy=policy)
+                                prefetch=args.prefetch, policy=policy)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     keys = len(destination.secrets)  # how many, never which

@@ -9,7 +9,10 @@ requests) over one session, or through a ``send`` of the caller's.
 Per job: ``claim_jobs`` (on the queue's thread) -> ``await send`` on the event
 loop with no lock held, cut off before the lease runs out and extended
 (fenced) at half of it -> ``finish_jobs`` (on the queue's thread) with a fresh
-clock value, in a group commit. The outcome comes from
+clock value, in a group commit. While every slot is busy a few claimed
+jobs wait in line (``prefetch``), so a send that ends starts the next at
+once instead of leaving its slot idle for a claim's durable commit; their
+leases are kept like those of the sends in flight. The outcome comes from
 ``lease.worker.classify_result`` and the delay from the policy's
 ``classify``: the contract's own rule with the policy's backoff.
 
@@ -43,6 +46,7 @@ import random
 import signal
 import sys
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
@@ -87,6 +91,7 @@ __all__ = [
 log = logging.getLogger("asyncworker.dispatcher")
 
 HEALTH_TIMEOUT_S = 2.0  # how long /healthz waits for the store's answer
+MAX_PREFETCH = 10_000
 
 # (event {"id", "qty"} or {"id", "body": canonical JSON text}, claim token)
 Send = Callable[[dict, int], Awaitable[object]]
@@ -131,6 +136,7 @@ class DispatcherStats:
     in_flight: int = 0  # jobs claimed and not yet recorded (a finish may wait for its group)
     sending: int = 0  # send slots in use: claimed jobs whose send has not ended (<= concurrency)
     peak_sending: int = 0  # the most send slots in use at once (<= concurrency)
+    waiting: int = 0  # claimed jobs waiting for a send slot (<= prefetch)
 
     def as_dict(self) -> dict[str, Any]:
         """Every counter, JSON-serialisable (``dead_by_reason`` a nested dict)."""
@@ -142,18 +148,32 @@ class DispatcherStats:
 
 
 class SendSlots:
-    """The bound on sends in flight: a job takes a slot when it is claimed and
-    gives it back the moment its send ends (its finish is written in a group
-    while the next sends already run). The slot is a flag on the job itself
-    (``Held.has_slot``): no object per job, and ``give_back`` is idempotent.
-    ``freed`` is set only when the dispatch loop has something to do: at least
-    ``wake_at`` slots free (a claim is worth making) or none in use; a wake-up
-    per send that ended would cost the loop a round (and a task) per job."""
+    """The bound on sends in flight, and the few claimed jobs that wait for one.
 
-    def __init__(self, size: int, stats: DispatcherStats, wake_at: int = 1) -> None:
+    A job takes a slot when its send starts and gives it back the moment the
+    send ends (its finish is written in a group while the next sends already
+    run). The slot is a flag on the job itself (``Held.has_slot``): no object
+    per job, and ``give_back`` is idempotent.
+
+    A few claimed jobs (at most ``prefetch``) wait in line (``waiting``) while
+    the slots are busy, and a slot given back goes straight to the first of them: a send
+    that ends starts the next one at once, without waiting for a claim
+    transaction (several milliseconds of a durable commit, during which the
+    slots would stand idle). ``room`` is how many jobs a claim may take.
+    ``freed`` is set only when the dispatch loop has something to do: room for
+    at least ``wake_at`` jobs (a claim is worth making) or no send in flight; a
+    wake-up per send that ended would cost the loop a round (and a task) per job."""
+
+    def __init__(self, size: int, stats: DispatcherStats, wake_at: int = 1,
+                 prefetch: int = 0) -> None:
         self.size = size
         self.wake_at = wake_at
-        self._stats = stats  # sending and peak_sending are the slots' own figures
+        self.prefetch = prefetch
+        self._stats = stats  # sending, peak_sending and waiting are the slots' own figures
+        self.waiting: deque[Held] = deque()
+        self.line = 0  # how many may wait, as the last claim measured it
+        self.ended = 0  # sends ended so far: the line's length is read off it
+        self._ended_at_claim = 0
         self.freed = asyncio.Event()
 
     @property
@@ -164,20 +184,54 @@ class SendSlots:
     def free(self) -> int:
         return self.size - self._stats.sending
 
+    @property
+    def room(self) -> int:
+        """Jobs a claim may take now: the free slots, and the line's free places."""
+        return self.size - self._stats.sending + max(0, self.line - len(self.waiting))
+
+    def measure_line(self) -> None:
+        """After each claim: the line is as long as the sends that ended since the
+        claim before (at most ``prefetch``), what one claim's round trip uses.
+        A dispatcher that has been idle has none, so it claims no more than it
+        can send at once and leaves the rest to the dispatchers beside it."""
+        self.line = min(self.prefetch, self.ended - self._ended_at_claim)
+        self._ended_at_claim = self.ended
+
     def take(self, held: Held) -> None:
-        assert self.free > 0, "a claim took more jobs than there are free slots"
+        assert self.free > 0, "a send started with every slot in use"
         stats = self._stats
         stats.sending += 1
         if stats.sending > stats.peak_sending:
             stats.peak_sending = stats.sending
         held.has_slot = True
 
-    def give_back(self, held: Held) -> None:
-        if held.has_slot:
-            held.has_slot = False
-            self._stats.sending -= 1
-            if self.size - self._stats.sending >= self.wake_at or not self._stats.sending:
-                self.freed.set()
+    def wait(self, held: Held) -> None:
+        assert len(self.waiting) < self.prefetch, "a claim took more jobs than there is room"
+        self.waiting.append(held)
+        self._stats.waiting = len(self.waiting)
+
+    def give_back(self, held: Held) -> Optional[Held]:
+        """Free ``held``'s slot; the first job waiting for one, its slot taken, or None."""
+        if not held.has_slot:
+            return None
+        held.has_slot = False
+        self._stats.sending -= 1
+        self.ended += 1
+        following = None
+        if self.waiting:
+            following = self.waiting.popleft()
+            self._stats.waiting = len(self.waiting)
+            self.take(following)
+        if self.room >= self.wake_at or not self._stats.sending:
+            self.freed.set()
+        return following
+
+    def drop_waiting(self) -> list[Held]:
+        """Empty the line (an abort): its jobs are never sent, their leases expire."""
+        dropped = list(self.waiting)
+        self.waiting.clear()
+        self._stats.waiting = 0
+        return dropped
 
 
 class Dispatcher:
@@ -202,7 +256,12 @@ class Dispatcher:
     long an idle dispatcher waits before it looks for work again; a
     PostgreSQL store also wakes it when work is enqueued or redriven.
     ``concurrency`` bounds the sends in flight; ``batch_size`` bounds the jobs
-    one claim or finish transaction handles; ``threads`` the store calls at
+    one claim or finish transaction handles; ``prefetch`` (by default the
+    concurrency, at most ``batch_size``; 0: none) how many claimed jobs may
+    wait for a send slot, so that a send that ends starts the next at once
+    instead of waiting for a claim's commit. Their leases are kept as those
+    of the sends in flight; a graceful stop sends them; a dispatcher that
+    dies leaves them, like its sends, to their lease expiry; ``threads`` the store calls at
     once (PostgreSQL; a SQLite file has one). ``create`` makes a missing
     queue (by default a missing queue is FileNotFoundError for a file,
     NotAQueue for a database). ``latencies``, when a list, receives each
@@ -231,6 +290,7 @@ class Dispatcher:
         create: bool = False,
         latencies: Optional[list[float]] = None,
         threads: Optional[int] = None,
+        prefetch: Optional[int] = None,
     ) -> None:
         check_identifier("owner", owner)
         destination = _one_destination(url, destination, send)
@@ -245,6 +305,10 @@ class Dispatcher:
                              f"got {lease_ms!r}")
         if type(batch_size) is not int or not 1 <= batch_size <= MAX_BATCH:
             raise ValueError(f"batch_size must be an int in 1..{MAX_BATCH}, got {batch_size!r}")
+        if prefetch is None:
+            prefetch = min(concurrency, batch_size)
+        if type(prefetch) is not int or not 0 <= prefetch <= MAX_PREFETCH:
+            raise ValueError(f"prefetch must be an int in 0..{MAX_PREFETCH}, got {prefetch!r}")
         if type(poll_interval) not in (int, float) or not 0 < poll_interval <= 60:
             raise ValueError(f"poll_interval must be in (0, 60] seconds, got {poll_interval!r}")
         for name, fn in (("clock", clock), ("jitter", jitter), ("send", send)):
@@ -271,7 +335,9 @@ class Dispatcher:
         self._session: Optional[aiohttp.ClientSession] = None
         self._tasks: dict[asyncio.Task, Held] = {}  # each job's task, and the job
         self._claim_at_least = max(1, min(batch_size, concurrency // 8))
-        self._slots = SendSlots(concurrency, self.stats, wake_at=self._claim_at_least)
+        self.prefetch = prefetch
+        self._slots = SendSlots(concurrency, self.stats, wake_at=self._claim_at_least,
+                                prefetch=prefetch)
         self._keeper = LeaseKeeper(self._queue, self._time, lease_ms, self.finish_margin_ms,
                                    on_extended=self._count_extended, on_busy=self._count_busy,
                                    on_failure=self._keeper_failed)
@@ -384,13 +450,17 @@ class Dispatcher:
         return max(0, now - self._last_claim_ms) / 1000
 
     def stop(self) -> None:
-        """Claim nothing more; sends in flight finish within their leases.
+        """Claim nothing more; the jobs claimed (in flight, or waiting for a slot)
+        are sent and finished within their leases.
         Final: a stop that comes before run() starts makes run() return at once."""
         self._stop.set()
 
     def abort(self) -> None:
         """Stop at once: cancel the sends in flight, leaving leases that expire."""
         self._stop.set()
+        for held in self._slots.drop_waiting():  # never sent: left leased, to expire
+            self._keeper.unwatch(held)
+            self.stats.in_flight -= 1
         for task in self._tasks:
             task.cancel()
 
@@ -429,7 +499,7 @@ class Dispatcher:
         keeper.add_done_callback(self._keeper_died)
         try:
             while not self._stop.is_set():
-                if self._slots.free < self._claim_at_least and self._slots.used:
+                if self._slots.room < self._claim_at_least and self._slots.used:
                     # Wait for a few slots, then claim them in one transaction: fewer,
                     # fuller claim transactions for the same sends in flight.
                     await self._wait(stop_wait, None)
@@ -441,8 +511,8 @@ class Dispatcher:
                     if await self._queue.is_drained():
                         break
                 await self._wait(stop_wait, self.poll_interval, work=True)
-            if self._tasks:  # graceful: in-flight sends end within their leases
-                await asyncio.wait(self._tasks)
+            while self._tasks:  # graceful: claimed jobs are sent, within their leases
+                await asyncio.wait(list(self._tasks))
         except Exception as exc:
             self._failure = self._failure or exc  # failed from now, not once unwound
             raise
@@ -484,8 +554,8 @@ class Dispatcher:
 
     async def _settle(self) -> None:
         """Wait for the jobs to unwind and for every queued finish to be written."""
-        if self._tasks:
-            await asyncio.wait(self._tasks)
+        while self._tasks:  # a send that ends may start a job that waited for its slot
+            await asyncio.wait(list(self._tasks))
         await self._finisher.settle()
 
     # --------------------------------------------------------------- claims
@@ -494,7 +564,7 @@ class Dispatcher:
         """Claim as many jobs as there are free slots (up to batch_size), in one
         transaction; start a task for each. False when there was nothing to claim
         (or a stop came while the store was busy)."""
-        limit = min(self._slots.free, self.batch_size)
+        limit = min(self._slots.room, self.batch_size)
         asked = self._time.asked()
 
         def claim(store: Store) -> tuple[Claimed, float]:
@@ -510,6 +580,7 @@ class Dispatcher:
             return False  # stopping
         if not self._time.injected:
             self._time.observe(claimed.now_ms, asked)
+        self._slots.measure_line()
         self._claimed(claimed, seconds)
         return bool(claimed.leased)
 
@@ -532,19 +603,34 @@ class Dispatcher:
         stats.claim_batches += 1
         stats.in_flight += len(claimed.leased)
         first_ms = claimed.now_ms
-        take, work, tasks, job_done = self._slots.take, self._work, self._tasks, self._job_done
+        slots, watch, start = self._slots, self._keeper.watch, self._start
         for job in claimed.leased:
             ticket = job.ticket
             held = Held(ticket, job.event, first_ms, half_way(first_ms, ticket["lease_until"]))
-            take(held)  # from the claim to the end of the send
-            held.task = task = asyncio.create_task(work(held))
-            tasks[task] = held
-            task.add_done_callback(job_done)
+            watch(held)  # its lease is kept from the claim, whether it sends or waits
+            if slots.free:
+                slots.take(held)
+                start(held)
+            else:
+                slots.wait(held)
+
+    def _start(self, held: Held) -> None:
+        """The job's task: its send, with the slot it holds."""
+        held.task = task = asyncio.create_task(self._work(held))
+        self._tasks[task] = held
+        task.add_done_callback(self._job_done)
+
+    def _give_back(self, held: Held) -> None:
+        """The send is over: its slot goes to the first job waiting for one."""
+        following = self._slots.give_back(held)
+        if following is not None:
+            self._start(following)
 
     def _job_done(self, task: asyncio.Task) -> None:
         # A done callback, so it runs even for a task cancelled before its first step.
         held = self._tasks.pop(task)
-        self._slots.give_back(held)
+        self._keeper.unwatch(held)  # cancelled before its first step: never unwatched
+        self._give_back(held)
         if not held.handed_over:  # no finish queued: the job ends here, left leased
             self.stats.in_flight -= 1
         if not self._tasks:  # the last one ended: the dispatch loop looks again (drained?)
@@ -572,33 +658,43 @@ class Dispatcher:
         The lease keeper may cancel the send: at the end of its lease (a
         timeout, retried like any Retryable) or when an extension finds the
         lease gone (LeaseLost). Any other cancellation is a shutdown: it
-        propagates.
+        propagates. A job the keeper cut off while it waited for a slot is
+        not sent at all, and judged the same way.
         """
         ticket = held.ticket
         error: Optional[BaseException] = None
-        self._keeper.watch(held)
         started = time.perf_counter()
         try:
-            try:
-                classify_result(await self._call_send(held.event, ticket["token"]))
-            except asyncio.CancelledError:
-                if held.cut is None:
-                    raise
-                _uncancel()
-                error = (LeaseLost(f"lease of {ticket['id']} token {ticket['token']} is gone")
-                         if held.cut == "lost"
-                         else Retryable("the send did not finish within its lease"))
-            except Exception as exc:
-                error = exc
+            if held.cut is not None:
+                error = self._cut_error(held, "the job waited for a send slot until its lease"
+                                              " was nearly over; not sent")
+            else:
+                try:
+                    classify_result(await self._call_send(held.event, ticket["token"]))
+                except asyncio.CancelledError:
+                    if held.cut is None:
+                        raise
+                    _uncancel()
+                    error = self._cut_error(held, "the send did not finish within its lease")
+                except Exception as exc:
+                    error = exc
         finally:
             took = time.perf_counter() - started
             self._keeper.unwatch(held)
-            self._slots.give_back(held)
+            self._give_back(held)
         self.metrics.observe_send(took)  # a send that ended: not one a shutdown cancelled
         seen = Attempt.of(held.first_ms, round(took * 1000), error)
         if error is None:
             return Judged("ok", 0, seen)
         return self._judge_error(held, error, seen)
+
+    @staticmethod
+    def _cut_error(held: Held, timeout: str) -> Exception:
+        """What the lease keeper's cut means: the lease is gone, or it ran out."""
+        ticket = held.ticket
+        if held.cut == "lost":
+            return LeaseLost(f"lease of {ticket['id']} token {ticket['token']} is gone")
+        return Retryable(timeout)
 
     def _judge_error(self, held: Held, error: BaseException, seen: Attempt) -> Judged:
         """A failed send's outcome and delay by the policy. A lost lease is

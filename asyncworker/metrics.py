@@ -22,7 +22,8 @@ Metric names (prefix ``asyncworker_``), each the figure of ``d.stats`` named:
   ``store_busy_retries_total`` (lock_retries), ``lease_extensions_total``
   (extended), ``claim_transactions_leasing_total`` (claim_batches);
 - gauges: ``jobs_in_flight`` (in_flight), ``sends_in_flight`` (sending),
-  ``sends_in_flight_peak`` (peak_sending), ``send_slots`` (the concurrency),
+  ``sends_in_flight_peak`` (peak_sending), ``jobs_waiting_for_slot`` (waiting),
+  ``send_slots`` (the concurrency),
   ``dispatcher_state{state}`` (1 for the current one of new, running,
   stopping, stopped, failed), ``last_claim_timestamp_seconds`` (the store's
   time of the last committed claim; absent before the first);
@@ -76,6 +77,8 @@ GAUGES = (
     ("jobs_in_flight", "in_flight", "Jobs claimed and not yet recorded."),
     ("sends_in_flight", "sending", "Send slots in use: claimed jobs whose send has not ended."),
     ("sends_in_flight_peak", "peak_sending", "The most send slots in use at once."),
+    ("jobs_waiting_for_slot", "waiting", "Claimed jobs waiting for a send slot (at most the "
+                                         "prefetch)."),
 )
 
 
@@ -127,6 +130,11 @@ class LoopHistogram:
         self._counts = [0] * (len(self._bounds) + 1)  # the last one: above every bound
         self._sum = 0.0
         self._created = time.time()
+
+    @property
+    def sum(self) -> float:
+        """The sum of every amount observed (for sends: seconds spent sending)."""
+        return self._sum
 
     def observe(self, amount: float) -> None:
         # The first bound at or above the amount: prometheus's "le" (<=).

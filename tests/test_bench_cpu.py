@@ -38,8 +38,11 @@ def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
         for kind, total in (("default", "dispatcher_us"), ("wal", "wal_us"),
                             ("runtime", "runtime_us")):
             assert 0 < row[f"{kind}_loop_us"] <= row[total] * 1.05, (kind, row)
-    assert all(line.count("|") == 9 for line in table), table  # 8 columns each
-    assert table[0].split(" | ")[4] == "of it, the event loop's thread"
+            # sends in flight on average: some, never more than the concurrency
+            assert 0 < row[f"{kind}_sending"] <= (64 if row["case"].startswith("c64") else 256)
+    assert all(line.count("|") == 10 for line in table), table  # 9 columns each
+    assert table[0].split(" | ")[3] == "sends in flight, mean"
+    assert table[0].split(" | ")[5] == "of it, the event loop's thread"
     batched, batched_wal, rss = rows[2], rows[3], rows[4]
     assert [row["jobs"] for row in rows[5:]] == [600, 600]
     assert batched["jobs"] == batched_wal["jobs"] == rss["jobs"] == 2000

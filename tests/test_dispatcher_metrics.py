@@ -180,6 +180,7 @@ async def test_metrics_equal_the_stats_figure_by_figure(target: str):
         "asyncworker_jobs_in_flight": stats.in_flight,
         "asyncworker_sends_in_flight": stats.sending,
         "asyncworker_sends_in_flight_peak": stats.peak_sending,
+        "asyncworker_jobs_waiting_for_slot": stats.waiting,
         "asyncworker_send_slots": 1,
     }
     assert {name: one(samples, name) for name in counters} == counters
