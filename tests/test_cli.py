@@ -110,6 +110,8 @@ BAD_USAGE = [
     (["run", "{queue}"], "--url"),
     (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--batch-size", "0"],
      "--batch-size"),
+    (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--prefetch", "-1"],
+     "--prefetch"),
     (["stats", "{missing}"], "queue file not found"),
     (["dead", "{queue}", "--reason", "bad reason"], "--reason"),
     (["dead", "{queue}", "--reason", "bogus"], "must be one of deadline, exhausted, permanent"),
@@ -202,7 +204,8 @@ def test_run_until_idle_stats_dead_inspect_redrive(queue: Path, tmp_path: Path):
         assert [(r["note"], r["token"]) for r in history["redrives"]] == [("fixed", 0)]
         assert cli("inspect", str(queue), "nope").returncode == 1
 
-        out = cli("run", str(queue), "--url", rx.url, "--until-idle", "--batch-size", "1")
+        out = cli("run", str(queue), "--url", rx.url, "--until-idle", "--batch-size", "1",
+                  "--prefetch", "0")
         assert out.returncode == 0 and json.loads(out.stdout)["ok"] == 1  # 0: none went dead
         assert json.loads(out.stdout)["dead"] == 0
     assert job_rows(queue)["late"]["status"] == "done"
