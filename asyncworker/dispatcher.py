@@ -174,6 +174,7 @@ class SendSlots:
         self.line = 0  # how many may wait, as the last claim measured it
         self.ended = 0  # sends ended so far: the line's length is read off it
         self._ended_at_claim = 0
+        self._span_before = 0
         self.freed = asyncio.Event()
 
     @property
@@ -190,11 +191,16 @@ class SendSlots:
         return self.size - self._stats.sending + max(0, self.line - len(self.waiting))
 
     def measure_line(self) -> None:
-        """After each claim: the line is as long as the sends that ended since the
-        claim before (at most ``prefetch``), what one claim's round trip uses.
-        A dispatcher that has been idle has none, so it claims no more than it
-        can send at once and leaves the rest to the dispatchers beside it."""
-        self.line = min(self.prefetch, self.ended - self._ended_at_claim)
+        """After each claim: the line is as long as the most sends that ended
+        between two claims, of the last two such spans (at most ``prefetch``):
+        what one claim's round trip uses. Two, because sends end in bursts (a
+        receiver answers a group it committed at once), so one span alone swings
+        between none and many. A dispatcher that has been idle has none, so it
+        claims no more than it can send at once and leaves the rest to the
+        dispatchers beside it."""
+        span = self.ended - self._ended_at_claim
+        self.line = min(self.prefetch, max(span, self._span_before))
+        self._span_before = span
         self._ended_at_claim = self.ended
 
     def take(self, held: Held) -> None:
