@@ -351,6 +351,7 @@ class Dispatcher:
                                        on_recorded=self._recorded, on_failed=self._finish_failed,
                                        on_committed=self._count_group, on_busy=self._count_busy)
         self._stop = asyncio.Event()  # set once, never cleared: a stop is final
+        self._aborted = False
         self._running = False
         self._failure: Optional[BaseException] = None
         self._last_claim_ms: Optional[int] = None
@@ -462,8 +463,11 @@ class Dispatcher:
         self._stop.set()
 
     def abort(self) -> None:
-        """Stop at once: cancel the sends in flight, leaving leases that expire."""
+        """Stop at once: cancel the sends in flight, leaving leases that expire.
+        A claim that commits after the abort sends nothing: its jobs are left
+        leased too."""
         self._stop.set()
+        self._aborted = True
         for held in self._slots.drop_waiting():  # never sent: left leased, to expire
             self._keeper.unwatch(held)
             self.stats.in_flight -= 1
@@ -607,6 +611,12 @@ class Dispatcher:
             return
         stats.claimed += len(claimed.leased)
         stats.claim_batches += 1
+        if self._aborted:  # it committed while the abort came: nothing more is sent
+            log.warning("claimed during an abort, left leased to expire: %s",
+                        _some_ids([job.ticket for job in claimed.leased]),
+                        extra={"owner": self.owner, "jobs": len(claimed.leased),
+                               "status": "leased"})
+            return
         stats.in_flight += len(claimed.leased)
         first_ms = claimed.now_ms
         slots, watch, start = self._slots, self._keeper.watch, self._start
@@ -781,7 +791,8 @@ class Dispatcher:
         Called while the group's exception is being handled: it is the record's."""
         self.stats.in_flight -= len(helds)
         self.stats.errors += sum(1 for one in judged if one.outcome is not None)
-        log.exception("finish failed, %d jobs left leased: %s", len(helds), _some_ids(helds),
+        log.exception("finish failed, %d jobs left leased: %s", len(helds),
+                      _some_ids([held.ticket for held in helds]),
                       extra={"owner": self.owner, "jobs": len(helds), "status": "leased",
                              "error": _error_line(sys.exc_info()[1])})
 
@@ -821,10 +832,10 @@ def _error_line(error: Optional[BaseException]) -> Optional[str]:
     return " ".join((Attempt.of(0, 0, error).error or "").split())
 
 
-def _some_ids(helds: list[Held], most: int = 20) -> str:
+def _some_ids(tickets: list[dict], most: int = 20) -> str:
     """id/token of the first few jobs, for a log line that stays one line."""
-    named = " ".join(f"{held.ticket['id']}/{held.ticket['token']}" for held in helds[:most])
-    return named if len(helds) <= most else f"{named} and {len(helds) - most} more"
+    named = " ".join(f"{ticket['id']}/{ticket['token']}" for ticket in tickets[:most])
+    return named if len(tickets) <= most else f"{named} and {len(tickets) - most} more"
 
 
 def _uncancel() -> None:

@@ -6,8 +6,9 @@ is never sent."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 
@@ -193,6 +194,29 @@ async def test_an_abort_leaves_the_line_leased_and_unsent(queue_path: Path):
     assert (stats.ok, stats.in_flight, stats.waiting) == (2, 0, 0)
     assert gates.started == ["job-0", "job-1", "job-2", "job-3"]  # the line never sent
     assert statuses(queue_path)["leased"] == 4  # two cut sends, two in line: they expire
+
+
+async def test_a_claim_that_commits_after_an_abort_sends_nothing(queue_path: Path):
+    fill(queue_path, 3)
+    inside, release = threading.Event(), threading.Event()
+
+    class SlowClaim(SQLiteStore):
+        def claim_jobs(self, *args: Any, **kwargs: Any) -> Any:
+            inside.set()
+            release.wait(10)  # the claim is committing while the abort comes
+            return super().claim_jobs(*args, **kwargs)
+
+    gates = Gates(set())
+    async with Dispatcher(lambda: SlowClaim(queue_path), "d1", send=gates.send,
+                          concurrency=4, lease_ms=60_000) as d:
+        running = asyncio.create_task(d.run())
+        await _until(inside.is_set, "the claim")
+        d.abort()
+        release.set()
+        stats = await running
+    assert gates.started == []
+    assert (stats.claimed, stats.in_flight, stats.sending, stats.waiting) == (3, 0, 0, 0)
+    assert statuses(queue_path)["leased"] == 3  # left to their lease expiry
 
 
 async def test_an_idle_dispatcher_claims_no_more_than_it_sends(queue_path: Path):
