@@ -156,10 +156,10 @@ class SendSlots:
     per job, and ``give_back`` is idempotent.
 
     A few claimed jobs (at most ``prefetch``) wait in line (``waiting``) while
-    the slots are busy, and a slot given back goes straight to the first of them: a send
-    that ends starts the next one at once, without waiting for a claim
-    transaction (several milliseconds of a durable commit, during which the
-    slots would stand idle). ``room`` is how many jobs a claim may take.
+    the slots are busy, and a slot given back goes straight to the first of
+    them: a send that ends starts the next one at once, without waiting for a
+    claim transaction (several milliseconds of a durable commit, during which
+    the slots would stand idle). ``room`` is how many jobs a claim may take.
     ``freed`` is set only when the dispatch loop has something to do: room for
     at least ``wake_at`` jobs (a claim is worth making) or no send in flight; a
     wake-up per send that ended would cost the loop a round (and a task) per job."""
@@ -267,8 +267,8 @@ class Dispatcher:
     wait for a send slot, so that a send that ends starts the next at once
     instead of waiting for a claim's commit. Their leases are kept as those
     of the sends in flight; a graceful stop sends them; a dispatcher that
-    dies leaves them, like its sends, to their lease expiry; ``threads`` the store calls at
-    once (PostgreSQL; a SQLite file has one). ``create`` makes a missing
+    dies leaves them, like its sends, to their lease expiry. ``threads`` is
+    the store calls at once (PostgreSQL; a SQLite file has one). ``create`` makes a missing
     queue (by default a missing queue is FileNotFoundError for a file,
     NotAQueue for a database). ``latencies``, when a list, receives each
     job's claim-to-finish time in seconds.
@@ -521,8 +521,7 @@ class Dispatcher:
                     if await self._queue.is_drained():
                         break
                 await self._wait(stop_wait, self.poll_interval, work=True)
-            while self._tasks:  # graceful: claimed jobs are sent, within their leases
-                await asyncio.wait(list(self._tasks))
+            await self._all_sent()  # graceful: claimed jobs are sent, within their leases
         except Exception as exc:
             self._failure = self._failure or exc  # failed from now, not once unwound
             raise
@@ -564,9 +563,14 @@ class Dispatcher:
 
     async def _settle(self) -> None:
         """Wait for the jobs to unwind and for every queued finish to be written."""
-        while self._tasks:  # a send that ends may start a job that waited for its slot
-            await asyncio.wait(list(self._tasks))
+        await self._all_sent()
         await self._finisher.settle()
+
+    async def _all_sent(self) -> None:
+        """Wait until no job's task is left: a send that ends may start a job
+        from the line, so one wait on the tasks of the moment is not enough."""
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
 
     # --------------------------------------------------------------- claims
 

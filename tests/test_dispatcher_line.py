@@ -176,6 +176,12 @@ async def test_a_graceful_stop_sends_the_line_too(queue_path: Path):
     async with Dispatcher(queue_path, "d1", send=gates.send, concurrency=2, prefetch=2) as d:
         running = await _with_a_line(d, gates)
         d.stop()
+        await asyncio.sleep(0.05)  # the run is waiting for its sends in flight now
+        gates.open("job-2")
+        gates.open("job-3")
+        # the line's jobs start as those sends end, and still run after them
+        await _until(lambda: len(gates.started) == 6, "the line's sends")
+        await asyncio.sleep(0.05)
         gates.open_all()
         stats = await running
     assert (stats.claimed, stats.ok, stats.in_flight, stats.waiting) == (6, 6, 0, 0)
