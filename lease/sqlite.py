@@ -653,8 +653,10 @@ class _OneStatement(_RowAtATime):
     event loop beside it a transaction of 25 rows measured 59 ms that way and
     0.5 ms this way, and the store alone costs 6-15% less CPU a job
     (``docs/benchmarks.md``). A read is one row, the batch as JSON; a write
-    is one ``UPDATE ... FROM (VALUES ...)``. Same rows, same values: any row
-    JSON cannot carry exactly (a BLOB, a REAL) is read the contract's way.
+    is one ``UPDATE ... FROM (VALUES ...)``, or, when most rows set the same
+    values, one ``UPDATE ... WHERE seq IN (...)`` for each set of values.
+    Same rows, same values: any row JSON cannot carry exactly (a BLOB, a
+    REAL) is read the contract's way.
     """
 
     def read(self, con: sqlite3.Connection, names: Tuple[str, ...], select: str,
@@ -672,13 +674,47 @@ class _OneStatement(_RowAtATime):
 
     def update(self, con: sqlite3.Connection, fixed: str, names: Tuple[str, ...],
                rows: list) -> None:
+        alike: dict[tuple, list] = {}
+        for row in rows:
+            sets = tuple(row[:-1])
+            # with the types: 1, 1.0 and True are equal keys, but not the same value
+            alike.setdefault((*sets, *map(type, sets)), []).append(row[-1])
+        # A statement a group costs more than a VALUES row saves: only when
+        # most rows share their values (a claim's fresh jobs, finishes of a burst).
+        if len(alike) * 4 <= len(rows):
+            for key, seqs in alike.items():
+                self._update_alike(con, fixed, names, key[:len(names)], seqs)
+            return
         width = len(names) + 1
         for start in range(0, len(rows), _CHUNK):
             chunk = rows[start:start + _CHUNK]
-            size = 1 << (len(chunk) - 1).bit_length()  # 1, 2, 4 ... 64 rows: 7 statements
+            size = _padded(len(chunk))
             values = [value for row in chunk for value in row]
             values += [None] * (width * (size - len(chunk)))  # seq NULL: a row matching none
             con.execute(_values_update(fixed, names, size), values)
+
+    @staticmethod
+    def _update_alike(con: sqlite3.Connection, fixed: str, names: Tuple[str, ...],
+                      values: tuple, seqs: list) -> None:
+        """Rows that set the same values (a claim's fresh jobs, a finish's
+        outcomes without evidence): one ``UPDATE ... WHERE seq IN (...)``, which
+        SQLite runs with a quarter less work a row than a join with VALUES."""
+        for start in range(0, len(seqs), _CHUNK):
+            chunk = seqs[start:start + _CHUNK]
+            size = _padded(len(chunk))
+            con.execute(_alike_update(fixed, names, size),
+                        [*values, *chunk, *[None] * (size - len(chunk))])  # NULL: no row
+
+
+def _padded(n: int) -> int:
+    """1, 2, 4 ... 64: seven statements' shapes to cache, whatever the batch."""
+    return 1 << (n - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=64)
+def _alike_update(fixed: str, names: Tuple[str, ...], size: int) -> str:
+    sets = ", ".join([fixed, *(f"{name} = ?" for name in names)])
+    return f"UPDATE jobs SET {sets} WHERE seq IN ({', '.join('?' * size)})"
 
 
 @functools.lru_cache(maxsize=64)

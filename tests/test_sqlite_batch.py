@@ -139,3 +139,61 @@ def test_an_older_sqlite_runs_a_row_at_a_time(monkeypatch: pytest.MonkeyPatch):
     assert product._one_statement_works()
     monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 32, 3))
     assert not product._one_statement_works()
+
+
+def _seqs(store: SQLiteStore, n: int) -> list:
+    store.enqueue_events([{"id": f"j-{i}", "qty": 1} for i in range(n)])
+    return [seq for (seq,) in store.connection.execute("SELECT seq FROM jobs ORDER BY seq")]
+
+
+def test_rows_that_set_the_same_values_are_written_by_seq_alone(tmp_path: Path):
+    """A claim's fresh jobs all set the same values: one ``WHERE seq IN``
+    statement a chunk of 64, not a join with VALUES."""
+    with SQLiteStore(tmp_path / "q.db", create=True, clock=lambda: T0) as store:
+        seqs = _seqs(store, 160)
+        con = store.connection
+        ran = statements_of(store, lambda: product._BATCH.update(
+            con, "reason = 'x'", ("owner", "lease_until"),
+            [("o", 7, seq) for seq in seqs[:150]]))
+        assert len(ran) == 3 and all("WHERE seq IN" in sql for sql in ran), ran
+        got = con.execute("SELECT owner, lease_until, reason FROM jobs ORDER BY seq")
+        assert [tuple(row) for row in got] == [("o", 7, "x")] * 150 + [(None, None, None)] * 10
+
+
+def test_each_set_of_values_gets_its_own_statement(tmp_path: Path):
+    with SQLiteStore(tmp_path / "q.db", create=True, clock=lambda: T0) as store:
+        seqs = _seqs(store, 40)
+        con = store.connection
+        rows = [("even" if seq % 2 == 0 else "odd", None, seq) for seq in seqs]
+        ran = statements_of(store, lambda: product._BATCH.update(
+            con, "reason = 'x'", ("owner", "lease_until"), rows))
+        assert len(ran) == 2 and all("WHERE seq IN" in sql for sql in ran), ran
+        got = con.execute("SELECT seq, owner, lease_until FROM jobs ORDER BY seq")
+        assert [tuple(row) for row in got] == [row[::-1][:1] + row[:2] for row in rows]
+
+
+def test_equal_values_of_other_types_are_not_written_as_one(tmp_path: Path):
+    """1, 1.0 and True are equal in Python; each row keeps its own type."""
+    with SQLiteStore(tmp_path / "q.db", create=True, clock=lambda: T0) as store:
+        seqs = _seqs(store, 12)
+        con = store.connection
+        given = (1, 1.0, True)
+        ran = statements_of(store, lambda: product._BATCH.update(
+            con, "owner = 'x'", ("reason",),
+            [(given[i % 3], seq) for i, seq in enumerate(seqs)]))
+        assert len(ran) == 3 and all("WHERE seq IN" in sql for sql in ran), ran
+        got = con.execute("SELECT reason FROM jobs ORDER BY seq")  # TEXT: 1 -> '1', 1.0 -> '1.0'
+        assert [text for (text,) in got] == ["1", "1.0", "1"] * 4
+
+
+def test_rows_of_many_values_are_joined_with_values(tmp_path: Path):
+    with SQLiteStore(tmp_path / "q.db", create=True, clock=lambda: T0) as store:
+        seqs = _seqs(store, 40)
+        con = store.connection
+        # 11 sets of values among 40 rows: more than a quarter, so a join
+        rows = [("o", seq % 11, seq) for seq in seqs]
+        ran = statements_of(store, lambda: product._BATCH.update(
+            con, "reason = 'x'", ("owner", "lease_until"), rows))
+        assert len(ran) == 1 and "FROM (VALUES" in ran[0], ran
+        got = con.execute("SELECT owner, lease_until FROM jobs ORDER BY seq")
+        assert [tuple(row) for row in got] == [row[:2] for row in rows]
