@@ -120,6 +120,38 @@ def test_a_row_json_cannot_carry_exactly_is_read_the_contract_way(tmp_path: Path
         assert type(fast[0]) is list
 
 
+def test_bodies_are_read_beside_the_json_and_exactly(tmp_path: Path):
+    """A claim's pick carries each payload as it is, not escaped inside the
+    JSON: NULL, text with quotes and escapes, and a body holding the separator
+    (written by other means), which falls back to the contract's read."""
+    with SQLiteStore(tmp_path / "q.db", create=True, clock=lambda: T0) as store:
+        store.enqueue_events([{"id": "lab", "qty": 1},
+                              {"id": "pay", "body": {"q": "a \"quote\"\n\u2603", "n": [1, 2]}},
+                              {"id": "odd", "body": {"x": 1}}])
+        con = store.connection
+        names = (*worker._MARKED_NAMES, "body")
+
+        def both(ids: list) -> tuple:
+            select = (f"SELECT {worker._MARKED}, body FROM jobs"
+                      f" WHERE id IN ({', '.join('?' * len(ids))}) ORDER BY seq")
+            return ([tuple(row) for row in product._BATCH.read(con, names, select, ids)],
+                    worker._ROW_AT_A_TIME.read(con, names, select, ids))
+
+        fast, exact = both(["lab", "pay"])
+        assert fast == exact and exact[0][-1] is None and '\\"quote\\"' in exact[1][-1]
+        ran = statements_of(store, lambda: both(["lab", "pay"]))
+        assert len(ran) == 2  # one statement each way: the fast one did not fall back
+        con.execute("UPDATE jobs SET body = 'a\x1eb' WHERE id = 'odd'")
+        fast, exact = both(["lab", "pay", "odd"])
+        assert fast == exact and exact[2][-1] == "a\x1eb"
+        assert len(statements_of(store, lambda: both(["odd"]))) == 3  # fell back, then exact
+        for other in ("''", "x'7b7d'"):  # empty text; a BLOB whose bytes are UTF-8
+            con.execute(f"UPDATE jobs SET body = {other} WHERE id = 'odd'")
+            fast, exact = both(["lab", "odd"])
+            assert fast == exact and exact[1][-1] in ("", b"{}"), other
+            assert type(fast[1][-1]) is type(exact[1][-1]), other
+
+
 def test_an_update_of_more_rows_than_a_statement_holds_writes_every_one(tmp_path: Path):
     with SQLiteStore(tmp_path / "q.db", create=True, clock=lambda: T0) as store:
         store.enqueue_events([{"id": f"j-{i}", "qty": 1} for i in range(150)])
