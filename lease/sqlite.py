@@ -653,11 +653,10 @@ class _OneStatement(_RowAtATime):
     event loop beside it a transaction of 25 rows measured 59 ms that way and
     0.5 ms this way, and the store alone costs 6-15% less CPU a job
     (``docs/benchmarks.md``). A read is one row, the batch as JSON (its
-    payloads beside it, unescaped); a write
-    is one ``UPDATE ... FROM (VALUES ...)``, or, when most rows set the same
-    values, one ``UPDATE ... WHERE seq IN (...)`` for each set of values.
-    Same rows, same values: any row JSON cannot carry exactly (a BLOB, a
-    REAL) is read the contract's way.
+    payloads beside it, unescaped); a write is one ``UPDATE ... FROM (VALUES
+    ...)``, or, when most rows set the same values, one ``UPDATE ... WHERE seq
+    IN (...)`` for each set of values. Same rows, same values: any row JSON
+    cannot carry exactly (a BLOB, a REAL) is read the contract's way.
     """
 
     def read(self, con: sqlite3.Connection, names: Tuple[str, ...], select: str,
@@ -671,9 +670,7 @@ class _OneStatement(_RowAtATime):
             rows: list = json.loads(text, parse_float=_no_float)
         except (sqlite3.OperationalError, _NotExact):
             return super().read(con, names, select, params)
-        if names[0] == "seq":  # the aggregate keeps the select's order in fact, not by promise
-            rows.sort(key=itemgetter(0))
-        return rows
+        return _in_seq_order(names, rows)
 
     def _read_with_bodies(self, con: sqlite3.Connection, names: Tuple[str, ...], select: str,
                           params: object) -> list:
@@ -700,9 +697,7 @@ class _OneStatement(_RowAtATime):
             return super().read(con, names, select, params)
         for row, part in zip(rows, parts, strict=True):  # "n": NULL, "b" and the body's text
             row.append(None if part == "n" else part[1:])
-        if names[0] == "seq":
-            rows.sort(key=itemgetter(0))
-        return rows
+        return _in_seq_order(names, rows)
 
     def update(self, con: sqlite3.Connection, fixed: str, names: Tuple[str, ...],
                rows: list) -> None:
@@ -736,6 +731,14 @@ class _OneStatement(_RowAtATime):
             size = _padded(len(chunk))
             con.execute(_alike_update(fixed, names, size),
                         [*values, *chunk, *[None] * (size - len(chunk))])  # NULL: no row
+
+
+def _in_seq_order(names: Tuple[str, ...], rows: list) -> list:
+    """An aggregate keeps its select's order in fact, not by promise: rows
+    led by their seq are put in its order."""
+    if names[0] == "seq":
+        rows.sort(key=itemgetter(0))
+    return rows
 
 
 def _padded(n: int) -> int:
