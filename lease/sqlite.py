@@ -723,9 +723,10 @@ class _OneStatement(_RowAtATime):
     @staticmethod
     def _update_alike(con: sqlite3.Connection, fixed: str, names: Tuple[str, ...],
                       values: tuple, seqs: list) -> None:
-        """Rows that set the same values (a claim's fresh jobs, a finish's
-        outcomes without evidence): one ``UPDATE ... WHERE seq IN (...)``, which
-        SQLite runs with a quarter less work a row than a join with VALUES."""
+        """Rows that set the same values (a claim's fresh jobs, the outcomes of
+        a finish that share their latency): one ``UPDATE ... WHERE seq IN
+        (...)``, which SQLite runs with a quarter less work a row than a join
+        with VALUES."""
         for start in range(0, len(seqs), _CHUNK):
             chunk = seqs[start:start + _CHUNK]
             size = _padded(len(chunk))
