@@ -216,7 +216,7 @@ def job_history(con: sqlite3.Connection, job_id: str) -> Optional[dict[str, Any]
     check_job_id("job_id", job_id, PRODUCT)
     con.execute("BEGIN")
     try:
-        found = _dicts(con, "SELECT * FROM jobs WHERE id = ?", (job_id,))
+        found = _dicts(con, f"SELECT * FROM {_jobs(con)} WHERE id = ?", (job_id,))
         actor = ", actor" if "actor" in _columns(con, "redrives") else ""
         history: dict[str, Any] = {"redrives": _dicts(
             con, f"SELECT seq, token, at_ms, note{actor} FROM redrives WHERE id = ? ORDER BY seq",
@@ -267,7 +267,7 @@ def dead_jobs(con: sqlite3.Connection, reason: Optional[str] = None,
         check_identifier("reason", reason)
     if limit is not None and (type(limit) is not int or limit < 1):
         raise ValueError(f"limit must be an int >= 1, got {limit!r}")
-    sql = "SELECT * FROM jobs WHERE status = 'dead'"
+    sql = f"SELECT * FROM {_jobs(con)} WHERE status = 'dead'"
     args: list[Any] = []
     if reason is not None:
         sql += " AND reason = ?"
@@ -290,7 +290,7 @@ def list_jobs(con: sqlite3.Connection, *, status: Optional[str] = None,
     ``after_seq``), filtered by status, reason and id prefix; whole rows, a
     product queue's dead rows each with ``last_error``."""
     where, args = _job_filter(status, reason, id_prefix, after_seq, limit)
-    sql = f"SELECT * FROM jobs WHERE {where} ORDER BY seq LIMIT ?"
+    sql = f"SELECT * FROM {_jobs(con)} WHERE {where} ORDER BY seq LIMIT ?"
     if _has_table(con, "attempts"):
         sql = f"""SELECT d.*, CASE WHEN d.status = 'dead' THEN
   (SELECT COALESCE(a.error, 'HTTP ' || a.http_status) FROM attempts a WHERE a.id = d.id
@@ -332,7 +332,19 @@ def jobs_with_status(con: sqlite3.Connection, status: str) -> list[dict[str, Any
     """Every job in one status, in seq order, as whole rows."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {STATUSES}, got {status!r:.40}")
-    return _dicts(con, "SELECT * FROM jobs WHERE status = ? ORDER BY seq", (status,))
+    return _dicts(con, f"SELECT * FROM {_jobs(con)} WHERE status = ? ORDER BY seq",
+                  (status,))
+
+
+def _jobs(con: sqlite3.Connection) -> str:
+    """What the readers of whole job rows read from: ``jobs``, or, from
+    version 4 on (its bodies in a table of their own), the rows with their
+    bodies put back in the place of ``jobs.body``."""
+    if not _has_table(con, "bodies"):
+        return "jobs"
+    columns = ", ".join("b.body AS body" if name == "body" else f"j.{name}"
+                        for name in _columns(con, "jobs"))
+    return f"(SELECT {columns} FROM jobs j LEFT JOIN bodies b ON b.seq = j.seq) AS jobs"
 
 
 def _columns(con: sqlite3.Connection, table: str) -> list[str]:

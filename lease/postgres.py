@@ -65,10 +65,10 @@ from lease.policy import (
     check_note,
     check_product_event,
 )
-from lease.sqlite import _TABLES as _TABLES_SQLITE
 from lease.sqlite import (
     _TABLES_V1,
     _TABLES_V2,
+    _TABLES_V3,
     _cancel_decisions,
     _check_ids,
     _check_item,
@@ -117,9 +117,12 @@ _INTAKE_CHUNK = 500  # events per INSERT: bounded memory for a stream of million
 
 _NOW = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
-# The tables each version has: the SQLite product file's, column for column.
+# The tables each version has: the SQLite product file's of that version,
+# column for column. SQLite's version 4 moved the bodies to a table of their
+# own; PostgreSQL needs no such move: an UPDATE keeps a large body where TOAST
+# put it, out of the row, and does not write it again.
 _TABLES = {1: {**_TABLES_V1, "redrives": _COLUMNS["redrives"]}, 2: _TABLES_V2,
-           3: _TABLES_SQLITE}
+           3: _TABLES_V3}
 
 # A job in its key's line (lease.sqlite._LINE), and the classid of the keys'
 # advisory locks ("ke"; the two-int form, a key space apart from the one-int

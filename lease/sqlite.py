@@ -18,7 +18,14 @@ Versions:
   stale finishes refused); indexes for pruning done jobs and for a job's
   audit rows;
 - 2: ``redrives.actor`` and ``cancels.actor``: who made an operator's change;
-- 3: ``jobs.ordering_key`` and ``jobs.held``: ordered delivery per key (below).
+- 3: ``jobs.ordering_key`` and ``jobs.held``: ordered delivery per key (below);
+- 4: ``bodies``, a job's payload in a table of its own, written once by the
+  intake and deleted with the job (``jobs.body`` stays, always NULL).
+  SQLite rewrites a whole record at each change of any column, so a body
+  kept on the job's row was written again by the claim and by the finish,
+  and its pages again by both COMMITs: with 3.7 KB payloads the store's
+  claim and finish cost about twice as much CPU a job that way
+  (``docs/benchmarks.md``).
 
 Every migration runs in one transaction: a crash leaves the old version
 whole. A file newer than this code is refused untouched.
@@ -121,7 +128,7 @@ __all__ = [
     "SQLiteStore",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # A job in its key's line: still to be delivered, or dead and blocking the
 # jobs behind it. The partial index below has this very predicate (SQLite uses
@@ -180,6 +187,14 @@ _MIGRATIONS: dict[int, Tuple[str, ...]] = {
         # A key's line, its first (held = 0) apart from the rest (held = 1, in order).
         f"CREATE INDEX jobs_line ON jobs(ordering_key, held, seq) WHERE {_LINE}",
     ),
+    4: (
+        # A job's payload, keyed by its seq (AUTOINCREMENT: a seq is never
+        # taken again, not even after prune_done). The column on the job's row
+        # stays, NULL: a DROP COLUMN needs SQLite 3.35 and rewrites every row.
+        "CREATE TABLE bodies (seq INTEGER PRIMARY KEY, body TEXT NOT NULL)",
+        "INSERT INTO bodies (seq, body) SELECT seq, body FROM jobs WHERE body IS NOT NULL",
+        "UPDATE jobs SET body = NULL WHERE body IS NOT NULL",
+    ),
 }
 
 _TABLES = {
@@ -192,8 +207,11 @@ _TABLES = {
     "redrives": ["seq", "id", "token", "at_ms", "note", "actor"],
     "cancels": ["seq", "id", "token", "at_ms", "note", "was", "actor"],
     "tallies": ["name", "n"],
+    "bodies": ["seq", "body"],
 }
-_TABLES_V2 = {**_TABLES, "jobs": _TABLES["jobs"][:-2]}  # lease.postgres reads a v2 database by it
+# lease.postgres checks its own versions' tables by these (its jobs keep their bodies)
+_TABLES_V3 = {name: columns for name, columns in _TABLES.items() if name != "bodies"}
+_TABLES_V2 = {**_TABLES_V3, "jobs": _TABLES["jobs"][:-2]}
 _TABLES_V1 = {  # version 1: lease.postgres reads a version-1 database by it
     "jobs": ["seq", "id", "qty", "status", "attempts", "max_attempts", "token",
              "available_at", "deadline", "owner", "lease_until", "reason", "body", "digest",
@@ -516,12 +534,15 @@ def _insert(con: Union[sqlite3.Connection, sqlite3.Cursor], intake: Intake, now_
         return False
     con.execute(
         "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
-        " deadline, owner, lease_until, reason, body, digest, ordering_key, held)"
-        " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?)",
+        " deadline, owner, lease_until, reason, digest, ordering_key, held)"
+        " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?)",
         (intake.id, intake.qty, policy.max_attempts, available_at,
-         available_at + policy.ttl_ms, intake.body, intake.digest, intake.key,
+         available_at + policy.ttl_ms, intake.digest, intake.key,
          0 if intake.key is None else 1),
     )
+    if intake.body is not None:
+        con.execute("INSERT INTO bodies (seq, body) VALUES (last_insert_rowid(), ?)",
+                    (intake.body,))
     return True
 
 
@@ -561,10 +582,13 @@ WHERE ordering_key = ? AND held = 0 AND {_LINE}"""
 
 # lease.worker._PICK less the held jobs, through the index of what may be taken;
 # only what a lease (lease.worker._lease_rows) and its Leased need: every column
-# read costs, and a done job's evidence is no claim's business.
+# read costs, and a done job's evidence is no claim's business. A picked
+# job's body is one probe of its table, made for the rows returned only (the
+# index gives the order: no join to sort again).
 _PICK_READY_NAMES = (*_PICK_NAMES, "body")
 _PICK_READY = f"""
-SELECT {', '.join(_PICK_READY_NAMES)} FROM jobs INDEXED BY jobs_ready
+SELECT {', '.join(_PICK_NAMES)}, (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body
+FROM jobs INDEXED BY jobs_ready
 WHERE status IN ('pending', 'leased') AND held = 0
   AND ((status = 'pending' AND available_at <= :now)
     OR (status = 'leased' AND lease_until <= :now))
@@ -1114,7 +1138,9 @@ def prune_done(
         con.executemany("DELETE FROM attempts WHERE id = ?", ids)
         con.executemany("DELETE FROM redrives WHERE id = ?", ids)
         con.executemany("DELETE FROM cancels WHERE id = ?", ids)
-        con.executemany("DELETE FROM jobs WHERE seq = ?", [(seq,) for seq, _ in done])
+        seqs = [(seq,) for seq, _ in done]
+        con.executemany("DELETE FROM bodies WHERE seq = ?", seqs)
+        con.executemany("DELETE FROM jobs WHERE seq = ?", seqs)
     return len(done)
 
 

@@ -12,7 +12,7 @@ from typing import Awaitable, Callable
 
 import pytest
 
-from lease import worker
+from lease import observe, worker
 from lease.sqlite import open_store
 
 # A real PostgreSQL server, started lazily by the suite (or TEST_DATABASE_URL):
@@ -41,11 +41,13 @@ def _named(con: sqlite3.Connection, sql: str, args: tuple = ()) -> list[dict]:
 
 
 def rows(con: sqlite3.Connection, table: str = "jobs") -> list[dict]:
-    return _named(con, f"SELECT * FROM {table} ORDER BY seq")
+    """A table's rows in seq order; jobs whole, with their bodies."""
+    source = observe._jobs(con) if table == "jobs" else table
+    return _named(con, f"SELECT * FROM {source} ORDER BY seq")
 
 
 def job(con: sqlite3.Connection, job_id: str) -> dict:
-    found = _named(con, "SELECT * FROM jobs WHERE id = ?", (job_id,))
+    found = _named(con, f"SELECT * FROM {observe._jobs(con)} WHERE id = ?", (job_id,))
     assert found, job_id
     return found[0]
 

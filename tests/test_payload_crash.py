@@ -142,7 +142,7 @@ def test_payloads_survive_a_sigkill_and_are_applied_once(queue_path: Path):
     con = observe.open_readonly(queue_path)
     try:
         assert observe.counts(con) == {"pending": 0, "leased": 0, "done": len(sent), "dead": 0}
-        stored = dict(con.execute("SELECT id, body FROM jobs").fetchall())
+        stored = {row["id"]: row["body"] for row in observe.jobs_with_status(con, "done")}
     finally:
         con.close()
     assert stored == {job_id: canonical_body(body)[0] for job_id, body in sent.items()}

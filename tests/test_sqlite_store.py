@@ -186,7 +186,7 @@ def test_a_version_2_file_migrates_to_ordered_keys_with_every_row_kept(tmp_path)
     worker.enqueue_many(con, [{"id": "old-1", "qty": 1}, {"id": "old-2", "qty": 2}], T0, 60_000)
     con.close()
     with SQLiteStore(path) as migrated:
-        assert migrated.schema_version() == 3
+        assert migrated.schema_version() == store.SCHEMA_VERSION
         rows = migrated.jobs_with_status("pending")
         assert [(r["id"], r["ordering_key"], r["held"]) for r in rows] == [
             ("old-1", None, 0), ("old-2", None, 0)]
@@ -195,7 +195,61 @@ def test_a_version_2_file_migrates_to_ordered_keys_with_every_row_kept(tmp_path)
         claimed = migrated.claim_jobs("w", 1000, 10, now_ms=T0)
         assert [j.ticket["id"] for j in claimed.leased] == ["old-1", "old-2", "new"]
     newer = sqlite3.connect(path)
-    newer.execute("PRAGMA user_version = 4")
+    newer.execute(f"PRAGMA user_version = {store.SCHEMA_VERSION + 1}")
     newer.close()
     with pytest.raises(worker.NotAQueue, match="newer"):
         SQLiteStore(path)
+
+
+def test_a_version_3_file_moves_its_bodies_to_their_table_with_every_row_kept(tmp_path):
+    path = tmp_path / "v3.db"
+    con = worker.open_queue(path)
+    with worker._immediate(con):
+        for version in (1, 2, 3):
+            for statement in store._MIGRATIONS[version]:
+                con.execute(statement)
+        con.execute("PRAGMA user_version = 3")
+        # as version 3 wrote them: the body on the job's row
+        for job_id, status, body in (("a", "pending", '{"n":1}'), ("b", "done", '{"n":2}'),
+                                     ("lab", "pending", None)):
+            con.execute("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
+                        " available_at, deadline, body, digest) VALUES (?, 0, ?, 0, 5, 0, ?, ?,"
+                        " ?, ?)", (job_id, status, T0, T0 + 60_000, body,
+                                   None if body is None else f"digest-{job_id}"))
+    before = con.execute("SELECT seq, body FROM jobs WHERE body IS NOT NULL"
+                         " ORDER BY seq").fetchall()
+    con.close()
+    assert len(before) == 2
+    with SQLiteStore(path) as migrated:
+        raw = migrated.connection
+        assert migrated.schema_version() == store.SCHEMA_VERSION
+        assert raw.execute("SELECT seq, body FROM bodies ORDER BY seq").fetchall() == before
+        assert raw.execute("SELECT COUNT(*) FROM jobs WHERE body IS NOT NULL").fetchone() == (0,)
+        assert [(r["id"], r["body"]) for r in migrated.list_jobs()] == [
+            ("a", '{"n":1}'), ("b", '{"n":2}'), ("lab", None)]
+        history = migrated.job_history("b")
+        assert history is not None and history["job"]["body"] == '{"n":2}'
+        claimed = migrated.claim_jobs("w", 1000, 10, now_ms=T0)
+        assert [job.event for job in claimed.leased] == [
+            {"id": "a", "body": '{"n":1}'}, {"id": "lab", "qty": 0}]
+        # a pruned job takes its body with it; the others keep theirs
+        assert migrated.prune_done(T0 + 1) == 1
+        assert raw.execute("SELECT seq, body FROM bodies").fetchall() == [before[0]]
+
+
+def test_an_intake_writes_each_body_once_in_its_table(tmp_path):
+    path = tmp_path / "q.db"
+    with SQLiteStore(path, create=True) as queue:
+        raw = queue.connection
+        assert queue.enqueue_events([body_event("a", n=1), {"id": "lab", "qty": 2},
+                                     body_event("b", n=2), body_event("a", n=1)],
+                                    now_ms=T0) == [True, True, True, False]
+        assert raw.execute("SELECT j.id, b.body FROM bodies b JOIN jobs j USING (seq)"
+                           " ORDER BY seq").fetchall() == [("a", '{"n":1}'), ("b", '{"n":2}')]
+        assert raw.execute("SELECT COUNT(*) FROM jobs WHERE body IS NOT NULL").fetchone() == (0,)
+        with pytest.raises(ValueError):  # a bad event: none of the batch is kept
+            queue.enqueue_events([body_event("c", n=3), {"id": "bad"}], now_ms=T0)
+        assert raw.execute("SELECT COUNT(*) FROM bodies").fetchone() == (2,)
+        claimed = queue.claim_jobs("w", 1000, 10, now_ms=T0)
+        assert [job.event for job in claimed.leased] == [
+            {"id": "a", "body": '{"n":1}'}, {"id": "lab", "qty": 2}, {"id": "b", "body": '{"n":2}'}]
