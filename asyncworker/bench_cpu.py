@@ -81,18 +81,29 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def fill_queue(path: Path, n: int, prefix: str = "job", journal: Optional[str] = None) -> None:
+def fill_queue(path: Path, n: int, prefix: str = "job", journal: Optional[str] = None,
+               body_bytes: int = 0) -> None:
     """A product queue of n lab events, every one ready now (``journal``: "wal"
-    for a file in WAL mode)."""
+    for a file in WAL mode); with ``body_bytes``, payload events instead, each
+    body an order of about that many bytes of canonical JSON."""
     from lease.store import open_store
 
     store = open_store(path, create=True, journal=journal)
     try:
         for start in range(0, n, 5000):
-            store.enqueue_events([{"id": f"{prefix}-{i}", "qty": i % 1000 + 1}
+            store.enqueue_events([_event(f"{prefix}-{i}", i, body_bytes)
                                   for i in range(start, min(n, start + 5000))])
     finally:
         store.close()
+
+
+def _event(job_id: str, i: int, body_bytes: int) -> dict:
+    if not body_bytes:
+        return {"id": job_id, "qty": i % 1000 + 1}
+    line = {"sku": f"sku-{i % 977:05d}", "qty": i % 7 + 1, "price_cents": 1999 + i % 500}
+    lines = max(1, body_bytes // 48)  # a line is about 48 bytes of canonical JSON
+    return {"id": job_id, "body": {"order": i, "customer": f"customer-{i % 97}",
+                                   "lines": [line] * lines}}
 
 
 # ----------------------------------------------------------------- the children
@@ -345,10 +356,10 @@ class CpuBench:
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
 
-    def _queue(self, n: int, journal: Optional[str] = None) -> Path:
+    def _queue(self, n: int, journal: Optional[str] = None, body_bytes: int = 0) -> Path:
         self._runs += 1
         path = self.folder / f"q{self._runs}.db"
-        fill_queue(path, n, prefix=f"run{self._runs}", journal=journal)
+        fill_queue(path, n, prefix=f"run{self._runs}", journal=journal, body_bytes=body_bytes)
         return path
 
     def _dispatch_cpu(self, url: str, n: int, concurrency: int,
@@ -422,8 +433,8 @@ class CpuBench:
         result["loop_us"] = _loop_us(result)
         return result
 
-    def store_alone(self, n: int, per_transaction: int) -> dict:
-        queue = self._queue(n)
+    def store_alone(self, n: int, per_transaction: int, body_bytes: int = 0) -> dict:
+        queue = self._queue(n, body_bytes=body_bytes)
         try:
             result = _run(_child_command(self.loop, "store", queue, per_transaction))
         finally:
@@ -496,6 +507,15 @@ def _paired_line(label: str, limit: float, rate: dict, sending: float, dispatche
             f"{cpu['median']:.2f} ({cpu['min']:.2f}..{cpu['max']:.2f}) | {met} |\n")
 
 
+# The store alone: (jobs a transaction, body bytes); 0 bytes: lab events.
+STORE_CASES = ((12, 0), (64, 0), (64, 4000))
+
+
+def _store_case(per_transaction: int, body_bytes: int) -> str:
+    label = f"the store alone: claim + finish, {per_transaction} jobs a transaction"
+    return label + (f", {body_bytes / 1000:.0f} KB payloads" if body_bytes else "")
+
+
 def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
                   loop: str = "auto") -> list[dict]:
     """Measure every figure in one run and print the table; return its rows."""
@@ -508,7 +528,7 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
         batched = bench.in_process(2000 if quick else 40_000, 64, 64)
         batched_wal = bench.in_process(2000 if quick else 40_000, 64, 64, journal="wal")
         rss = bench.in_process(2000 if quick else 100_000, 256, 64, send_ms=2)
-        stores = [bench.store_alone(600 if quick else 6000, k) for k in (12, 64)]
+        stores = [bench.store_alone(600 if quick else 6000, k, size) for k, size in STORE_CASES]
     finally:
         bench.close()
     load = os.getloadavg()
@@ -542,16 +562,16 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
               f"{rss['rate']:,.0f} jobs/s | - | {rss['us_per_job']:.0f} | {_us(rss['loop_us'])} | "
               f"- | - | peak RSS "
               f"{rss['rss_mb']:.1f} MB < 150 {_verdict(rss['rss_mb'] < RSS_TARGET_MB)} |\n")
-    for k, store in zip((12, 64), stores, strict=True):
-        out.write(f"| the store alone: claim + finish, {k} jobs a transaction | - | "
+    for (k, size), store in zip(STORE_CASES, stores, strict=True):
+        out.write(f"| {_store_case(k, size)} | - | "
                   f"{store['rate']:,.0f} jobs/s | - | {store['us_per_job']:.0f} | - | - | "
                   f"- | where the CPU goes (no target) |\n")
     out.flush()
     rows.append({"case": "in-process batched", **batched})
     rows.append({"case": "in-process batched, WAL", **batched_wal})
     rows.append({"case": "rss", **rss})
-    rows += [{"case": f"store alone {k}", **store} for k, store in zip((12, 64), stores,
-                                                                        strict=True)]
+    rows += [{"case": f"store alone {k}" + (f", {size} B bodies" if size else ""), **store}
+             for (k, size), store in zip(STORE_CASES, stores, strict=True)]
     return rows
 
 

@@ -4,6 +4,7 @@ benchmark itself runs by hand: ``python -m asyncworker.bench_cpu``)."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -19,12 +20,13 @@ def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
     out = io.StringIO()
     rows = run_cpu_bench(pairs=1, quick=True, out=out)
     table = [line for line in out.getvalue().splitlines() if line.startswith("| ")]
-    assert table[0].startswith("| case") and len(table) == 1 + 11
+    assert table[0].startswith("| case") and len(table) == 1 + 12
     for label in ("c64, 0 ms", "c256, 50 ms", "in-process, batch 64", "256 in flight",
                   "c64, 0 ms, a WAL file", "c256, 50 ms, a WAL file",
                   "in-process, batch 64, c64, a WAL file",
                   "c64, 0 ms: the runtime alone", "c256, 50 ms: the runtime alone",
-                  "the store alone: claim + finish, 12", "the store alone: claim + finish, 64"):
+                  "the store alone: claim + finish, 12", "the store alone: claim + finish, 64",
+                  "64 jobs a transaction, 4 KB payloads"):
         assert any(line.startswith(f"| {label}") or label in line for line in table), label
     assert all("met" in line for line in table[1:3] + table[4:6] + table[7:10])
     paired = [row for row in rows if "rate_ratio" in row]
@@ -48,7 +50,8 @@ def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
     assert table[0].split(" | ")[3] == "sends in flight, mean"
     assert table[0].split(" | ")[5] == "of it, the event loop's thread"
     batched, batched_wal, rss = rows[2], rows[3], rows[4]
-    assert [row["jobs"] for row in rows[5:]] == [600, 600]
+    assert [row["jobs"] for row in rows[5:]] == [600, 600, 600]
+    assert rows[-1]["case"] == "store alone 64, 4000 B bodies"
     assert batched["jobs"] == batched_wal["jobs"] == rss["jobs"] == 2000
     assert 0 < rss["rss_mb"] < 1000
 
@@ -60,6 +63,19 @@ def test_the_queue_it_fills_holds_every_job_ready(tmp_path):
         assert store.counts()["pending"] == 12
     finally:
         store.close()
+
+
+def test_its_payloads_are_orders_of_about_the_size_asked(tmp_path):
+    fill_queue(tmp_path / "q.db", 3, prefix="x", body_bytes=4000)
+    store = open_store(tmp_path / "q.db")
+    try:
+        bodies = [job.body for job in store.claim_jobs("w", 1000, 10).leased]
+    finally:
+        store.close()
+    assert len(bodies) == 3 and len(set(bodies)) == 3
+    for body in bodies:
+        assert body is not None and 3600 <= len(body) <= 4400
+        assert json.loads(body)["lines"][0]["sku"].startswith("sku-")
 
 
 def test_py_spy_stacks_become_own_and_total_time_entries():
