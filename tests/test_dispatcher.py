@@ -550,6 +550,35 @@ async def test_the_queue_thread_takes_product_events(queue_path: Path):
         con.close()
 
 
+async def test_a_payload_whose_text_changed_after_its_intake_is_never_sent(queue_path: Path):
+    """The dispatcher sends a stored body checked by its intake's digest: a
+    text changed in the file since (here to other canonical JSON) is refused
+    before any connection, and the attempt's evidence says why."""
+    con = open_store(queue_path)
+    try:
+        assert enqueue_events(con, [{"id": "order:1", "body": {"a": 1}},
+                                    {"id": "order:2", "body": {"a": 2}}],
+                              int(time.time() * 1000), RetryPolicy(max_attempts=1)) == [True, True]
+        con.execute("UPDATE bodies SET body = '{\"a\":3}'"
+                    " WHERE seq = (SELECT seq FROM jobs WHERE id = 'order:2')")
+    finally:
+        con.close()
+    with HostileServer(ack_for("order:1")) as server:
+        async with Dispatcher(queue_path, "d1", url=server.url, lease_ms=200,
+                              poll_interval=0.01) as d:
+            stats = await d.run(until_idle=True)
+    assert [request.body for request in server.requests] == [b'{"a":1}']
+    assert (stats.ok, stats.errors) == (1, 1)
+    con = open_store(queue_path)
+    try:
+        assert (job(con, "order:2")["status"], job(con, "order:2")["reason"]) == (
+            "dead", "exhausted")
+        (error,) = con.execute("SELECT error FROM attempts WHERE id = 'order:2'").fetchone()
+    finally:
+        con.close()
+    assert "digest" in error
+
+
 @pytest.mark.parametrize(("policy", "draw", "delay"), [
     (RetryPolicy(backoff_base_ms=7000), 0.25, 4375),  # 7000 * (0.5 + 0.5 * 0.25)
     (LAB_POLICY, 0.25, 25),  # the lab's full jitter: 100 * 0.25

@@ -112,11 +112,50 @@ async def test_a_stored_payload_is_delivered_as_the_store_keeps_it(send, tmp_pat
     for job, event in zip(sorted(leased, key=lambda j: j.ticket["id"]),
                           sorted(events, key=lambda e: e["id"]), strict=True):
         assert type(job.event["body"]) is str
+        assert job.digest == canonical_body(event["body"])[1]  # the intake's digest
         sent, headers = await delivered(send, job.event, token=job.ticket["token"])
         assert sent == canonical_body(event["body"])[0].encode()
         assert json.loads(sent) == event["body"]
         assert headers["webhook-id"] == event["id"]
         assert headers["x-lease-token"] == str(job.ticket["token"])
+        # checked by its digest instead of made canonical again: the same request
+        again, again_headers = await delivered(send, job.event, token=job.ticket["token"],
+                                               digest=job.digest)
+        assert again == sent
+        assert {**again_headers, "host": None} == {**headers, "host": None}  # another port
+
+
+STORED = '{"a":1}'
+STORED_DIGEST = canonical_body({"a": 1})[1]
+BAD_STORED = {  # (event, digest): a stored payload's text and the digest it was given
+    "text changed after its intake": ({"id": "a", "body": '{"a":2}'}, STORED_DIGEST),
+    "text made non-canonical": ({"id": "a", "body": '{"a": 1}'}, STORED_DIGEST),
+    "digest not a str": ({"id": "a", "body": STORED}, STORED_DIGEST.encode()),
+    "a lone surrogate": ({"id": "a", "body": '{"x":"\ud800"}'}, STORED_DIGEST),
+    "text over the cap": ({"id": "a", "body": '{"p":"' + "x" * MAX_BODY_BYTES + '"}'},
+                          STORED_DIGEST),
+    "a bad id": ({"id": "a b", "body": STORED}, STORED_DIGEST),
+}
+
+
+@pytest.mark.parametrize(("event", "digest"), BAD_STORED.values(), ids=BAD_STORED.keys())
+async def test_a_stored_payload_that_is_not_its_digests_text_is_refused_unsent(
+        send, event, digest):
+    with HostileServer(ack_for()) as server:
+        with pytest.raises(ValueError) as caught:
+            await send(server.url, event, timeout=5, digest=digest)
+        assert server.requests == []
+    message = str(caught.value)
+    assert message and "\n" not in message and len(message) < 300
+
+
+async def test_a_digest_checks_only_a_stored_text_not_an_object_or_a_lab_event(send):
+    """An object is made canonical as always, a lab event keeps its bytes: the
+    digest is for the text a store hands back."""
+    sent, _ = await delivered(send, {"id": "a", "body": {"a": 1}}, digest="not it")
+    assert sent == STORED.encode()
+    sent, _ = await delivered(send, LAB_EVENT, digest="not it")
+    assert sent == LAB_BYTES
 
 
 async def test_the_lab_event_keeps_its_bytes_and_gains_webhook_id(send):
