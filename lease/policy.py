@@ -180,12 +180,7 @@ def canonical_body(body: object) -> Tuple[str, str]:
         raise ValueError(f"event body is not JSON: {exc}") from None
     except RecursionError:
         raise ValueError("event body is nested too deeply") from None
-    try:
-        data = text.encode()
-    except UnicodeEncodeError:
-        raise ValueError("event body is not UTF-8 text (a lone surrogate)") from None
-    if len(data) > MAX_BODY_BYTES:
-        raise ValueError(f"event body is {len(data)} bytes, more than {MAX_BODY_BYTES}")
+    data = _body_bytes(text)
     if json.loads(text) != body:
         raise ValueError("event body does not survive JSON unchanged (keys must be str)")
     return text, hashlib.sha256(data).hexdigest()
@@ -199,15 +194,21 @@ def stored_body(text: str, digest: object) -> bytes:
     fraction of its cost: about 3 us for a 4 KB body against about 200."""
     if type(digest) is not str:
         raise ValueError(f"digest must be a str, got {type(digest).__name__}")
+    data = _body_bytes(text)
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise ValueError(f"event body is not the text its intake's digest names "
+                         f"({digest!r:.20}): {text!r:.80}")
+    return data
+
+
+def _body_bytes(text: str) -> bytes:
+    """A body's UTF-8 bytes, within the size cap."""
     try:
         data = text.encode()
     except UnicodeEncodeError:
         raise ValueError("event body is not UTF-8 text (a lone surrogate)") from None
     if len(data) > MAX_BODY_BYTES:
         raise ValueError(f"event body is {len(data)} bytes, more than {MAX_BODY_BYTES}")
-    if hashlib.sha256(data).hexdigest() != digest:
-        raise ValueError(f"event body is not the text its intake's digest names "
-                         f"({digest!r:.20}): {text!r:.80}")
     return data
 
 
