@@ -47,8 +47,11 @@ from asyncworker.eventloop import LOOPS
 __all__ = ["CpuBench", "fill_queue", "run_cpu_bench"]
 
 # (label, concurrency, receiver latency ms, requests per run)
-RECEIVER_CASES = (("c64, 0 ms", 64, 0, 4000), ("c256, 50 ms", 256, 50, 6000))
-QUICK_CASES = (("c64, 0 ms", 64, 0, 300), ("c256, 50 ms", 256, 50, 600))
+# (label, concurrency, latency ms, jobs, body bytes): 0 bytes, lab events
+RECEIVER_CASES = (("c64, 0 ms", 64, 0, 4000, 0), ("c256, 50 ms", 256, 50, 6000, 0),
+                  ("c64, 0 ms, 4 KB payloads", 64, 0, 4000, 4000))
+QUICK_CASES = (("c64, 0 ms", 64, 0, 300, 0), ("c256, 50 ms", 256, 50, 600, 0),
+               ("c64, 0 ms, 4 KB payloads", 64, 0, 300, 4000))
 CPU_TARGET = 1.3  # dispatcher CPU per job / plain client CPU per request, at most
 RATE_TARGET = 0.9  # dispatcher / min(receiver's own limit, concurrency / latency), at least
 INPROCESS_TARGET = 20_000.0  # jobs/s, in-process send, batched, SQLite
@@ -97,6 +100,17 @@ def fill_queue(path: Path, n: int, prefix: str = "job", journal: Optional[str] =
         store.close()
 
 
+def _stored(job_id: str, i: int, body_bytes: int) -> tuple[dict, Optional[str]]:
+    """The event as a store hands it back ({"id", "body"} with its text), and its digest."""
+    from lease.policy import check_product_event
+
+    event = _event(job_id, i, body_bytes)
+    if not body_bytes:
+        return {"id": job_id, "qty": 1}, None
+    intake = check_product_event(event)
+    return {"id": job_id, "body": intake.body}, intake.digest
+
+
 def _event(job_id: str, i: int, body_bytes: int) -> dict:
     if not body_bytes:
         return {"id": job_id, "qty": i % 1000 + 1}
@@ -109,20 +123,25 @@ def _event(job_id: str, i: int, body_bytes: int) -> dict:
 # ----------------------------------------------------------------- the children
 
 
-async def _plain_client(url: str, n: int, concurrency: int, prefix: str) -> dict:
+async def _plain_client(url: str, n: int, concurrency: int, prefix: str,
+                        body_bytes: int = 0) -> dict:
     """The receiver's own limit: C requests in flight over kept-alive
-    connections, the same body and headers the dispatcher sends, no queue."""
+    connections, the same body and headers the dispatcher sends, no queue.
+    With ``body_bytes``, the payloads a filled queue holds (``fill_queue``),
+    made canonical before the clock starts, as a store holds them."""
     import aiohttp
 
     from lease.http import request_parts
 
+    events = [_stored(f"{prefix}-{i}", i, body_bytes) for i in range(n)]
     next_i = iter(range(n))
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
 
         async def worker() -> None:
             for i in next_i:
-                outgoing = request_parts({"id": f"{prefix}-{i}", "qty": 1}, i + 1)
+                event, digest = events[i]
+                outgoing = request_parts(event, i + 1, digest)
                 async with session.post(url, data=outgoing.body,
                                         headers=outgoing.headers) as answer:
                     await answer.read()
@@ -146,8 +165,9 @@ class MemoryStore:
     name = "memory"
     threads = 1
 
-    def __init__(self, n: int, prefix: str) -> None:
+    def __init__(self, n: int, prefix: str, body_bytes: int = 0) -> None:
         self._ids = [f"{prefix}-{i}" for i in range(n)]
+        self._bodies = [_stored(job_id, i, body_bytes) for i, job_id in enumerate(self._ids)]
         self._next = 0
 
     def now_ms(self) -> int:
@@ -158,11 +178,16 @@ class MemoryStore:
         from lease.store import Claimed, Leased
 
         now = self.now_ms() if now_ms is None else now_ms
-        taken = self._ids[self._next:self._next + limit]
+        start = self._next
+        taken = self._ids[start:start + limit]
         self._next += len(taken)
-        return Claimed([Leased({"id": job_id, "qty": 1, "owner": owner, "token": 1,
-                                "attempt": 1, "lease_until": now + lease_ms}, None)
-                        for job_id in taken], {"deadline": 0, "exhausted": 0}, now)
+        leased = []
+        for i, job_id in enumerate(taken, start):
+            event, digest = self._bodies[i]
+            leased.append(Leased({"id": job_id, "qty": 1, "owner": owner, "token": 1,
+                                  "attempt": 1, "lease_until": now + lease_ms},
+                                 event.get("body"), digest))
+        return Claimed(leased, {"deadline": 0, "exhausted": 0}, now)
 
     def finish_jobs(self, items: list, *, now_ms: Optional[int] = None,
                     fault: Any = None) -> list:
@@ -195,7 +220,8 @@ class MemoryStore:
 
 async def _dispatch(queue: str, concurrency: int, batch: int, *, url: Optional[str] = None,
                     send_ms: float = 0.0) -> dict:
-    """The dispatcher on ``queue``: a file, a URL, or ``memory:N:PREFIX`` (``MemoryStore``)."""
+    """The dispatcher on ``queue``: a file, a URL, or ``memory:N:PREFIX:BODY_BYTES``
+    (``MemoryStore``)."""
     from asyncworker.dispatcher import Dispatcher
 
     async def send(event: dict, token: int) -> bool:
@@ -205,8 +231,8 @@ async def _dispatch(queue: str, concurrency: int, batch: int, *, url: Optional[s
 
     target: Any = queue
     if queue.startswith("memory:"):
-        _, n, prefix = queue.split(":", 2)
-        target = lambda: MemoryStore(int(n), prefix)  # noqa: E731
+        _, n, prefix, body_bytes = queue.split(":", 3)
+        target = lambda: MemoryStore(int(n), prefix, int(body_bytes))  # noqa: E731
     async with Dispatcher(target, "bench", url=url, send=None if url else send,
                           concurrency=concurrency, batch_size=batch, lease_ms=30_000,
                           poll_interval=0.01) as d:
@@ -246,7 +272,7 @@ def _store_alone(queue: str, per_transaction: int) -> dict:
 
 
 def child_main(argv: Sequence[str]) -> None:
-    """One measured run on the event loop LOOP: ``LOOP client URL N C PREFIX``,
+    """One measured run on the event loop LOOP: ``LOOP client URL N C PREFIX BODY_BYTES``,
     ``LOOP dispatch QUEUE URL|- C BATCH SEND_MS`` or ``LOOP store QUEUE PER_TRANSACTION``."""
     from asyncworker import eventloop
 
@@ -256,8 +282,9 @@ def child_main(argv: Sequence[str]) -> None:
         queue, per_transaction = args
         result = _store_alone(queue, int(per_transaction))
     elif kind == "client":
-        url, n, concurrency, prefix = args
-        result = eventloop.run(_plain_client(url, int(n), int(concurrency), prefix), loop)
+        url, n, concurrency, prefix, body_bytes = args
+        result = eventloop.run(_plain_client(url, int(n), int(concurrency), prefix,
+                                             int(body_bytes)), loop)
     elif kind == "dispatch":
         queue, url, concurrency, batch, send_ms = args
         result = eventloop.run(_dispatch(queue, int(concurrency), int(batch),
@@ -363,17 +390,19 @@ class CpuBench:
         return path
 
     def _dispatch_cpu(self, url: str, n: int, concurrency: int,
-                      journal: Optional[str]) -> dict:
+                      journal: Optional[str], body_bytes: int = 0) -> dict:
         """One dispatcher run against ``url`` on a fresh queue file, removed after."""
-        queue = self._queue(n, journal)
+        queue = self._queue(n, journal, body_bytes)
         try:
             return _run(_child_command(self.loop, "dispatch", queue, url, concurrency, 64, 0))
         finally:
             _remove_queue(queue)
 
-    def paired(self, label: str, concurrency: int, latency_ms: int, n: int) -> dict:
+    def paired(self, label: str, concurrency: int, latency_ms: int, n: int,
+               body_bytes: int = 0) -> dict:
         """A B A B ... against one receiver: the paired ratios of rate and of CPU per job;
-        in each pair also the runtime alone (``MemoryStore``), beside the same plain client."""
+        in each pair also the runtime alone (``MemoryStore``), beside the same plain client.
+        ``body_bytes``: payload events of about that size, for all four, not lab events."""
         rates, cpus, client_cpu, dispatcher_cpu, limits = [], [], [], [], []
         runtime_cpu, runtime_ratios, wal_cpu, wal_ratios, wal_rates = [], [], [], [], []
         loops: dict[str, list] = {"default": [], "wal": [], "runtime": []}
@@ -382,11 +411,12 @@ class CpuBench:
             for pair in range(self.pairs):
                 self._runs += 1
                 plain = _run(_child_command(self.loop, "client", receiver.url, n, concurrency,
-                                            f"plain{self._runs}"))
-                ours = self._dispatch_cpu(receiver.url, n, concurrency, None)
-                wal = self._dispatch_cpu(receiver.url, n, concurrency, "wal")
-                alone = _run(_child_command(self.loop, "dispatch", f"memory:{n}:mem{self._runs}",
-                                            receiver.url, concurrency, 64, 0))
+                                            f"plain{self._runs}", body_bytes))
+                ours = self._dispatch_cpu(receiver.url, n, concurrency, None, body_bytes)
+                wal = self._dispatch_cpu(receiver.url, n, concurrency, "wal", body_bytes)
+                alone = _run(_child_command(
+                    self.loop, "dispatch", f"memory:{n}:mem{self._runs}:{body_bytes}",
+                    receiver.url, concurrency, 64, 0))
                 runtime_cpu.append(alone["cpu_s"] / alone["jobs"] * 1e6)
                 for kind, result in (("default", ours), ("wal", wal), ("runtime", alone)):
                     loops[kind].append(_loop_us(result))
@@ -453,7 +483,7 @@ class CpuBench:
         n = 600 if self.quick else 8000
         with Receiver(self.folder, 0, self.loop) as receiver:
             runs = {
-                "the plain client, c64": ("client", receiver.url, n, 64, "profiled"),
+                "the plain client, c64": ("client", receiver.url, n, 64, "profiled", 0),
                 "the dispatcher, c64 against the receiver": (
                     "dispatch", self._queue(n), receiver.url, 64, 64, 0),
                 "the dispatcher, in-process, batch 64": (

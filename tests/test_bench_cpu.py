@@ -11,7 +11,15 @@ import sys
 
 import pytest
 
-from asyncworker.bench_cpu import QUICK_CASES, CpuBench, fill_queue, run_cpu_bench, top_frames
+from asyncworker.bench_cpu import (
+    QUICK_CASES,
+    CpuBench,
+    MemoryStore,
+    fill_queue,
+    run_cpu_bench,
+    top_frames,
+)
+from lease.policy import stored_body
 from lease.store import open_store
 
 
@@ -20,17 +28,20 @@ def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
     out = io.StringIO()
     rows = run_cpu_bench(pairs=1, quick=True, out=out)
     table = [line for line in out.getvalue().splitlines() if line.startswith("| ")]
-    assert table[0].startswith("| case") and len(table) == 1 + 12
+    assert table[0].startswith("| case") and len(table) == 1 + 15
     for label in ("c64, 0 ms", "c256, 50 ms", "in-process, batch 64", "256 in flight",
                   "c64, 0 ms, a WAL file", "c256, 50 ms, a WAL file",
                   "in-process, batch 64, c64, a WAL file",
                   "c64, 0 ms: the runtime alone", "c256, 50 ms: the runtime alone",
+                  "c64, 0 ms, 4 KB payloads, a WAL file",
+                  "c64, 0 ms, 4 KB payloads: the runtime alone",
                   "the store alone: claim + finish, 12", "the store alone: claim + finish, 64",
                   "64 jobs a transaction, 4 KB payloads"):
         assert any(line.startswith(f"| {label}") or label in line for line in table), label
-    assert all("met" in line for line in table[1:3] + table[4:6] + table[7:10])
+    assert all("met" in line for line in table[1:3] + table[4:6] + table[7:9] + table[10:13])
     paired = [row for row in rows if "rate_ratio" in row]
-    assert [row["case"] for row in paired] == ["c64, 0 ms", "c256, 50 ms"]
+    assert [row["case"] for row in paired] == ["c64, 0 ms", "c256, 50 ms",
+                                               "c64, 0 ms, 4 KB payloads"]
     for row in paired:
         assert row["rate_ratio"]["min"] <= row["rate_ratio"]["median"] <= row["rate_ratio"]["max"]
         assert row["rate_ratio"]["median"] > 0 and row["dispatcher_us"] > 0
@@ -39,7 +50,7 @@ def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
         assert row["wal_us"] > 0 and row["wal_rate_ratio"]["median"] > 0
         # the event loop's thread: part of the process's CPU, the store's threads the rest;
         # both are counted in clock ticks, so each may be off by one tick over the run
-        jobs = {label: n for label, _, _, n in QUICK_CASES}[row["case"]]
+        jobs = {label: n for label, _, _, n, _ in QUICK_CASES}[row["case"]]
         two_ticks_us = 2 / os.sysconf("SC_CLK_TCK") / jobs * 1e6
         for kind, total in (("default", "dispatcher_us"), ("wal", "wal_us"),
                             ("runtime", "runtime_us")):
@@ -49,8 +60,8 @@ def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
     assert all(line.count("|") == 10 for line in table), table  # 9 columns each
     assert table[0].split(" | ")[3] == "sends in flight, mean"
     assert table[0].split(" | ")[5] == "of it, the event loop's thread"
-    batched, batched_wal, rss = rows[2], rows[3], rows[4]
-    assert [row["jobs"] for row in rows[5:]] == [600, 600, 600]
+    batched, batched_wal, rss = rows[3], rows[4], rows[5]
+    assert [row["jobs"] for row in rows[6:]] == [600, 600, 600]
     assert rows[-1]["case"] == "store alone 64, 4000 B bodies"
     assert batched["jobs"] == batched_wal["jobs"] == rss["jobs"] == 2000
     assert 0 < rss["rss_mb"] < 1000
@@ -76,6 +87,22 @@ def test_its_payloads_are_orders_of_about_the_size_asked(tmp_path):
     for body in bodies:
         assert body is not None and 3600 <= len(body) <= 4400
         assert json.loads(body)["lines"][0]["sku"].startswith("sku-")
+
+
+def test_the_runtime_alone_hands_out_the_payloads_a_queue_would(tmp_path):
+    fill_queue(tmp_path / "q.db", 2, prefix="x", body_bytes=4000)
+    store = open_store(tmp_path / "q.db")
+    try:
+        stored = store.claim_jobs("w", 1000, 10).leased
+    finally:
+        store.close()
+    alone = MemoryStore(2, "x", 4000).claim_jobs("w", 1000, 10).leased
+    assert [(job.event, job.digest) for job in alone] == [
+        (job.event, job.digest) for job in stored]
+    for job in alone:
+        assert stored_body(job.event["body"], job.digest) == job.event["body"].encode()
+    assert [job.event for job in MemoryStore(1, "x").claim_jobs("w", 1000).leased] == [
+        {"id": "x-0", "qty": 1}]
 
 
 def test_py_spy_stacks_become_own_and_total_time_entries():
