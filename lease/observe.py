@@ -340,7 +340,7 @@ def _jobs(con: sqlite3.Connection) -> str:
     """What the readers of whole job rows read from: ``jobs``, or, from
     version 4 on (its bodies in a table of their own), the rows with their
     bodies put back in the place of ``jobs.body``."""
-    if not _has_table(con, "bodies"):
+    if int(con.execute("PRAGMA user_version").fetchone()[0]) < 4:
         return "jobs"
     columns = ", ".join("b.body AS body" if name == "body" else f"j.{name}"
                         for name in _columns(con, "jobs"))

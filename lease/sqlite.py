@@ -38,7 +38,7 @@ goes). Exactly one job of a non-empty line has ``held = 0``: its first, the
 only one a claim may take; every other has ``held = 1``. Each transaction
 that changes a line (intake, a finish that makes its first done, a cancel, a
 redrive) moves the mark in the same transaction, by index probes on the key
-alone, so a claim reads only the jobs it may take (``jobs_ready``) however
+alone, so a claim reads only the jobs it may take (``jobs_claimable``) however
 long the lines are. Jobs without a key are never held.
 
 A queue can share a file with a service's own tables, as a declared choice
@@ -194,6 +194,13 @@ _MIGRATIONS: dict[int, Tuple[str, ...]] = {
         "CREATE TABLE bodies (seq INTEGER PRIMARY KEY, body TEXT NOT NULL)",
         "INSERT INTO bodies (seq, body) SELECT seq, body FROM jobs WHERE body IS NOT NULL",
         "UPDATE jobs SET body = NULL WHERE body IS NOT NULL",
+        # jobs_ready under another name: an older dispatcher still running reads
+        # its payloads from jobs.body, now NULL, and would spend their budgets on
+        # sends refused unsent. Its claim names jobs_ready (INDEXED BY), so each
+        # of its claims now fails whole, as an error, and leaves the jobs alone.
+        "DROP INDEX jobs_ready",
+        "CREATE INDEX jobs_claimable ON jobs(seq)"
+        " WHERE status IN ('pending', 'leased') AND held = 0",
     ),
 }
 
@@ -589,7 +596,7 @@ _PICK_READY_NAMES = (*_PICK_NAMES, "digest", "body")
 _PICK_READY = f"""
 SELECT {', '.join(_PICK_NAMES)}, digest,
   (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body
-FROM jobs INDEXED BY jobs_ready
+FROM jobs INDEXED BY jobs_claimable
 WHERE status IN ('pending', 'leased') AND held = 0
   AND ((status = 'pending' AND available_at <= :now)
     OR (status = 'leased' AND lease_until <= :now))

@@ -201,8 +201,8 @@ def test_a_version_2_file_migrates_to_ordered_keys_with_every_row_kept(tmp_path)
         SQLiteStore(path)
 
 
-def test_a_version_3_file_moves_its_bodies_to_their_table_with_every_row_kept(tmp_path):
-    path = tmp_path / "v3.db"
+def version_3_file(path: Path) -> sqlite3.Connection:
+    """A queue as version 3 wrote it, its payloads on the jobs' rows; open."""
     con = worker.open_queue(path)
     with worker._immediate(con):
         for version in (1, 2, 3):
@@ -216,6 +216,12 @@ def test_a_version_3_file_moves_its_bodies_to_their_table_with_every_row_kept(tm
                         " available_at, deadline, body, digest) VALUES (?, 0, ?, 0, 5, 0, ?, ?,"
                         " ?, ?)", (job_id, status, T0, T0 + 60_000, body,
                                    None if body is None else f"digest-{job_id}"))
+    return con
+
+
+def test_a_version_3_file_moves_its_bodies_to_their_table_with_every_row_kept(tmp_path):
+    path = tmp_path / "v3.db"
+    con = version_3_file(path)
     before = con.execute("SELECT seq, body FROM jobs WHERE body IS NOT NULL"
                          " ORDER BY seq").fetchall()
     con.close()
@@ -253,3 +259,31 @@ def test_an_intake_writes_each_body_once_in_its_table(tmp_path):
         claimed = queue.claim_jobs("w", 1000, 10, now_ms=T0)
         assert [job.event for job in claimed.leased] == [
             {"id": "a", "body": '{"n":1}'}, {"id": "lab", "qty": 2}, {"id": "b", "body": '{"n":2}'}]
+
+
+# The claim's pick of version 3, word for word: what an older dispatcher runs.
+V3_PICK = """
+SELECT seq, id, qty, attempts, token, deadline, body FROM jobs INDEXED BY jobs_ready
+WHERE status IN ('pending', 'leased') AND held = 0
+  AND ((status = 'pending' AND available_at <= :now)
+    OR (status = 'leased' AND lease_until <= :now))
+ORDER BY seq LIMIT :limit
+"""
+
+
+def test_an_older_dispatcher_still_running_claims_nothing_once_the_bodies_moved(tmp_path):
+    """Its pick would read NULL for every payload; it fails whole instead."""
+    path = tmp_path / "v3.db"
+    version_3_file(path).close()
+    older = worker.open_queue(path)  # open across the migration, as a running process's
+    try:
+        assert [row[-1] for row in older.execute(V3_PICK, {"now": T0, "limit": 10})] == [
+            '{"n":1}', None]
+        SQLiteStore(path).close()  # the migration, by a newer process
+        with pytest.raises(sqlite3.OperationalError, match="no such index: jobs_ready"):
+            older.execute(V3_PICK, {"now": T0, "limit": 10})
+    finally:
+        older.close()
+    with SQLiteStore(path) as queue:  # the newer code claims them, bodies and all
+        assert [job.event for job in queue.claim_jobs("w", 1000, 10, now_ms=T0).leased] == [
+            {"id": "a", "body": '{"n":1}'}, {"id": "lab", "qty": 0}]
