@@ -46,8 +46,8 @@ from asyncworker.eventloop import LOOPS
 
 __all__ = ["CpuBench", "fill_queue", "run_cpu_bench"]
 
-# (label, concurrency, receiver latency ms, requests per run)
-# (label, concurrency, latency ms, jobs, body bytes): 0 bytes, lab events
+# (label, concurrency, receiver latency ms, requests per run, body bytes): 0 bytes,
+# lab events
 RECEIVER_CASES = (("c64, 0 ms", 64, 0, 4000, 0), ("c256, 50 ms", 256, 50, 6000, 0),
                   ("c64, 0 ms, 4 KB payloads", 64, 0, 4000, 4000))
 QUICK_CASES = (("c64, 0 ms", 64, 0, 300, 0), ("c256, 50 ms", 256, 50, 600, 0),
