@@ -104,10 +104,9 @@ def _stored(job_id: str, i: int, body_bytes: int) -> tuple[dict, Optional[str]]:
     """The event as a store hands it back ({"id", "body"} with its text), and its digest."""
     from lease.policy import check_product_event
 
-    event = _event(job_id, i, body_bytes)
     if not body_bytes:
         return {"id": job_id, "qty": 1}, None
-    intake = check_product_event(event)
+    intake = check_product_event(_event(job_id, i, body_bytes))
     return {"id": job_id, "body": intake.body}, intake.digest
 
 

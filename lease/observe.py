@@ -32,6 +32,7 @@ STATUSES = ("pending", "leased", "done", "dead")
 READ_PATIENCE_S = 5.0
 DAY_MS = 86_400_000  # "the last day" of the figures that count recent changes
 MAX_PAGE = 1000  # the most jobs one list_jobs page holds
+BODIES_SINCE = 4  # the schema version (lease.sqlite) that keeps the bodies in a table
 
 # Byte 18 of a SQLite file's header is its read format version: 2 in WAL mode.
 _HEADER = b"SQLite format 3\x00"
@@ -340,7 +341,7 @@ def _jobs(con: sqlite3.Connection) -> str:
     """What the readers of whole job rows read from: ``jobs``, or, from
     version 4 on (its bodies in a table of their own), the rows with their
     bodies put back in the place of ``jobs.body``."""
-    if int(con.execute("PRAGMA user_version").fetchone()[0]) < 4:
+    if int(con.execute("PRAGMA user_version").fetchone()[0]) < BODIES_SINCE:
         return "jobs"
     columns = ", ".join("b.body AS body" if name == "body" else f"j.{name}"
                         for name in _columns(con, "jobs"))

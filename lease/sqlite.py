@@ -61,7 +61,7 @@ from operator import itemgetter
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
 from lease import observe
-from lease.observe import stale_finishes
+from lease.observe import BODIES_SINCE, stale_finishes
 from lease.policy import (
     DEFAULT_POLICY,
     PRODUCT,
@@ -187,7 +187,7 @@ _MIGRATIONS: dict[int, Tuple[str, ...]] = {
         # A key's line, its first (held = 0) apart from the rest (held = 1, in order).
         f"CREATE INDEX jobs_line ON jobs(ordering_key, held, seq) WHERE {_LINE}",
     ),
-    4: (
+    BODIES_SINCE: (
         # A job's payload, keyed by its seq (AUTOINCREMENT: a seq is never
         # taken again, not even after prune_done). The column on the job's row
         # stays, NULL: a DROP COLUMN needs SQLite 3.35 and rewrites every row.
