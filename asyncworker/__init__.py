@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from asyncworker.receiver import Faults, make_app, serve
     from asyncworker.sender import Destination, new_session, send_http
     from asyncworker.store import AsyncStore, QueueThread
+    from asyncworker.wire import WireClient
 
 _HOMES = {
     "Dispatcher": "dispatcher",
@@ -43,6 +44,7 @@ _HOMES = {
     "serve": "receiver",
     "new_session": "sender",
     "send_http": "sender",
+    "WireClient": "wire",
     "QueueThread": "store",
     "AsyncStore": "store",
 }
@@ -55,6 +57,7 @@ __all__ = [
     "Faults",
     "LeaseLost",
     "QueueThread",
+    "WireClient",
     "add_metrics_routes",
     "dispatcher_context",
     "health_handler",

@@ -50,14 +50,14 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
-import aiohttp
 from aiohttp import web
 
 from asyncworker.finisher import GroupFinisher, Judged, Recorded
 from asyncworker.leases import Held, LeaseKeeper, StoreTime, half_way
 from asyncworker.metrics import DispatcherMetrics
-from asyncworker.sender import new_session, send_http
+from asyncworker.sender import send_http
 from asyncworker.store import AsyncStore, Target
+from asyncworker.wire import WireClient
 from lease.http import Destination
 from lease.policy import DEFAULT_POLICY, PRODUCT, RetryPolicy, retry_delay_ms
 from lease.store import Attempt, Claimed, Store
@@ -338,7 +338,7 @@ class Dispatcher:
         self._jitter = jitter
         self._time = StoreTime(clock)
         self._queue = AsyncStore(queue_path, create=create, threads=threads, listen=True)
-        self._session: Optional[aiohttp.ClientSession] = None
+        self._session: Optional[WireClient] = None
         self._tasks: dict[asyncio.Task, Held] = {}  # each job's task, and the job
         self._claim_at_least = max(1, min(batch_size, concurrency // 8))
         self.prefetch = prefetch
@@ -366,8 +366,7 @@ class Dispatcher:
             await self._queue.close()
             raise
         if self.destination is not None:
-            self._session = new_session(limit=self.concurrency,
-                                        ssl_context=self.destination.ssl_context)
+            self._session = WireClient(limit=self.concurrency)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -1,8 +1,9 @@
-"""The async sender on aiohttp; the destination, the request and the verdict
-come from ``lease.http`` (``as_destination``, ``signed_parts``,
-``answer_verdict``, ``transport_text``), so both senders put the same bytes
-and headers on the wire, read an answer the same way and name a failure in
-the same words."""
+"""The async sender: over a ``WireClient`` (``asyncworker.wire``, the
+dispatcher's and the default) or over a caller's aiohttp session. The
+destination, the request and the verdict come from ``lease.http``
+(``as_destination``, ``signed_parts``, ``answer_verdict``,
+``transport_text``), so every sender puts the same bytes and headers on the
+wire, reads an answer the same way and names a failure in the same words."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Optional, Union
 import aiohttp
 from yarl import URL
 
+from asyncworker.wire import WireClient
 from lease.http import (
     ACK_LIMIT,
     Destination,
@@ -27,7 +29,7 @@ from lease.http import (
 )
 from lease.worker import BadAck, Retryable
 
-__all__ = ["Destination", "send_http", "new_session"]
+__all__ = ["Destination", "WireClient", "send_http", "new_session"]
 
 
 def new_session(limit: int = 100, *,
@@ -45,7 +47,7 @@ async def send_http(
     *,
     timeout: float,
     token: Optional[int] = None,
-    session: Optional[aiohttp.ClientSession] = None,
+    session: Union[WireClient, aiohttp.ClientSession, None] = None,
     timestamp: Optional[int] = None,
     digest: Optional[str] = None,
 ) -> bool:
@@ -61,18 +63,28 @@ async def send_http(
     the wall clock) is when a signed request says it was signed.
     ``digest``: a stored payload's digest from its intake, which checks its
     text for a fraction of the cost of making it canonical again
-    (``lease.http.request_parts``). One request, no retries. Without
-    ``session``, a short-lived one is opened and closed.
+    (``lease.http.request_parts``). One request, no retries. ``session``: a
+    ``WireClient`` whose connections are kept alive, or a caller's aiohttp
+    session; without one, a short-lived ``WireClient`` is opened and closed.
     """
     destination = as_destination(url)
     seconds = check_timeout(timeout)
     outgoing = signed_parts(destination, event, token, timestamp, digest)
     if session is None:
-        async with new_session(limit=1, ssl_context=destination.ssl_context) as own:
-            return await _exchange(own, destination, outgoing, seconds)
+        async with WireClient(limit=1) as own:
+            return await _wire_exchange(own, destination, outgoing, seconds)
+    if isinstance(session, WireClient):
+        return await _wire_exchange(session, destination, outgoing, seconds)
     if session.trust_env:
         raise ValueError("session must not read proxy settings (trust_env=True)")
     return await _exchange(session, destination, outgoing, seconds)
+
+
+async def _wire_exchange(client: WireClient, destination: Destination,
+                         outgoing: Outgoing, seconds: float) -> bool:
+    status, answer, retry_after = await client.post(destination, outgoing, seconds)
+    return answer_verdict(destination, status, answer, outgoing.event_id, retry_after,
+                          int(time.time() * 1000))
 
 
 async def _exchange(session: aiohttp.ClientSession, destination: Destination,

@@ -81,16 +81,24 @@ def job_rows(path: Path) -> dict[str, dict]:
         con.close()
 
 
-@pytest.fixture(params=["sync", "async"])
+@pytest.fixture(params=["sync", "async", "aiohttp"])
 def send(request: pytest.FixtureRequest) -> Callable[..., Awaitable[object]]:
-    """Either sender, as an awaitable taking a destination (a lab URL or a
+    """Each sender (sync; async on its own client; async on a caller's aiohttp
+    session), as an awaitable taking a destination (a lab URL or a
     Destination) first: ``await send(destination, event, timeout=...)``. The
     lab sender's own tests (test_sender*.py) keep fixtures of their own shape."""
+    from asyncworker import new_session
     from asyncworker import send_http as async_send
     from lease import http as sync_http
 
     if request.param == "async":
         return async_send
+    if request.param == "aiohttp":  # the async sender on a caller's aiohttp session
+        async def via_aiohttp(destination: object, event: dict, **kwargs: object) -> object:
+            async with new_session() as session:
+                return await async_send(destination, event, session=session, **kwargs)
+
+        return via_aiohttp
 
     async def via_thread(destination: object, event: dict, **kwargs: object) -> object:
         return await asyncio.to_thread(sync_http.send_http, destination, event, **kwargs)

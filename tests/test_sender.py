@@ -33,11 +33,15 @@ from .servers import (
 EVENT = {"id": "snack-7", "qty": 7}
 
 
-@pytest.fixture(params=["sync", "async"])
+@pytest.fixture(params=["sync", "async", "aiohttp"])
 def send(request):
-    """send(url, event, timeout=..., token=...) awaitable, whichever sender is under test."""
+    """send(url, event, timeout=..., token=...) awaitable, whichever sender is under test:
+    the sync one, the async one on its own client, the async one on a caller's aiohttp
+    session."""
     if request.param == "async":
         return async_send
+    if request.param == "aiohttp":
+        return via_aiohttp
 
     async def via_thread(url, event, **kwargs):
         return await asyncio.to_thread(sync_http.send_http, url, event, **kwargs)
@@ -183,3 +187,8 @@ async def test_async_sender_with_a_callers_session():
             with pytest.raises(ValueError, match="trust_env"):
                 await async_send(server.url, EVENT, timeout=5, session=careless)
         assert len(server.requests) == 3
+
+
+async def via_aiohttp(url, event, **kwargs):
+    async with new_session() as session:
+        return await async_send(url, event, session=session, **kwargs)

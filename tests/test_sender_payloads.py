@@ -16,6 +16,7 @@ import json
 
 import pytest
 
+from asyncworker import new_session
 from asyncworker import send_http as async_send
 from lease import http as sync_http
 from lease.policy import MAX_BODY_BYTES, canonical_body
@@ -40,11 +41,15 @@ NON_ASCII = {"name": "Zoë", "greeting": "こんにちは", "drink": "☕", "fla
              "quote": "\"\\/\u2028", "zero": "\u0000"}
 
 
-@pytest.fixture(params=["sync", "async"])
+@pytest.fixture(params=["sync", "async", "aiohttp"])
 def send(request):
-    """send(url, event, timeout=..., token=...) awaitable, whichever sender is under test."""
+    """send(url, event, timeout=..., token=...) awaitable, whichever sender is under test:
+    the sync one, the async one on its own client, the async one on a caller's aiohttp
+    session."""
     if request.param == "async":
         return async_send
+    if request.param == "aiohttp":
+        return via_aiohttp
 
     async def via_thread(url, event, **kwargs):
         return await asyncio.to_thread(sync_http.send_http, url, event, **kwargs)
@@ -298,3 +303,8 @@ def test_ack_verdict_sets_the_status_it_decided_on():
         sync_http.ack_verdict(200, b" " * (sync_http.ACK_LIMIT + 1), "a")
     assert oversized.value.http_status == 200
     assert sync_http.ack_verdict(204, b'{"id": "a"}', "a") is True
+
+
+async def via_aiohttp(url, event, **kwargs):
+    async with new_session() as session:
+        return await async_send(url, event, session=session, **kwargs)

@@ -192,13 +192,20 @@ def serve() -> Iterator[Callable[..., PacedServer]]:
         server.close()
 
 
-@pytest.fixture(params=["sync", "async"])
+@pytest.fixture(params=["sync", "async", "aiohttp"])
 def send(request: pytest.FixtureRequest) -> Callable[..., bool]:
-    """send(url, event, timeout=...) -> verdict, whichever sender is under test."""
+    """send(url, event, timeout=...) -> verdict, whichever sender is under test (the
+    async one on its own client, or on a caller's aiohttp session)."""
     if request.param == "sync":
         return sync_http.send_http
 
+    async def on_aiohttp(url: str, event: dict, **kwargs: float) -> bool:
+        async with new_session() as session:
+            return await async_send(url, event, session=session, **kwargs)
+
     def run(url: str, event: dict, **kwargs: float) -> bool:
+        if request.param == "aiohttp":
+            return asyncio.run(on_aiohttp(url, event, **kwargs))
         return asyncio.run(async_send(url, event, **kwargs))
 
     return run

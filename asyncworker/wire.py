@@ -1,0 +1,396 @@
+"""``WireClient``: the dispatcher's HTTP/1.1 client, kept-alive connections on
+asyncio protocols and the answer parsed by httptools (llhttp, the parser
+aiohttp and Node.js use).
+
+Why not aiohttp's ``ClientSession`` for the dispatcher's own sends: a
+dispatcher sends one kind of request, a small POST whose bytes and headers
+``lease.http`` has already built and checked, and reads one kind of answer,
+at most ``ACK_LIMIT`` + 1 bytes. A ``ClientSession`` request builds a request
+object, a response object, header multidicts, timers and trace hooks for
+each send; measured against one receiver at 64 in flight, that is 150–190 µs
+of the event loop's CPU a request, against 30–40 for these few protocol
+callbacks. A benchmark tool must not spend more than the receiver it
+measures. Callers' own aiohttp sessions stay supported by ``send_http``.
+
+What it keeps of a careful client: the whole exchange bounded by one
+deadline (the wait for a connection, DNS, connect, TLS handshake, the last
+byte read); TLS by the destination's context (certificate and hostname
+verified); no redirects followed, no proxy settings read, nothing
+decompressed; an answer's head bounded (``MAX_HEAD_BYTES``) and its body read
+one byte past the cap, never more; a connection reused only after a whole
+answer that keeps it alive, and never after an error, a timeout or a cancel;
+idle connections closed after ``IDLE_SECONDS`` (a server's own keep-alive
+timeout is usually longer, so its close seldom races a send).
+
+A failure is a ``Retryable`` (timeout, DNS, refused, TLS, a connection that
+closed before its whole answer) or a ``BadAck`` (an answer that is not HTTP),
+in the same words as ``asyncworker.sender``'s aiohttp path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import ssl
+from typing import Any, Optional, Union, cast
+
+import httptools
+
+from lease.http import ACK_LIMIT, Destination, Outgoing, transport_text
+from lease.worker import BadAck, Retryable
+
+__all__ = ["IDLE_SECONDS", "MAX_HEAD_BYTES", "WireClient"]
+
+MAX_HEAD_BYTES = 32_768  # an answer's status line and headers, at most
+IDLE_SECONDS = 15.0  # an idle connection is closed after this long (aiohttp's keep-alive too)
+
+_Key = tuple[bool, str, int, int]  # tls, host, port, id of the TLS context
+_Answer = tuple[int, bytes, Optional[str]]  # status, body (<= ACK_LIMIT + 1 bytes), Retry-After
+
+
+@functools.lru_cache(maxsize=256)
+def _request_line(target: str, host: str, port: int, tls: bool) -> bytes:
+    """The request line and Host header of one route, built once."""
+    name = f"[{host}]" if ":" in host else host
+    if port != (443 if tls else 80):
+        name = f"{name}:{port}"
+    return f"POST {target} HTTP/1.1\r\nHost: {name}\r\n".encode("ascii")
+
+
+def request_bytes(destination: Destination, outgoing: Outgoing) -> bytes:
+    """The whole request: line, headers, length, body. A header that could
+    split the request (CR, LF or NUL in a name or value) is a ValueError."""
+    route = destination.route
+    lines = [_request_line(route.target, route.host, route.port, route.tls)]
+    for name, value in outgoing.headers.items():
+        text = f"{name}: {value}\r\n"
+        if "\r" in name or "\n" in name or "\r" in value or "\n" in value or "\0" in text:
+            raise ValueError(f"header {name!r:.40} holds a line break or NUL")
+        lines.append(text.encode("latin-1"))
+    lines.append(b"Content-Length: %d\r\n\r\n" % len(outgoing.body))
+    lines.append(outgoing.body)
+    return b"".join(lines)
+
+
+class _Connection(asyncio.Protocol):
+    """One kept-alive connection: at most one request in flight on it."""
+
+    def __init__(self, client: WireClient, key: _Key, where: str) -> None:
+        self._client = client
+        self.key = key
+        self._where = where  # host:port, for errors
+        self.transport: Optional[asyncio.Transport] = None
+        self.closed = False
+        self.idle_since = 0.0
+        self._waiter: Optional[asyncio.Future[_Answer]] = None
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._stray = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self._head_bytes = 0  # raw bytes while the head is open
+        self._head_size = 0  # the head's fields, as parsed
+        self._bad: Optional[BadAck] = None
+        self._head_done = False
+        self._body = bytearray()
+        self._over = False  # more body than an ACK can be: read no further
+        self._framed = False  # Content-Length or Transfer-Encoding: its end is known
+        self._retry_after: Optional[str] = None
+
+    # ----------------------------------------------------------- the exchange
+
+    def exchange(self, request: bytes, deadline: float, seconds: float) -> asyncio.Future[_Answer]:
+        assert self.transport is not None and self._waiter is None
+        loop = self._client.loop
+        self._waiter = loop.create_future()
+        self._reset()
+        self._timer = loop.call_at(deadline, self._expire, seconds)
+        self.transport.write(request)
+        return self._waiter
+
+    def _expire(self, seconds: float) -> None:
+        self._timer = None
+        self._fail(Retryable(f"timed out after {seconds}s"))
+
+    def _fail(self, error: Exception) -> None:
+        waiter = self._waiter
+        self.close()  # never reused after an error
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+
+    def _answer(self, reusable: bool) -> None:
+        waiter, self._waiter = self._waiter, None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        answer = (self._parser.get_status_code(), bytes(self._body[:ACK_LIMIT + 1]),
+                  self._retry_after)
+        if reusable and not self.closed:
+            self._client._release(self)
+        else:
+            self.close()
+        if waiter is not None and not waiter.done():
+            waiter.set_result(answer)
+
+    def close(self) -> None:
+        """Abort: whatever is in flight on it is given up."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._waiter = None
+        if not self.closed:
+            self.closed = True
+            self._client._forget(self)
+            if self.transport is not None:
+                self.transport.abort()
+
+    # ------------------------------------------------- asyncio's callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's TLS transport is not an asyncio.Transport subclass; it has its methods
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._waiter is None:  # bytes nobody asked for: this stream is not HTTP we trust
+            self.close()
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # 101 Switching Protocols, or an answer to an Upgrade we never sent: the
+            # status is all an ACK can be judged by.
+            self._answer(reusable=False)
+        except httptools.HttpParserError as exc:
+            self._fail(BadAck(f"malformed answer: {exc!r:.200}"))
+        else:
+            if self._bad is not None:
+                self._fail(self._bad)
+            elif self._over and self._waiter is not None:
+                self._answer(reusable=False)  # the rest of the body is never read
+            elif not self._head_done and self._waiter is not None:
+                self._head_bytes += len(data)
+                if self._head_bytes > MAX_HEAD_BYTES:
+                    self._fail(BadAck(f"malformed answer: its head is over {MAX_HEAD_BYTES} "
+                                      "bytes"))
+        if self._stray:  # a second answer behind the first: never reuse this stream
+            self.close()
+
+    def eof_received(self) -> Optional[bool]:
+        return False  # close the transport: connection_lost judges what arrived
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        waiter = self._waiter
+        was_closed = self.closed
+        self.closed = True
+        self._client._forget(self)
+        if self._timer is not None and (waiter is None or waiter.done()):
+            self._timer.cancel()
+            self._timer = None
+        if waiter is None or waiter.done() or was_closed:
+            return
+        status = self._parser.get_status_code() if self._head_done else 0
+        if self._head_done and not self._framed and status not in (204, 304):
+            self._answer(reusable=False)  # an answer that ends where its connection ends
+            return
+        why = f": {exc!r:.120}" if exc is not None else ""
+        self._fail(Retryable(f"connection failed: {self._where} closed the connection "
+                             f"before a whole answer{why}"))
+
+    # ------------------------------------------------ httptools' callbacks
+
+    def on_message_begin(self) -> None:
+        if self._waiter is None:
+            self._stray = True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + 4
+        lowered = name.lower()
+        if lowered == b"retry-after":
+            self._retry_after = value.decode("latin-1")
+        elif lowered in (b"content-length", b"transfer-encoding"):
+            self._framed = True
+
+    def on_headers_complete(self) -> None:
+        self._head_done = True
+        if self._head_size > MAX_HEAD_BYTES:
+            self._bad = BadAck(f"malformed answer: its head is over {MAX_HEAD_BYTES} bytes")
+
+    def on_body(self, body: bytes) -> None:
+        if self._bad is not None:
+            return
+        room = ACK_LIMIT + 1 - len(self._body)
+        if len(body) >= room:
+            self._body += body[:room]
+            self._over = True
+        else:
+            self._body += body
+
+    def on_message_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if self._bad is not None:
+            return
+        if 100 <= status < 200:  # 100 Continue, 103 Early Hints: the answer is yet to come
+            self._reset()
+            return
+        if self._waiter is not None:
+            self._answer(reusable=self._parser.should_keep_alive() and not self._over)
+
+
+class WireClient:
+    """Kept-alive HTTP/1.1 connections for ``send_http`` (``session=``): at most
+    ``limit`` open at once, reused per host, port and TLS context. Use it
+    from one event loop; ``close()`` (or ``async with``) aborts them all."""
+
+    def __init__(self, limit: int = 100) -> None:
+        if type(limit) is not int or limit < 1:
+            raise ValueError(f"limit must be an int of at least 1, got {limit!r}")
+        self.limit = limit
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._idle: dict[_Key, list[_Connection]] = collections.defaultdict(list)
+        self._open: set[_Connection] = set()
+        self._room: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._connecting = 0
+        self.closed = False
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    async def post(self, destination: Destination, outgoing: Outgoing,
+                   seconds: float) -> _Answer:
+        """One exchange within ``seconds``: (status, the body's first
+        ACK_LIMIT + 1 bytes at most, the Retry-After header or None)."""
+        if self.closed:
+            raise RuntimeError("this WireClient is closed")
+        request = request_bytes(destination, outgoing)
+        loop = self.loop
+        deadline = loop.time() + seconds
+        route = destination.route
+        context = destination.ssl_context if route.tls else None
+        key = (route.tls, route.host, route.port, id(context))
+        connection = self._idle_connection(key, loop.time())
+        if connection is None:
+            connection = await self._connection(key, destination, context, deadline, seconds)
+        waiter = connection.exchange(request, deadline, seconds)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            connection.close()  # the answer is unread: the connection is of no further use
+            raise
+
+    def _idle_connection(self, key: _Key, now: float) -> Optional[_Connection]:
+        idle = self._idle.get(key)
+        while idle:
+            connection = idle.pop()
+            if connection.closed:
+                continue
+            if now - connection.idle_since > IDLE_SECONDS:
+                connection.close()
+                continue
+            return connection
+        return None
+
+    async def _connection(self, key: _Key, destination: Destination,
+                          context: Optional[ssl.SSLContext], deadline: float,
+                          seconds: float) -> _Connection:
+        """An idle connection of ``key`` freed meanwhile, or a new one."""
+        loop = self.loop
+        route = destination.route
+        while (room := self._reserve(key)) is False:
+            waiter = loop.create_future()
+            self._room.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, deadline - loop.time())
+            except asyncio.TimeoutError as exc:
+                self._wake()  # a wake this waiter got as it timed out goes to the next
+                raise Retryable(f"timed out after {seconds}s") from exc
+            finally:
+                if waiter in self._room:
+                    self._room.remove(waiter)
+        if isinstance(room, _Connection):
+            return room
+        where = f"{route.host}:{route.port}"
+        try:  # the room reserved is this connection's until it is open or failed
+            _, protocol = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: _Connection(self, key, where), route.host, route.port,
+                    ssl=context, server_hostname=route.host if context else None),
+                deadline - loop.time())
+        except asyncio.TimeoutError as exc:
+            raise Retryable(f"timed out after {seconds}s") from exc
+        except OSError as exc:  # DNS, refused, TLS: before any byte of the request
+            text = transport_text(exc, route.host, route.port)
+            raise Retryable(text or f"connection failed: {exc!r:.200}") from exc
+        finally:
+            self._connecting -= 1
+            self._wake()
+        assert isinstance(protocol, _Connection)
+        if self.closed:
+            protocol.close()
+            raise RuntimeError("this WireClient is closed")
+        self._open.add(protocol)
+        return protocol
+
+    def _reserve(self, key: _Key) -> Union[_Connection, bool]:
+        """An idle connection of ``key``; else True with room reserved for a new
+        one (an idle connection to another route is closed to make it); else
+        False: ``limit`` connections are open or being opened."""
+        idle = self._idle_connection(key, self.loop.time())
+        if idle is not None:
+            return idle
+        if len(self._open) + self._connecting < self.limit or self._close_one_idle():
+            self._connecting += 1
+            return True
+        return False
+
+    def _close_one_idle(self) -> bool:
+        for idle in self._idle.values():
+            while idle:
+                connection = idle.pop(0)  # the longest idle
+                if not connection.closed:
+                    connection.close()
+                    return True
+        return False
+
+    def _wake(self) -> None:
+        while self._room:
+            waiter = self._room.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _release(self, connection: _Connection) -> None:
+        if self.closed:
+            connection.close()
+            return
+        connection.idle_since = self.loop.time()
+        self._idle[connection.key].append(connection)
+        self._wake()  # one who waits for room takes it, or closes it for a route of theirs
+
+    def _forget(self, connection: _Connection) -> None:
+        if connection in self._open:
+            self._open.discard(connection)
+            idle = self._idle.get(connection.key)
+            if idle and connection in idle:
+                idle.remove(connection)
+            self._wake()
+
+    async def close(self) -> None:
+        self.closed = True
+        for connection in list(self._open):
+            connection.close()
+        self._idle.clear()
+        while self._room:
+            waiter = self._room.popleft()
+            if not waiter.done():
+                waiter.cancel()
+
+    async def __aenter__(self) -> WireClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
