@@ -123,11 +123,16 @@ def _event(job_id: str, i: int, body_bytes: int) -> dict:
 
 
 async def _plain_client(url: str, n: int, concurrency: int, prefix: str,
-                        body_bytes: int = 0) -> dict:
+                        body_bytes: int = 0, client: str = "aiohttp") -> dict:
     """The receiver's own limit: C requests in flight over kept-alive
     connections, the same body and headers the dispatcher sends, no queue.
     With ``body_bytes``, the payloads a filled queue holds (``fill_queue``),
-    made canonical before the clock starts, as a store holds them."""
+    made canonical before the clock starts, as a store holds them.
+    ``client``: "aiohttp" (a ``ClientSession``: the plain client the targets
+    are judged by) or "wire" (the dispatcher's own ``WireClient``, no queue:
+    what its HTTP costs)."""
+    if client == "wire":
+        return await _plain_wire_client(url, n, concurrency, prefix, body_bytes)
     import aiohttp
 
     from lease.http import request_parts
@@ -146,6 +151,30 @@ async def _plain_client(url: str, n: int, concurrency: int, prefix: str,
                     await answer.read()
                     if answer.status != 200:
                         raise RuntimeError(f"the receiver answered {answer.status}")
+
+        started, cpu, system = time.perf_counter(), _cpu_s(), _sys_s()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return {"seconds": time.perf_counter() - started, "cpu_s": _cpu_s() - cpu,
+                "sys_s": _sys_s() - system, "jobs": n}
+
+
+async def _plain_wire_client(url: str, n: int, concurrency: int, prefix: str,
+                             body_bytes: int) -> dict:
+    from asyncworker.wire import WireClient
+    from lease.http import Destination, request_parts
+
+    destination = Destination(url)
+    events = [_stored(f"{prefix}-{i}", i, body_bytes) for i in range(n)]
+    next_i = iter(range(n))
+    async with WireClient(limit=concurrency) as client:
+
+        async def worker() -> None:
+            for i in next_i:
+                event, digest = events[i]
+                outgoing = request_parts(event, i + 1, digest)
+                status, _, _ = await client.post(destination, outgoing, 30.0)
+                if status != 200:
+                    raise RuntimeError(f"the receiver answered {status}")
 
         started, cpu, system = time.perf_counter(), _cpu_s(), _sys_s()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -271,7 +300,8 @@ def _store_alone(queue: str, per_transaction: int) -> dict:
 
 
 def child_main(argv: Sequence[str]) -> None:
-    """One measured run on the event loop LOOP: ``LOOP client URL N C PREFIX BODY_BYTES``,
+    """One measured run on the event loop LOOP: ``LOOP client URL N C PREFIX BODY_BYTES
+    aiohttp|wire``,
     ``LOOP dispatch QUEUE URL|- C BATCH SEND_MS`` or ``LOOP store QUEUE PER_TRANSACTION``."""
     from asyncworker import eventloop
 
@@ -281,9 +311,9 @@ def child_main(argv: Sequence[str]) -> None:
         queue, per_transaction = args
         result = _store_alone(queue, int(per_transaction))
     elif kind == "client":
-        url, n, concurrency, prefix, body_bytes = args
+        url, n, concurrency, prefix, body_bytes, client = args
         result = eventloop.run(_plain_client(url, int(n), int(concurrency), prefix,
-                                             int(body_bytes)), loop)
+                                             int(body_bytes), client), loop)
     elif kind == "dispatch":
         queue, url, concurrency, batch, send_ms = args
         result = eventloop.run(_dispatch(queue, int(concurrency), int(batch),
@@ -404,20 +434,23 @@ class CpuBench:
         ``body_bytes``: payload events of about that size, for all four, not lab events."""
         rates, cpus, client_cpu, dispatcher_cpu, limits = [], [], [], [], []
         runtime_cpu, runtime_ratios, wal_cpu, wal_ratios, wal_rates = [], [], [], [], []
+        wire_cpu, wire_ratios, wire_rates, over_wire, over_wire_rate = [], [], [], [], []
         loops: dict[str, list] = {"default": [], "wal": [], "runtime": []}
         sending: dict[str, list] = {"default": [], "wal": [], "runtime": []}
         with Receiver(self.folder, latency_ms, self.loop) as receiver:
             for pair in range(self.pairs):
                 self._runs += 1
                 plain = _run(_child_command(self.loop, "client", receiver.url, n, concurrency,
-                                            f"plain{self._runs}", body_bytes))
+                                            f"plain{self._runs}", body_bytes, "aiohttp"))
+                wire = _run(_child_command(self.loop, "client", receiver.url, n, concurrency,
+                                           f"wire{self._runs}", body_bytes, "wire"))
                 ours = self._dispatch_cpu(receiver.url, n, concurrency, None, body_bytes)
-                wal = self._dispatch_cpu(receiver.url, n, concurrency, "wal", body_bytes)
+                on_wal = self._dispatch_cpu(receiver.url, n, concurrency, "wal", body_bytes)
                 alone = _run(_child_command(
                     self.loop, "dispatch", f"memory:{n}:mem{self._runs}:{body_bytes}",
                     receiver.url, concurrency, 64, 0))
                 runtime_cpu.append(alone["cpu_s"] / alone["jobs"] * 1e6)
-                for kind, result in (("default", ours), ("wal", wal), ("runtime", alone)):
+                for kind, result in (("default", ours), ("wal", on_wal), ("runtime", alone)):
                     loops[kind].append(_loop_us(result))
                     sending[kind].append(result["sending_mean"])
                 limit = plain["jobs"] / plain["seconds"]
@@ -429,12 +462,19 @@ class CpuBench:
                 dispatcher_cpu.append(ours["cpu_s"] / ours["jobs"] * 1e6)
                 cpus.append(dispatcher_cpu[-1] / client_cpu[-1])
                 runtime_ratios.append(runtime_cpu[-1] / client_cpu[-1])
-                wal_cpu.append(wal["cpu_s"] / wal["jobs"] * 1e6)
+                wal_cpu.append(on_wal["cpu_s"] / on_wal["jobs"] * 1e6)
                 wal_ratios.append(wal_cpu[-1] / client_cpu[-1])
-                wal_rates.append(wal["jobs"] / wal["seconds"] / limit)
+                wal_rates.append(on_wal["jobs"] / on_wal["seconds"] / limit)
+                wire_cpu.append(wire["cpu_s"] / wire["jobs"] * 1e6)
+                wire_ratios.append(wire_cpu[-1] / client_cpu[-1])
+                wire_rates.append(wire["jobs"] / wire["seconds"] / limit)
+                over_wire.append(dispatcher_cpu[-1] / wire_cpu[-1])
+                over_wire_rate.append(ours["jobs"] / ours["seconds"]
+                                      / (wire["jobs"] / wire["seconds"]))
                 print(f"  {label} pair {pair + 1}: limit {limits[-1]:,.0f}/s, dispatcher "
                       f"{ours['jobs'] / ours['seconds']:,.0f}/s, CPU {dispatcher_cpu[-1]:.0f} "
                       f"vs {client_cpu[-1]:.0f} us (a WAL file {wal_cpu[-1]:.0f}, "
+                      f"a plain wire client {wire_cpu[-1]:.0f}, "
                       f"the runtime alone {runtime_cpu[-1]:.0f})",
                       file=sys.stderr, flush=True)
         return {"case": label, "rate_ratio": _spread(rates), "cpu_ratio": _spread(cpus),
@@ -444,6 +484,9 @@ class CpuBench:
                 "runtime_ratio": _spread(runtime_ratios),
                 "wal_us": statistics.median(wal_cpu), "wal_ratio": _spread(wal_ratios),
                 "wal_rate_ratio": _spread(wal_rates),
+                "wire_us": statistics.median(wire_cpu), "wire_ratio": _spread(wire_ratios),
+                "wire_rate_ratio": _spread(wire_rates), "over_wire": _spread(over_wire),
+                "over_wire_rate": _spread(over_wire_rate),
                 "limit": statistics.median(limits),
                 **{f"{kind}_loop_us": _median_or_none(values) for kind, values in loops.items()},
                 **{f"{kind}_sending": statistics.median(values)
@@ -482,7 +525,10 @@ class CpuBench:
         n = 600 if self.quick else 8000
         with Receiver(self.folder, 0, self.loop) as receiver:
             runs = {
-                "the plain client, c64": ("client", receiver.url, n, 64, "profiled", 0),
+                "the plain client, c64": ("client", receiver.url, n, 64, "profiled", 0,
+                                          "aiohttp"),
+                "the plain wire client, c64": ("client", receiver.url, n, 64, "wired", 0,
+                                               "wire"),
                 "the dispatcher, c64 against the receiver": (
                     "dispatch", self._queue(n), receiver.url, 64, 64, 0),
                 "the dispatcher, in-process, batch 64": (
@@ -519,6 +565,10 @@ def top_frames(raw: str, top: int, inclusive: bool = False) -> list[str]:
             own[frames[-1]] += int(count)
         total += int(count)
     return [f"{100 * n / total:5.1f}%  {frame}" for frame, n in own.most_common(top)]
+
+
+def _ratio(spread: dict) -> str:
+    return f"{spread['median']:.2f} ({spread['min']:.2f}..{spread['max']:.2f})"
 
 
 def _verdict(met: bool) -> str:
@@ -576,6 +626,12 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
         out.write(_paired_line(f"{row['case']}, a WAL file (init --journal wal)", row["limit"],
                                row["wal_rate_ratio"], row["wal_sending"], row["wal_us"],
                                row["wal_loop_us"], row["client_us"], row["wal_ratio"]))
+        wire, over = row["wire_ratio"], row["over_wire"]
+        out.write(f"| {row['case']}: a plain client on the dispatcher's HTTP client "
+                  f"(asyncworker.wire, no queue) | - | {_ratio(row['wire_rate_ratio'])} | "
+                  f"- | {row['wire_us']:.0f} | - | {row['client_us']:.0f} | {_ratio(wire)} | "
+                  f"the dispatcher: {_ratio(over)} x its CPU, "
+                  f"{_ratio(row['over_wire_rate'])} x its rate (no target) |\n")
         alone = row["runtime_ratio"]
         out.write(f"| {row['case']}: the runtime alone (a store in memory, no SQL) | - | - | "
                   f"{row['runtime_sending']:.1f} | {row['runtime_us']:.0f} | "

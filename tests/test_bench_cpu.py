@@ -28,17 +28,20 @@ def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
     out = io.StringIO()
     rows = run_cpu_bench(pairs=1, quick=True, out=out)
     table = [line for line in out.getvalue().splitlines() if line.startswith("| ")]
-    assert table[0].startswith("| case") and len(table) == 1 + 15
+    assert table[0].startswith("| case") and len(table) == 1 + 18
     for label in ("c64, 0 ms", "c256, 50 ms", "in-process, batch 64", "256 in flight",
                   "c64, 0 ms, a WAL file", "c256, 50 ms, a WAL file",
                   "in-process, batch 64, c64, a WAL file",
                   "c64, 0 ms: the runtime alone", "c256, 50 ms: the runtime alone",
+                  "c64, 0 ms: a plain client on the dispatcher's HTTP client",
+                  "c64, 0 ms, 4 KB payloads: a plain client on the dispatcher's HTTP client",
                   "c64, 0 ms, 4 KB payloads, a WAL file",
                   "c64, 0 ms, 4 KB payloads: the runtime alone",
                   "the store alone: claim + finish, 12", "the store alone: claim + finish, 64",
                   "64 jobs a transaction, 4 KB payloads"):
         assert any(line.startswith(f"| {label}") or label in line for line in table), label
-    assert all("met" in line for line in table[1:3] + table[4:6] + table[7:9] + table[10:13])
+    assert all("met" in line for line in table[1:3] + table[5:7] + table[9:11] + table[13:16])
+    assert not any("met" in line for line in table[3:5] + table[7:9] + table[11:13])
     paired = [row for row in rows if "rate_ratio" in row]
     assert [row["case"] for row in paired] == ["c64, 0 ms", "c256, 50 ms",
                                                "c64, 0 ms, 4 KB payloads"]
@@ -48,6 +51,9 @@ def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
         assert row["client_us"] >= 0 and row["limit"] > 0 and row["runtime_us"] > 0
         assert row["runtime_ratio"]["min"] <= row["runtime_ratio"]["median"]
         assert row["wal_us"] > 0 and row["wal_rate_ratio"]["median"] > 0
+        assert row["wire_us"] > 0 and row["wire_rate_ratio"]["median"] > 0
+        assert row["over_wire"]["median"] == pytest.approx(
+            row["dispatcher_us"] / row["wire_us"], rel=1e-9)  # one pair: its own ratio
         # the event loop's thread: part of the process's CPU, the store's threads the rest;
         # both are counted in clock ticks, so each may be off by one tick over the run
         jobs = {label: n for label, _, _, n, _ in QUICK_CASES}[row["case"]]
