@@ -606,6 +606,8 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
             rows.append(bench.paired(*case))
         batched = bench.in_process(2000 if quick else 40_000, 64, 64)
         batched_wal = bench.in_process(2000 if quick else 40_000, 64, 64, journal="wal")
+        bigger = bench.in_process(2000 if quick else 40_000, 256, 256)
+        bigger_wal = bench.in_process(2000 if quick else 40_000, 256, 256, journal="wal")
         rss = bench.in_process(2000 if quick else 100_000, 256, 64, send_ms=2)
         stores = [bench.store_alone(600 if quick else 6000, k, size) for k, size in STORE_CASES]
     finally:
@@ -639,7 +641,9 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
                   f"{row['client_us']:.0f} | {alone['median']:.2f} "
                   f"({alone['min']:.2f}..{alone['max']:.2f}) | where the CPU goes (no target) |\n")
     for label, result in (("in-process, batch 64, c64", batched),
-                          ("in-process, batch 64, c64, a WAL file", batched_wal)):
+                          ("in-process, batch 64, c64, a WAL file", batched_wal),
+                          ("in-process, batch 256, c256", bigger),
+                          ("in-process, batch 256, c256, a WAL file", bigger_wal)):
         out.write(f"| {label} | - | {result['rate']:,.0f} jobs/s | - | "
                   f"{result['us_per_job']:.0f} | {_us(result['loop_us'])} | - | - | >= 20,000/s "
                   f"{_verdict(result['rate'] >= INPROCESS_TARGET)} |\n")
@@ -654,6 +658,8 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
     out.flush()
     rows.append({"case": "in-process batched", **batched})
     rows.append({"case": "in-process batched, WAL", **batched_wal})
+    rows.append({"case": "in-process batch 256", **bigger})
+    rows.append({"case": "in-process batch 256, WAL", **bigger_wal})
     rows.append({"case": "rss", **rss})
     rows += [{"case": f"store alone {k}" + (f", {size} B bodies" if size else ""), **store}
              for (k, size), store in zip(STORE_CASES, stores, strict=True)]

@@ -28,10 +28,11 @@ def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
     out = io.StringIO()
     rows = run_cpu_bench(pairs=1, quick=True, out=out)
     table = [line for line in out.getvalue().splitlines() if line.startswith("| ")]
-    assert table[0].startswith("| case") and len(table) == 1 + 18
+    assert table[0].startswith("| case") and len(table) == 1 + 20
     for label in ("c64, 0 ms", "c256, 50 ms", "in-process, batch 64", "256 in flight",
                   "c64, 0 ms, a WAL file", "c256, 50 ms, a WAL file",
-                  "in-process, batch 64, c64, a WAL file",
+                  "in-process, batch 64, c64, a WAL file", "in-process, batch 256, c256",
+                  "in-process, batch 256, c256, a WAL file",
                   "c64, 0 ms: the runtime alone", "c256, 50 ms: the runtime alone",
                   "c64, 0 ms: a plain client on the dispatcher's HTTP client",
                   "c64, 0 ms, 4 KB payloads: a plain client on the dispatcher's HTTP client",
@@ -40,7 +41,7 @@ def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
                   "the store alone: claim + finish, 12", "the store alone: claim + finish, 64",
                   "64 jobs a transaction, 4 KB payloads"):
         assert any(line.startswith(f"| {label}") or label in line for line in table), label
-    assert all("met" in line for line in table[1:3] + table[5:7] + table[9:11] + table[13:16])
+    assert all("met" in line for line in table[1:3] + table[5:7] + table[9:11] + table[13:18])
     assert not any("met" in line for line in table[3:5] + table[7:9] + table[11:13])
     paired = [row for row in rows if "rate_ratio" in row]
     assert [row["case"] for row in paired] == ["c64, 0 ms", "c256, 50 ms",
@@ -66,10 +67,11 @@ def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
     assert all(line.count("|") == 10 for line in table), table  # 9 columns each
     assert table[0].split(" | ")[3] == "sends in flight, mean"
     assert table[0].split(" | ")[5] == "of it, the event loop's thread"
-    batched, batched_wal, rss = rows[3], rows[4], rows[5]
-    assert [row["jobs"] for row in rows[6:]] == [600, 600, 600]
+    batched, batched_wal, bigger, bigger_wal, rss = rows[3:8]
+    assert [row["jobs"] for row in rows[8:]] == [600, 600, 600]
     assert rows[-1]["case"] == "store alone 64, 4000 B bodies"
     assert batched["jobs"] == batched_wal["jobs"] == rss["jobs"] == 2000
+    assert bigger["jobs"] == bigger_wal["jobs"] == 2000
     assert 0 < rss["rss_mb"] < 1000
 
 
