@@ -19,8 +19,11 @@ verified); no redirects followed, no proxy settings read, nothing
 decompressed; an answer's head bounded (``MAX_HEAD_BYTES``) and its body read
 one byte past the cap, never more; a connection reused only after a whole
 answer that keeps it alive, and never after an error, a timeout or a cancel;
-idle connections closed after ``IDLE_SECONDS`` (a server's own keep-alive
-timeout is usually longer, so its close seldom races a send).
+idle connections closed after ``IDLE_SECONDS``, below the 5 s keep-alive of
+Node's and uvicorn's servers, so that the client, not the server, closes an
+idle connection, and a server's close seldom races a send. A cancelled send
+is never sent later, and a send never outlives its deadline, whatever else
+happens to its connection or its client.
 
 A failure is a ``Retryable`` (timeout, DNS, refused, TLS, a connection that
 closed before its whole answer) or a ``BadAck`` (an answer that is not HTTP),
@@ -33,7 +36,8 @@ import asyncio
 import collections
 import functools
 import ssl
-from typing import Any, Optional, Union, cast
+import sys
+from typing import Any, Callable, Optional, Union, cast
 
 import httptools
 
@@ -43,7 +47,7 @@ from lease.worker import BadAck, Retryable
 __all__ = ["IDLE_SECONDS", "MAX_HEAD_BYTES", "WireClient"]
 
 MAX_HEAD_BYTES = 32_768  # an answer's status line and headers, at most
-IDLE_SECONDS = 15.0  # an idle connection is closed after this long (aiohttp's keep-alive too)
+IDLE_SECONDS = 4.0  # an idle connection is closed after this long
 
 _Key = tuple[bool, str, int, int]  # tls, host, port, id of the TLS context
 _Answer = tuple[int, bytes, Optional[str]]  # status, body (<= ACK_LIMIT + 1 bytes), Retry-After
@@ -96,13 +100,21 @@ class _Connection(asyncio.Protocol):
         self._head_done = False
         self._body = bytearray()
         self._over = False  # more body than an ACK can be: read no further
-        self._framed = False  # Content-Length or Transfer-Encoding: its end is known
+        self._framed = False  # Content-Length or chunked: its end is known
         self._retry_after: Optional[str] = None
+
+    @property
+    def usable(self) -> bool:
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
+    def is_waiting(self, waiter: asyncio.Future[_Answer]) -> bool:
+        """``waiter``'s answer has not come: the connection is still its own."""
+        return self._waiter is waiter
 
     # ----------------------------------------------------------- the exchange
 
     def exchange(self, request: bytes, deadline: float, seconds: float) -> asyncio.Future[_Answer]:
-        assert self.transport is not None and self._waiter is None
+        assert self.transport is not None and self._waiter is None and not self.closed
         loop = self._client.loop
         self._waiter = loop.create_future()
         self._reset()
@@ -115,7 +127,7 @@ class _Connection(asyncio.Protocol):
         self._fail(Retryable(f"timed out after {seconds}s"))
 
     def _fail(self, error: Exception) -> None:
-        waiter = self._waiter
+        waiter, self._waiter = self._waiter, None
         self.close()  # never reused after an error
         if waiter is not None and not waiter.done():
             waiter.set_exception(error)
@@ -134,17 +146,20 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(answer)
 
-    def close(self) -> None:
-        """Abort: whatever is in flight on it is given up."""
+    def close(self, why: str = "was closed before a whole answer") -> None:
+        """Abort: a send in flight on it fails (Retryable), now."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._waiter = None
+        waiter, self._waiter = self._waiter, None
         if not self.closed:
             self.closed = True
             self._client._forget(self)
             if self.transport is not None:
                 self.transport.abort()
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(Retryable(f"connection failed: the connection to "
+                                           f"{self._where} {why}"))
 
     # ------------------------------------------------- asyncio's callbacks
 
@@ -181,17 +196,15 @@ class _Connection(asyncio.Protocol):
         return False  # close the transport: connection_lost judges what arrived
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
-        waiter = self._waiter
-        was_closed = self.closed
+        if self.closed:  # closed by us: close() has failed what was in flight
+            return
         self.closed = True
         self._client._forget(self)
-        if self._timer is not None and (waiter is None or waiter.done()):
-            self._timer.cancel()
-            self._timer = None
-        if waiter is None or waiter.done() or was_closed:
+        if self._waiter is None or self._waiter.done():
+            self.close()  # the timer, if any
             return
         status = self._parser.get_status_code() if self._head_done else 0
-        if self._head_done and not self._framed and status not in (204, 304):
+        if self._head_done and not self._framed and exc is None and status not in (204, 304):
             self._answer(reusable=False)  # an answer that ends where its connection ends
             return
         why = f": {exc!r:.120}" if exc is not None else ""
@@ -209,8 +222,11 @@ class _Connection(asyncio.Protocol):
         lowered = name.lower()
         if lowered == b"retry-after":
             self._retry_after = value.decode("latin-1")
-        elif lowered in (b"content-length", b"transfer-encoding"):
+        elif lowered == b"content-length":
             self._framed = True
+        elif lowered == b"transfer-encoding":
+            # Only chunked ends by itself; any other coding last is read to the close.
+            self._framed = value.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
 
     def on_headers_complete(self) -> None:
         self._head_done = True
@@ -238,10 +254,32 @@ class _Connection(asyncio.Protocol):
             self._answer(reusable=self._parser.should_keep_alive() and not self._over)
 
 
+def _time_out(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(asyncio.TimeoutError())
+
+
+async def _open(loop: asyncio.AbstractEventLoop, factory: Callable[[], _Connection],
+                host: str, port: int, context: Optional[ssl.SSLContext],
+                deadline: float) -> _Connection:
+    """A connection by ``deadline`` (asyncio.TimeoutError after it)."""
+    connecting = loop.create_connection(factory, host, port, ssl=context,
+                                        server_hostname=host if context else None)
+    if sys.version_info >= (3, 11):
+        # Not wait_for: on 3.11 it hands back a connection made as the send
+        # was cancelled, and the cancelled send would go out anyway.
+        async with asyncio.timeout_at(deadline):
+            _, protocol = await connecting
+    else:  # pragma: no cover - 3.10 has no timeout_at
+        _, protocol = await asyncio.wait_for(connecting, deadline - loop.time())
+    return protocol
+
+
 class WireClient:
     """Kept-alive HTTP/1.1 connections for ``send_http`` (``session=``): at most
     ``limit`` open at once, reused per host, port and TLS context. Use it
-    from one event loop; ``close()`` (or ``async with``) aborts them all."""
+    from one event loop; ``close()`` (or ``async with``) aborts them all, and
+    every send still in flight or waiting fails at once."""
 
     def __init__(self, limit: int = 100) -> None:
         if type(limit) is not int or limit < 1:
@@ -252,6 +290,7 @@ class WireClient:
         self._open: set[_Connection] = set()
         self._room: collections.deque[asyncio.Future[None]] = collections.deque()
         self._connecting = 0
+        self._sweeper: Optional[asyncio.TimerHandle] = None
         self.closed = False
 
     @property
@@ -279,19 +318,18 @@ class WireClient:
         try:
             return await waiter
         except asyncio.CancelledError:
-            connection.close()  # the answer is unread: the connection is of no further use
-            raise
+            if connection.is_waiting(waiter):  # unanswered: of no further use
+                connection.close()
+            raise  # answered as the send was cut: the connection went back whole
 
     def _idle_connection(self, key: _Key, now: float) -> Optional[_Connection]:
         idle = self._idle.get(key)
         while idle:
             connection = idle.pop()
-            if connection.closed:
-                continue
-            if now - connection.idle_since > IDLE_SECONDS:
+            if not connection.usable or now - connection.idle_since >= IDLE_SECONDS:
                 connection.close()
-                continue
-            return connection
+            else:
+                return connection
         return None
 
     async def _connection(self, key: _Key, destination: Destination,
@@ -301,25 +339,13 @@ class WireClient:
         loop = self.loop
         route = destination.route
         while (room := self._reserve(key)) is False:
-            waiter = loop.create_future()
-            self._room.append(waiter)
-            try:
-                await asyncio.wait_for(waiter, deadline - loop.time())
-            except asyncio.TimeoutError as exc:
-                self._wake()  # a wake this waiter got as it timed out goes to the next
-                raise Retryable(f"timed out after {seconds}s") from exc
-            finally:
-                if waiter in self._room:
-                    self._room.remove(waiter)
+            await self._wait_for_room(deadline, seconds)
         if isinstance(room, _Connection):
             return room
         where = f"{route.host}:{route.port}"
         try:  # the room reserved is this connection's until it is open or failed
-            _, protocol = await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: _Connection(self, key, where), route.host, route.port,
-                    ssl=context, server_hostname=route.host if context else None),
-                deadline - loop.time())
+            protocol = await _open(loop, lambda: _Connection(self, key, where), route.host,
+                                   route.port, context, deadline)
         except asyncio.TimeoutError as exc:
             raise Retryable(f"timed out after {seconds}s") from exc
         except OSError as exc:  # DNS, refused, TLS: before any byte of the request
@@ -328,12 +354,32 @@ class WireClient:
         finally:
             self._connecting -= 1
             self._wake()
-        assert isinstance(protocol, _Connection)
         if self.closed:
             protocol.close()
             raise RuntimeError("this WireClient is closed")
+        if protocol.closed:  # the server closed it, or sent bytes unasked, at once
+            raise Retryable(f"connection failed: {where} closed the connection before a "
+                            "whole answer")
         self._open.add(protocol)
         return protocol
+
+    async def _wait_for_room(self, deadline: float, seconds: float) -> None:
+        """Until a connection closes or goes idle, or the deadline (Retryable)."""
+        waiter: asyncio.Future[None] = self.loop.create_future()
+        self._room.append(waiter)
+        timer = self.loop.call_at(deadline, _time_out, waiter)
+        try:
+            await waiter
+        except asyncio.TimeoutError as exc:
+            raise Retryable(f"timed out after {seconds}s") from exc
+        except BaseException:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._wake()  # woken as it was cancelled: the wake goes to the next
+            raise
+        finally:
+            timer.cancel()
+            if waiter in self._room:
+                self._room.remove(waiter)
 
     def _reserve(self, key: _Key) -> Union[_Connection, bool]:
         """An idle connection of ``key``; else True with room reserved for a new
@@ -369,25 +415,41 @@ class WireClient:
             return
         connection.idle_since = self.loop.time()
         self._idle[connection.key].append(connection)
+        if self._sweeper is None:
+            self._sweeper = self.loop.call_later(IDLE_SECONDS, self._sweep)
         self._wake()  # one who waits for room takes it, or closes it for a route of theirs
 
+    def _sweep(self) -> None:
+        """Close what has been idle ``IDLE_SECONDS``, and look again while any is idle."""
+        self._sweeper = None
+        now = self.loop.time()
+        stale = [connection for idle in self._idle.values() for connection in idle
+                 if now - connection.idle_since >= IDLE_SECONDS]
+        for connection in stale:
+            connection.close()
+        if any(self._idle.values()):
+            self._sweeper = self.loop.call_later(max(IDLE_SECONDS / 4, 0.05), self._sweep)
+
     def _forget(self, connection: _Connection) -> None:
+        idle = self._idle.get(connection.key)
+        if idle and connection in idle:
+            idle.remove(connection)
         if connection in self._open:
             self._open.discard(connection)
-            idle = self._idle.get(connection.key)
-            if idle and connection in idle:
-                idle.remove(connection)
             self._wake()
 
     async def close(self) -> None:
         self.closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for connection in list(self._open):
-            connection.close()
+            connection.close("was closed with its WireClient")
         self._idle.clear()
         while self._room:
             waiter = self._room.popleft()
             if not waiter.done():
-                waiter.cancel()
+                waiter.set_exception(RuntimeError("this WireClient is closed"))
 
     async def __aenter__(self) -> WireClient:
         return self

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 from typing import Awaitable, Callable, Optional
 
 import pytest
@@ -32,9 +34,12 @@ class RawServer:
     """Reads whole requests (head and Content-Length body) off each connection
     and writes what the script says; counts connections, and those open at once."""
 
-    def __init__(self, script: Script, close_after: bool = False) -> None:
+    def __init__(self, script: Script, close_after: bool = False, reset_after: bool = False,
+                 close_on_accept: bool = False) -> None:
         self.script = script
         self.close_after = close_after  # close each connection after its first answer
+        self.reset_after = reset_after  # ... by a TCP reset
+        self.close_on_accept = close_on_accept  # answer and close before any request
         self.connections = 0
         self.open_now = 0
         self.most_open = 0
@@ -55,6 +60,9 @@ class RawServer:
         self.open_now += 1
         self.most_open = max(self.most_open, self.open_now)
         try:
+            if self.close_on_accept:  # as a server at its limit does: 503, then close
+                writer.write(b"HTTP/1.1 503 Busy\r\nContent-Length: 0\r\n\r\n")
+                return
             number = 0
             while True:
                 try:
@@ -71,6 +79,11 @@ class RawServer:
                     return
                 writer.write(reply)
                 await writer.drain()
+                if self.reset_after:
+                    writer.get_extra_info("socket").setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    writer.transport.abort()
+                    return
                 if self.close_after:
                     return
         except ConnectionError:
@@ -262,3 +275,116 @@ def test_the_host_header_names_the_port_only_when_it_is_not_the_default():
     assert b"Host: [::1]:8080\r\n" in request_bytes(Destination("http://[::1]:8080/h"), parts)
     assert request_bytes(Destination("https://example.com/h?a=1&b=2"), parts).startswith(
         b"POST /h?a=1&b=2 HTTP/1.1\r\n")
+
+
+def by_token(answers: dict[int, bytes], otherwise: bytes = b"") -> Script:
+    """The answer for each request's token; ``otherwise`` (nothing: no answer yet)."""
+    async def script(number: int, request: bytes) -> Optional[bytes]:
+        return answers.get(tokens(request), otherwise)
+
+    return script
+
+
+def tokens(request: bytes) -> int:
+    return int(request.split(b"X-Lease-Token: ")[1].split(b"\r\n")[0])
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition never held")
+
+
+async def test_a_send_cut_as_its_answer_comes_leaves_the_connection_to_the_next():
+    # A and C in flight on a connection each, the server silent; then, in one
+    # loop step, both answers arrive and C is cancelled. A sends again at once
+    # and takes C's connection, just back in the pool: C's cancel must not
+    # touch it.
+    async with RawServer(by_token({3: ok()})) as server, WireClient(limit=2) as client:
+        async def a() -> object:
+            await send_http(server.url, EVENT, timeout=5, token=1, session=client)
+            return await send_http(server.url, EVENT, timeout=2, token=3, session=client)
+
+        task_a = asyncio.ensure_future(a())
+        await until(lambda: len(server.requests) == 1)
+        (a_connection,) = client._open
+        task_c = asyncio.ensure_future(send_http(server.url, EVENT, timeout=5, token=2,
+                                                 session=client))
+        await until(lambda: len(server.requests) == 2)
+        (c_connection,) = client._open - {a_connection}
+        a_connection.data_received(ok())
+        c_connection.data_received(ok())
+        task_c.cancel()
+        assert await asyncio.wait_for(task_a, 10) is True
+        with pytest.raises(asyncio.CancelledError):
+            await task_c
+    assert [tokens(request) for request in server.requests] == [1, 2, 3]
+
+
+async def test_a_send_cut_as_room_frees_up_is_never_sent():
+    async with RawServer(by_token({4: ok()})) as server, WireClient(limit=1) as client:
+        first = asyncio.ensure_future(send_http(server.url, EVENT, timeout=5, token=1,
+                                                session=client))
+        await until(lambda: len(server.requests) == 1)
+        (connection,) = client._open
+        cut = asyncio.ensure_future(send_http(server.url, EVENT, timeout=5, token=2,
+                                              session=client))
+        await until(lambda: len(client._room) == 1)
+        connection.data_received(ok())  # the first is answered: its connection is free
+        cut.cancel()  # in the same step
+        assert await first is True
+        with pytest.raises(asyncio.CancelledError):
+            await cut
+        # A request cut but sent would be on the one connection before this one.
+        assert await send_http(server.url, EVENT, timeout=5, token=4, session=client) is True
+    assert [tokens(request) for request in server.requests] == [1, 4]
+
+
+async def test_closing_the_client_ends_every_send_at_once():
+    async with RawServer(by_token({})) as server:
+        client = WireClient(limit=1)
+        in_flight = asyncio.ensure_future(send_http(server.url, EVENT, timeout=30, token=1,
+                                                    session=client))
+        await until(lambda: len(server.requests) == 1)
+        waiting = [asyncio.ensure_future(send_http(server.url, EVENT, timeout=30, token=2,
+                                                   session=client)) for _ in range(2)]
+        await until(lambda: len(client._room) == 2)
+        await client.close()
+        with pytest.raises(Retryable, match="closed with its WireClient"):
+            await asyncio.wait_for(in_flight, 5)
+        for send in waiting:
+            with pytest.raises(RuntimeError, match="closed"):
+                await asyncio.wait_for(send, 5)
+
+
+async def test_a_server_that_closes_on_accept_costs_no_room():
+    async with RawServer(always(ok()), close_on_accept=True) as bad, \
+            RawServer(always(ok())) as good, WireClient(limit=2) as client:
+        for _ in range(20):  # its 503 read as an answer, or its close before any
+            with pytest.raises(Retryable, match="closed the connection|answered 503"):
+                await send_http(bad.url, EVENT, timeout=5, session=client)
+        assert not client._open and client._connecting == 0
+        assert await send_http(good.url, EVENT, timeout=5, session=client) is True
+
+
+async def test_idle_connections_are_closed_without_a_send(monkeypatch):
+    monkeypatch.setattr(wire, "IDLE_SECONDS", 0.05)
+    async with RawServer(always(ok())) as server, WireClient() as client:
+        assert await send_http(server.url, EVENT, timeout=5, session=client) is True
+        await until(lambda: server.closed_by_client == 1)
+        assert not client._open
+
+
+async def test_a_coding_other_than_chunked_is_read_to_the_close():
+    reply = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\n\r\n" + ACK
+    async with RawServer(always(reply), close_after=True) as server, WireClient() as client:
+        assert await send_http(server.url, EVENT, timeout=5, session=client) is True
+
+
+async def test_a_body_cut_by_a_reset_is_no_answer():
+    reply = b"HTTP/1.0 200 OK\r\n\r\n" + ACK[:5]
+    async with RawServer(always(reply), reset_after=True) as server, WireClient() as client:
+        with pytest.raises(Retryable, match="before a whole answer"):
+            await send_http(server.url, EVENT, timeout=5, session=client)
