@@ -49,7 +49,10 @@ __all__ = ["IDLE_SECONDS", "MAX_HEAD_BYTES", "WireClient"]
 MAX_HEAD_BYTES = 32_768  # an answer's status line and headers, at most
 IDLE_SECONDS = 4.0  # an idle connection is closed after this long
 
-_Key = tuple[bool, str, int, int]  # tls, host, port, id of the TLS context
+# tls, host, port, the TLS context itself: an id could be reused by another
+# context once the first is gone, and a connection verified under one trust
+# store must never serve another
+_Key = tuple[bool, str, int, Optional[ssl.SSLContext]]
 _Answer = tuple[int, bytes, Optional[str]]  # status, body (<= ACK_LIMIT + 1 bytes), Retry-After
 
 
@@ -310,7 +313,7 @@ class WireClient:
         deadline = loop.time() + seconds
         route = destination.route
         context = destination.ssl_context if route.tls else None
-        key = (route.tls, route.host, route.port, id(context))
+        key = (route.tls, route.host, route.port, context)
         connection = self._idle_connection(key, loop.time())
         if connection is None:
             connection = await self._connection(key, destination, context, deadline, seconds)

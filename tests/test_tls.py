@@ -181,3 +181,16 @@ async def test_a_payload_at_the_size_cap_goes_out_whole_over_tls(send, pki: Pki)
         destination = Destination(rx.url, ca_file=pki.ca_file)
         assert await send(destination, {"id": "big:1", "body": body}, timeout=10) is True
         assert rx.seen[0].body == body.encode()
+
+
+async def test_a_kept_alive_connection_serves_only_its_own_trust_store(pki: Pki):
+    from asyncworker import WireClient, send_http
+
+    async with receiver(pki.good) as rx, WireClient() as client:
+        trusted = Destination(rx.url, ca_file=pki.ca_file)
+        assert await send_http(trusted, EVENT, timeout=10, session=client) is True
+        # The same host and port with the system's store: the idle connection,
+        # verified under the private CA, must not carry it.
+        with pytest.raises(Retryable, match=r"^TLS: certificate verify failed: "):
+            await send_http(Destination(rx.url), EVENT, timeout=10, session=client)
+        assert len(rx.seen) == 1
