@@ -289,7 +289,7 @@ class WireClient:
             raise ValueError(f"limit must be an int of at least 1, got {limit!r}")
         self.limit = limit
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._idle: dict[_Key, list[_Connection]] = collections.defaultdict(list)
+        self._idle: dict[_Key, list[_Connection]] = {}
         self._open: set[_Connection] = set()
         self._room: collections.deque[asyncio.Future[None]] = collections.deque()
         self._connecting = 0
@@ -333,6 +333,7 @@ class WireClient:
                 connection.close()
             else:
                 return connection
+        self._idle.pop(key, None)  # no list kept for a route with nothing idle
         return None
 
     async def _connection(self, key: _Key, destination: Destination,
@@ -397,12 +398,10 @@ class WireClient:
         return False
 
     def _close_one_idle(self) -> bool:
-        for idle in self._idle.values():
-            while idle:
-                connection = idle.pop(0)  # the longest idle
-                if not connection.closed:
-                    connection.close()
-                    return True
+        for idle in list(self._idle.values()):
+            if idle:
+                idle[0].close()  # the longest idle; close() forgets it
+                return True
         return False
 
     def _wake(self) -> None:
@@ -417,7 +416,7 @@ class WireClient:
             connection.close()
             return
         connection.idle_since = self.loop.time()
-        self._idle[connection.key].append(connection)
+        self._idle.setdefault(connection.key, []).append(connection)
         if self._sweeper is None:
             self._sweeper = self.loop.call_later(IDLE_SECONDS, self._sweep)
         self._wake()  # one who waits for room takes it, or closes it for a route of theirs
@@ -435,8 +434,10 @@ class WireClient:
 
     def _forget(self, connection: _Connection) -> None:
         idle = self._idle.get(connection.key)
-        if idle and connection in idle:
+        if idle is not None and connection in idle:
             idle.remove(connection)
+            if not idle:  # a route's list goes with its last idle connection, and with
+                del self._idle[connection.key]  # it the key's hold on its TLS context
         if connection in self._open:
             self._open.discard(connection)
             self._wake()

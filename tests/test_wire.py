@@ -388,3 +388,15 @@ async def test_a_body_cut_by_a_reset_is_no_answer():
     async with RawServer(always(reply), reset_after=True) as server, WireClient() as client:
         with pytest.raises(Retryable, match="before a whole answer"):
             await send_http(server.url, EVENT, timeout=5, session=client)
+
+
+async def test_a_route_with_nothing_idle_keeps_no_entry(monkeypatch):
+    # A long-lived client that sends to many routes (or many destinations, each with
+    # a TLS context of its own) must not keep an entry, and a context, per route.
+    monkeypatch.setattr(wire, "IDLE_SECONDS", 0.05)
+    async with WireClient(limit=2) as client:
+        for _ in range(4):
+            async with RawServer(always(ok())) as server:
+                assert await send_http(server.url, EVENT, timeout=5, session=client) is True
+        await until(lambda: not client._open)
+        assert client._idle == {}
