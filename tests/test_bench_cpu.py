@@ -72,6 +72,13 @@ def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
     assert rows[-1]["case"] == "store alone 64, 4000 B bodies"
     assert batched["jobs"] == batched_wal["jobs"] == rss["jobs"] == 2000
     assert bigger["jobs"] == bigger_wal["jobs"] == 2000
+    for row in (batched, batched_wal, bigger, bigger_wal):  # one round: its own ratio
+        assert row["rates"]["min"] == row["rate"] == row["rates"]["max"] > 0
+        assert row["over_store"]["median"] == pytest.approx(row["rate"] / row["store_rate"],
+                                                            rel=1e-9)
+    in_process = [line for line in table if line.startswith("| in-process")]
+    assert len(in_process) == 4
+    assert all("the store alone at this batch" in line for line in in_process)
     assert 0 < rss["rss_mb"] < 1000
 
 
