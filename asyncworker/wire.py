@@ -36,7 +36,6 @@ import asyncio
 import collections
 import functools
 import ssl
-import sys
 from typing import Any, Callable, Optional, Union, cast
 
 import httptools
@@ -265,17 +264,50 @@ def _time_out(waiter: asyncio.Future[None]) -> None:
 async def _open(loop: asyncio.AbstractEventLoop, factory: Callable[[], _Connection],
                 host: str, port: int, context: Optional[ssl.SSLContext],
                 deadline: float) -> _Connection:
-    """A connection by ``deadline`` (asyncio.TimeoutError after it)."""
-    connecting = loop.create_connection(factory, host, port, ssl=context,
-                                        server_hostname=host if context else None)
-    if sys.version_info >= (3, 11):
-        # Not wait_for: on 3.11 it hands back a connection made as the send
-        # was cancelled, and the cancelled send would go out anyway.
-        async with asyncio.timeout_at(deadline):
-            _, protocol = await connecting
-    else:  # pragma: no cover - 3.10 has no timeout_at
-        _, protocol = await asyncio.wait_for(connecting, deadline - loop.time())
+    """A connection by ``deadline`` (asyncio.TimeoutError after it).
+
+    The connect is a task of its own, and this waits for whichever comes
+    first: the connect, the deadline, or a cancel of the send. Not wait_for:
+    before 3.12 it hands back a connection made just as the send was
+    cancelled, and the cancelled send would go out anyway. A connect given
+    up is cancelled, and a connection it made all the same is closed."""
+    connecting = loop.create_task(loop.create_connection(
+        factory, host, port, ssl=context, server_hostname=host if context else None))
+    first: asyncio.Future[None] = loop.create_future()
+
+    def wake(*_: object) -> None:
+        if not first.done():
+            first.set_result(None)
+
+    connecting.add_done_callback(wake)
+    timer = loop.call_at(deadline, wake)
+    try:
+        await first
+    except BaseException:  # the send was cancelled
+        _give_up(connecting)
+        raise
+    finally:
+        timer.cancel()
+    if not connecting.done():  # the deadline came first
+        _give_up(connecting)
+        raise asyncio.TimeoutError()
+    _, protocol = connecting.result()  # or the connect's own error (DNS, refused, TLS)
     return protocol
+
+
+def _give_up(connecting: asyncio.Task) -> None:
+    """A connect nobody waits for: cancelled, and its connection closed if made."""
+    if connecting.done():
+        _close_if_made(connecting)
+    else:
+        connecting.cancel()
+        connecting.add_done_callback(_close_if_made)
+
+
+def _close_if_made(connecting: asyncio.Task) -> None:
+    if not connecting.cancelled() and connecting.exception() is None:  # retrieved, either way
+        transport, _ = connecting.result()
+        transport.close()
 
 
 class WireClient:

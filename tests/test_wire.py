@@ -400,3 +400,52 @@ async def test_a_route_with_nothing_idle_keeps_no_entry(monkeypatch):
                 assert await send_http(server.url, EVENT, timeout=5, session=client) is True
         await until(lambda: not client._open)
         assert client._idle == {}
+
+
+async def test_a_connection_made_as_its_send_is_cancelled_is_closed_and_never_used(
+        monkeypatch):
+    """The connect completes, and the send is cancelled before it resumes: the
+    request must not go out. wait_for before 3.12 hands the connection back
+    all the same (on 3.10 the send went out: this test failed), and so does a
+    connect awaited in the send's own task when the cancel comes in its step."""
+    loop = asyncio.get_running_loop()
+    real = loop.create_connection
+    made: list[asyncio.BaseTransport] = []
+
+    async def connect_then_cancel(*args, **kwargs):
+        transport, protocol = await real(*args, **kwargs)
+        made.append(transport)
+        sending.cancel()
+        return transport, protocol
+
+    monkeypatch.setattr(loop, "create_connection", connect_then_cancel)
+    async with RawServer(always(ok())) as server, WireClient(limit=1) as client:
+        sending = asyncio.ensure_future(send_http(server.url, EVENT, timeout=5, token=1,
+                                                  session=client))
+        with pytest.raises(asyncio.CancelledError):
+            await sending
+        await until(lambda: bool(made) and made[0].is_closing())
+        assert not client._open and client._connecting == 0
+        await until(lambda: server.closed_by_client == 1)
+        monkeypatch.setattr(loop, "create_connection", real)
+        assert await send_http(server.url, EVENT, timeout=5, token=2, session=client) is True
+    assert [tokens(request) for request in server.requests] == [2]
+
+
+async def test_a_connect_past_its_deadline_is_given_up_and_cancelled(monkeypatch):
+    loop = asyncio.get_running_loop()
+    cancelled = asyncio.Event()
+
+    async def never_connects(*args, **kwargs):
+        try:
+            await asyncio.sleep(60)
+        finally:
+            cancelled.set()
+
+    monkeypatch.setattr(loop, "create_connection", never_connects)
+    async with WireClient(limit=1) as client:
+        with pytest.raises(Retryable, match="timed out after 0.2s"):
+            await send_http("http://127.0.0.1:9/events", EVENT, timeout=0.2, token=1,
+                            session=client)
+        await asyncio.wait_for(cancelled.wait(), 5)
+        assert client._connecting == 0 and not client._open
