@@ -44,7 +44,7 @@ import sys
 import time
 from array import array
 from contextlib import ExitStack, closing
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import (
     TYPE_CHECKING,
@@ -837,7 +837,7 @@ def _cell(value: object, width: int = 60) -> str:
 def _when(ms: Optional[int]) -> str:
     if ms is None:
         return "-"
-    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
     return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 

@@ -437,7 +437,7 @@ class Dispatcher:
         started = time.perf_counter()
         try:
             await asyncio.wait_for(self._queue.run(lambda store: store.now_ms()), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return {"reachable": False, "error": f"no answer within {timeout_s:g} s",
                     "seconds": None}
         except Exception as exc:  # whatever the store raised, the answer is "unreachable"

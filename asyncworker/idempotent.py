@@ -360,7 +360,7 @@ async def _read_body(request: web.Request, timeout: float) -> Union[bytes, web.R
         return _closing(413, f"body is larger than {MAX_BODY_BYTES} bytes")
     try:
         data = await asyncio.wait_for(_read_capped(request.content), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return _closing(408, f"request body not received within {timeout:g} s")
     except ConnectionError as exc:
         return _closing(400, f"request body is incomplete: {exc}")

@@ -16,7 +16,7 @@ import json
 import logging
 import sys
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Optional, TextIO
 
 __all__ = ["FORMATS", "LEVELS", "JsonFormatter", "TextFormatter", "configure", "fields_of",
@@ -38,7 +38,7 @@ def fields_of(record: logging.LogRecord) -> dict[str, Any]:
 
 def _timestamp(record: logging.LogRecord) -> str:
     """ISO 8601 in UTC with milliseconds: sortable, and the same on every host."""
-    moment = datetime.fromtimestamp(record.created, tz=timezone.utc)
+    moment = datetime.fromtimestamp(record.created, tz=UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 

@@ -254,7 +254,7 @@ async def _read_body(request: web.Request) -> Union[bytes, web.Response]:
         answer = _error(400, f"request body is incomplete: {exc}")
         answer.force_close()
         return answer
-    except asyncio.TimeoutError:
+    except TimeoutError:
         counters.add("timed_out")
     answer = _error(408, f"request body not received within {timeout:g} s")
     answer.force_close()

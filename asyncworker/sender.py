@@ -7,7 +7,6 @@ wire, reads an answer the same way and names a failure in the same words."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import ssl
 import time
@@ -94,7 +93,7 @@ async def _exchange(session: aiohttp.ClientSession, destination: Destination,
         # aiohttp's total timeout runs from the wait for a pooled connection to
         # the last byte read: the whole exchange, with no extra task per send.
         status, answer, retry_after = await _post(session, destination, outgoing, seconds)
-    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise Retryable(f"timed out after {seconds}s") from exc
     except aiohttp.ClientConnectorError as exc:  # DNS, refused, TLS: before any byte sent
         text = transport_text(exc.os_error, route.host, route.port)

@@ -258,13 +258,13 @@ class _Connection(asyncio.Protocol):
 
 def _time_out(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
-        waiter.set_exception(asyncio.TimeoutError())
+        waiter.set_exception(TimeoutError())
 
 
 async def _open(loop: asyncio.AbstractEventLoop, factory: Callable[[], _Connection],
                 host: str, port: int, context: Optional[ssl.SSLContext],
                 deadline: float) -> _Connection:
-    """A connection by ``deadline`` (asyncio.TimeoutError after it).
+    """A connection by ``deadline`` (TimeoutError after it).
 
     The connect is a task of its own, and this waits for whichever comes
     first: the connect, the deadline, or a cancel of the send. Not wait_for:
@@ -290,7 +290,7 @@ async def _open(loop: asyncio.AbstractEventLoop, factory: Callable[[], _Connecti
         timer.cancel()
     if not connecting.done():  # the deadline came first
         _give_up(connecting)
-        raise asyncio.TimeoutError()
+        raise TimeoutError()
     _, protocol = connecting.result()  # or the connect's own error (DNS, refused, TLS)
     return protocol
 
@@ -382,7 +382,7 @@ class WireClient:
         try:  # the room reserved is this connection's until it is open or failed
             protocol = await _open(loop, lambda: _Connection(self, key, where), route.host,
                                    route.port, context, deadline)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise Retryable(f"timed out after {seconds}s") from exc
         except OSError as exc:  # DNS, refused, TLS: before any byte of the request
             text = transport_text(exc, route.host, route.port)
@@ -406,7 +406,7 @@ class WireClient:
         timer = self.loop.call_at(deadline, _time_out, waiter)
         try:
             await waiter
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise Retryable(f"timed out after {seconds}s") from exc
         except BaseException:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:

@@ -505,7 +505,7 @@ def retry_after_ms(value: Optional[str], now_ms: int) -> Optional[int]:
     except (TypeError, ValueError, OverflowError):
         return None
     if when.tzinfo is None:  # "-0000": an HTTP date is always GMT
-        when = when.replace(tzinfo=datetime.timezone.utc)
+        when = when.replace(tzinfo=datetime.UTC)
     return max(0, min(round(when.timestamp() * 1000) - now_ms, PRODUCT.max_delay_ms))
 
 

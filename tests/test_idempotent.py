@@ -250,7 +250,7 @@ async def test_a_request_signed_by_the_standardwebhooks_library(shop: Path):
     from standardwebhooks import Webhook
 
     text = '{"item": "tea", "qty": 2}'
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     headers = {"webhook-id": "order-1", "webhook-timestamp": str(int(now.timestamp())),
                "webhook-signature": Webhook(signing.new_secret(random=KEY)).sign(
                    "order-1", now, text)}

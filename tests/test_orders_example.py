@@ -29,7 +29,7 @@ SECRET = signing.new_secret(random=bytes(range(40, 72)))
 
 def post(url: str, text: str, event_id: str, secret: str = SECRET,
          context: Optional[ssl.SSLContext] = None) -> tuple[int, dict]:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     headers = {"Content-Type": "application/json", "webhook-id": event_id,
                "webhook-timestamp": str(int(now.timestamp())),
                "webhook-signature": Webhook(secret).sign(event_id, now, text)}

@@ -151,7 +151,7 @@ async def test_rotation_two_secrets_at_once(tmp_path: Path):
 async def test_requests_signed_by_the_standardwebhooks_library_are_accepted(tmp_path: Path):
     secret = signing.new_secret(random=KEY)
     hook = Webhook(secret)
-    at = datetime.datetime.fromtimestamp(NOW, datetime.timezone.utc)
+    at = datetime.datetime.fromtimestamp(NOW, datetime.UTC)
     text = '{"order": 9, "note": "naïve"}'
     headers = {"Content-Type": "application/json", "webhook-id": "order:9",
                "webhook-timestamp": str(NOW),

@@ -241,7 +241,7 @@ def test_an_expired_certificate_is_refused_by_a_verifying_client(ca, tmp_path: P
     """Serving an expired certificate is the operator's mistake; the sender's
     verification catches it (the delivery side records it), nothing arrives."""
     expired = write_pair(ca, tmp_path, "expired", not_after=datetime.datetime.now(
-        datetime.timezone.utc) - datetime.timedelta(days=1))
+        datetime.UTC) - datetime.timedelta(days=1))
 
     async def attempt() -> tuple[str, dict]:
         async with Running(tmp_path / "inbox.db", host="127.0.0.2",

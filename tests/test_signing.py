@@ -119,7 +119,7 @@ def test_what_the_standardwebhooks_library_signs_verifies_with_us():
     now = int(time.time())
     text = BODY.decode()
     signature = Webhook(SECRET).sign("order:7", datetime.datetime.fromtimestamp(
-        now, tz=datetime.timezone.utc), text)
+        now, tz=datetime.UTC), text)
     headers = {"webhook-id": "order:7", "webhook-timestamp": str(now),
                "webhook-signature": signature}
     assert signing.verify([KEY], headers, BODY, now) == "order:7"

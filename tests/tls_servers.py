@@ -33,8 +33,8 @@ class Pki:
         self.good = self.ca.issue_cert("localhost", "127.0.0.2", "127.0.0.1")
         self.expired = self.ca.issue_cert(
             "localhost", "127.0.0.2", "127.0.0.1",
-            not_before=datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=30),
-            not_after=datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1))
+            not_before=datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=30),
+            not_after=datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=1))
         self.other_name = self.ca.issue_cert("orders.example")
         self.ca_file = tmp_path / "ca.pem"
         self.ca.cert_pem.write_to_path(str(self.ca_file))

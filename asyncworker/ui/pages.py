@@ -371,7 +371,7 @@ async def _receiver_figures(request: web.Request) -> tuple[Optional[dict], Optio
             if answer.status != 200:
                 raise ValueError(f"HTTP {answer.status}")
             found = await answer.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         return None, f"unavailable: {one_line(str(exc)) or type(exc).__name__}"
     if not isinstance(found, dict):
         return None, "unavailable: its /stats is not a JSON object"
