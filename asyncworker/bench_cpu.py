@@ -510,7 +510,8 @@ class CpuBench:
         return result
 
     def in_process_paired(self, n: int, concurrency: int, batch: int,
-                          journal: Optional[str] = None, rounds: int = 3) -> dict:
+                          journal: Optional[str] = None,
+                          rounds: int = INPROCESS_ROUNDS) -> dict:
         """The in-process send, and the store alone at the same batch on the same
         journal, alternating ``rounds`` times: the store's own rate is the most
         any dispatcher of one file can do on this machine in these minutes.

@@ -430,11 +430,11 @@ class WireClient:
         return False
 
     def _close_one_idle(self) -> bool:
-        for idle in list(self._idle.values()):
-            if idle:
-                idle[0].close()  # the longest idle; close() forgets it
-                return True
-        return False
+        idle = next(iter(self._idle.values()), None)  # never an empty list: _forget drops it
+        if idle is None:
+            return False
+        idle[0].close()  # the longest idle of its route; close() forgets it
+        return True
 
     def _wake(self) -> None:
         while self._room:
