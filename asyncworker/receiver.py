@@ -472,7 +472,7 @@ class Listener:
                  tls: Optional[ssl.SSLContext] = None) -> None:
         limits = app[LIMITS]
         self.app, self._tls = app, tls
-        self._sock = _bind(host, port)
+        self._sock = _bind(host, port, limits.max_connections)
         bound_host, bound_port = self._sock.getsockname()[:2]
         scheme = "http" if tls is None else "https"
         self.url = f"{scheme}://{_url_host(bound_host)}:{bound_port}{app[PATH]}"
@@ -490,8 +490,10 @@ class Listener:
         server = self._runner.server
         assert server is not None  # set by setup()
         gate = _ConnectionGate(server, self.app[LIMITS].max_connections, self.app[COUNTERS])
+        # create_server listens on the socket again, with its own backlog (100
+        # unless told): it is given the one _bind chose.
         self._server = await asyncio.get_running_loop().create_server(
-            gate, sock=self._sock, ssl=self._tls,
+            gate, sock=self._sock, ssl=self._tls, backlog=self.app[LIMITS].max_connections,
             ssl_handshake_timeout=self.app[LIMITS].read_timeout if self._tls else None)
 
     async def close(self) -> None:
@@ -502,9 +504,15 @@ class Listener:
         await self._runner.cleanup()  # answers what is in progress, then closes the inbox
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, backlog: int) -> socket.socket:
     """A listening socket; else OSError with the address as its filename:
-    ``[Errno 98] Address already in use: '127.0.0.1:8080'``."""
+    ``[Errno 98] Address already in use: '127.0.0.1:8080'``.
+
+    Its backlog is the connections the receiver takes at once: a burst of
+    that many clients connecting together is queued while the loop accepts.
+    Past a full backlog the kernel drops a SYN, and its client tries again
+    only a second later (a 1 s tail at concurrency 256 with asyncio's 100).
+    The kernel caps it at net.core.somaxconn."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICSERV)[0]
@@ -515,7 +523,7 @@ def _bind(host: str, port: int) -> socket.socket:
         # As asyncio does: a restart may bind a port whose last connections linger.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(128)
+        sock.listen(backlog)
         sock.setblocking(False)
     except OSError as exc:
         sock.close()
