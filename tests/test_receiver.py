@@ -674,7 +674,9 @@ async def test_a_burst_of_connections_is_queued_while_the_loop_is_busy(tmp_path:
                 client.setblocking(False)
                 assert client.connect_ex(("127.0.0.1", rx.port)) in (0, errno.EINPROGRESS)
             connected = _connected(clients, within_s=0.5)  # a SYN retried waits 1 s
-            assert connected == len(clients)
+            # the kernel caps a backlog at somaxconn (4096 by default since Linux 5.4)
+            somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+            assert connected == min(len(clients), somaxconn + 1)
         finally:
             for client in clients:
                 client.close()
