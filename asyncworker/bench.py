@@ -49,9 +49,11 @@ def _percentiles(latencies: list[float]) -> dict:
 
 
 def _cpu_s() -> float:
-    """This process's user + system CPU time, every thread of it."""
-    times = os.times()
-    return times.user + times.system
+    """This process's user + system CPU time, every thread of it. getrusage,
+    not os.times: os.times counts in clock ticks (10 ms), and a short run's
+    few milliseconds would read as nothing."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _now() -> int:

@@ -9,7 +9,7 @@ in pairs, A B A B ..., each in a fresh child process. Each pair gives one
 ratio; the table shows the median of the pairs and their spread (min..max).
 
 CPU per job is the steadier figure on a shared machine: each child reads its
-own user + system time (every thread of it, ``os.times``) around the work
+own user + system time (every thread of it, ``getrusage``) around the work
 alone, so the dispatcher's CPU per job stands beside the plain client's CPU
 per request of the same pair.
 
@@ -45,6 +45,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from asyncworker.bench import _cpu_s
 from asyncworker.eventloop import LOOPS
 
 __all__ = ["CpuBench", "fill_queue", "run_cpu_bench"]
@@ -62,14 +63,8 @@ INPROCESS_ROUNDS = 3  # in-process runs per case, each beside the store alone
 RSS_TARGET_MB = 150.0
 
 
-def _cpu_s() -> float:
-    """This process's user + system CPU time, every thread of it."""
-    times = os.times()
-    return times.user + times.system
-
-
 def _sys_s() -> float:
-    return os.times().system
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
 
 
 def _loop_thread_s() -> Optional[float]:

@@ -8,9 +8,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
+from asyncworker.bench import _cpu_s
 from asyncworker.bench_cpu import (
     QUICK_CASES,
     CpuBench,
@@ -136,3 +138,17 @@ def test_bad_arguments_are_one_line_refusals():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--pairs must be at least 1" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_cpu_time_is_read_finer_than_a_clock_tick():
+    """A quick run's plain client spends a few milliseconds of CPU: read in
+    clock ticks (os.times, 10 ms) it was often nothing, and its ratios divided
+    by zero. 2 ms of work must read as about 2 ms, never only as 0 or 10
+    (three tries: another thread of this process may be busy during one)."""
+    readings = []
+    for _ in range(3):
+        started, thread_started = _cpu_s(), time.thread_time()
+        while time.thread_time() - thread_started < 0.002:
+            pass
+        readings.append(_cpu_s() - started)
+    assert any(0.0015 < spent < 0.008 for spent in readings), readings
