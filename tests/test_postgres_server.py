@@ -175,6 +175,7 @@ def test_close_leaves_no_process_and_no_folder() -> None:
         server.close()
     finally:
         con.close()
+        server.close()  # once closed, harmless; after a failed assertion, no server left
     assert not [pid for pid in pids if alive(pid)]
     assert root is not None and not root.exists()
     server.close()  # twice is harmless
