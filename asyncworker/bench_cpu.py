@@ -372,18 +372,9 @@ def _remove_queue(queue: Path) -> None:
         leftover.unlink(missing_ok=True)
 
 
-def _loop_us(result: dict) -> Optional[float]:
-    """A dispatcher run's CPU per job on its event loop's thread, if known."""
-    loop_s = result.get("loop_cpu_s")
-    return None if loop_s is None else loop_s / result["jobs"] * 1e6
-
-
-def _median_or_none(values: list) -> Optional[float]:
-    return None if None in values else statistics.median(values)
-
-
-def _us(value: Optional[float]) -> str:
-    return "-" if value is None else f"{value:.0f}"
+def _loop_us(result: dict) -> float:
+    """A dispatcher run's CPU per job on its event loop's thread."""
+    return float(result["loop_cpu_s"] / result["jobs"] * 1e6)
 
 
 def _spread(values: list[float]) -> dict:
@@ -483,7 +474,7 @@ class CpuBench:
                 "wire_rate_ratio": _spread(wire_rates), "over_wire": _spread(over_wire),
                 "over_wire_rate": _spread(over_wire_rate),
                 "limit": statistics.median(limits),
-                **{f"{kind}_loop_us": _median_or_none(values) for kind, values in loops.items()},
+                **{f"{kind}_loop_us": statistics.median(values) for kind, values in loops.items()},
                 **{f"{kind}_sending": statistics.median(values)
                    for kind, values in sending.items()}}
 
@@ -516,7 +507,7 @@ class CpuBench:
         return {"jobs": ours[0]["jobs"], "rate": statistics.median(rates),
                 "rates": _spread(rates),
                 "us_per_job": statistics.median(result["us_per_job"] for result in ours),
-                "loop_us": _median_or_none([result["loop_us"] for result in ours]),
+                "loop_us": statistics.median([result["loop_us"] for result in ours]),
                 "store_rate": statistics.median(result["rate"] for result in alone),
                 "over_store": _spread([one["rate"] / other["rate"]
                                        for one, other in zip(ours, alone, strict=True)])}
@@ -593,12 +584,12 @@ def _verdict(met: bool) -> str:
 
 
 def _paired_line(label: str, limit: float, rate: dict, sending: float, dispatcher_us: float,
-                 loop_us: Optional[float], client_us: float, cpu: dict) -> str:
+                 loop_us: float, client_us: float, cpu: dict) -> str:
     """One paired case's table line: the rate and CPU ratios with their spread."""
     met = (f"rate {_verdict(rate['median'] >= RATE_TARGET)}, "
            f"CPU {_verdict(cpu['median'] <= CPU_TARGET)}")
     return (f"| {label} | {limit:,.0f} | {rate['median']:.2f} ({rate['min']:.2f}.."
-            f"{rate['max']:.2f}) | {sending:.1f} | {dispatcher_us:.0f} | {_us(loop_us)} | "
+            f"{rate['max']:.2f}) | {sending:.1f} | {dispatcher_us:.0f} | {loop_us:.0f} | "
             f"{client_us:.0f} | "
             f"{cpu['median']:.2f} ({cpu['min']:.2f}..{cpu['max']:.2f}) | {met} |\n")
 
@@ -655,7 +646,7 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
         alone = row["runtime_ratio"]
         out.write(f"| {row['case']}: the runtime alone (a store in memory, no SQL) | - | - | "
                   f"{row['runtime_sending']:.1f} | {row['runtime_us']:.0f} | "
-                  f"{_us(row['runtime_loop_us'])} | "
+                  f"{row['runtime_loop_us']:.0f} | "
                   f"{row['client_us']:.0f} | {alone['median']:.2f} "
                   f"({alone['min']:.2f}..{alone['max']:.2f}) | where the CPU goes (no target) |\n")
     for label, result in (("in-process, batch 64, c64", batched),
@@ -665,12 +656,12 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
         spread, over = result["rates"], result["over_store"]
         out.write(f"| {label} | - | {result['rate']:,.0f} jobs/s ({spread['min']:,.0f}.."
                   f"{spread['max']:,.0f}) | - | {result['us_per_job']:.0f} | "
-                  f"{_us(result['loop_us'])} | - | - | >= 20,000/s "
+                  f"{result['loop_us']:.0f} | - | - | >= 20,000/s "
                   f"{_verdict(result['rate'] >= INPROCESS_TARGET)}; the store alone at this "
                   f"batch {result['store_rate']:,.0f} jobs/s, the dispatcher "
                   f"{_ratio(over)} x it |\n")
     out.write(f"| {rss['jobs']:,} queued, 256 in flight (2 ms send) | - | "
-              f"{rss['rate']:,.0f} jobs/s | - | {rss['us_per_job']:.0f} | {_us(rss['loop_us'])} | "
+              f"{rss['rate']:,.0f} jobs/s | - | {rss['us_per_job']:.0f} | {rss['loop_us']:.0f} | "
               f"- | - | peak RSS "
               f"{rss['rss_mb']:.1f} MB < 150 {_verdict(rss['rss_mb'] < RSS_TARGET_MB)} |\n")
     for (k, size), store in zip(STORE_CASES, stores, strict=True):
