@@ -262,7 +262,8 @@ class Dispatcher:
     long an idle dispatcher waits before it looks for work again; a
     PostgreSQL store also wakes it when work is enqueued or redriven.
     ``concurrency`` bounds the sends in flight; ``batch_size`` bounds the jobs
-    one claim or finish transaction handles; ``prefetch`` (by default the
+    one claim or finish transaction handles (on a SQLite file a finish
+    records what up to four claims sent: four times as many); ``prefetch`` (by default the
     concurrency, at most ``batch_size``; 0: none) how many claimed jobs may
     wait for a send slot, so that a send that ends starts the next at once
     instead of waiting for a claim's commit. Their leases are kept as those
@@ -347,9 +348,14 @@ class Dispatcher:
         self._keeper = LeaseKeeper(self._queue, self._time, lease_ms, self.finish_margin_ms,
                                    on_extended=self._count_extended, on_busy=self._count_busy,
                                    on_failure=self._keeper_failed)
-        self._finisher = GroupFinisher(self._queue, self._time, batch_size,
-                                       on_recorded=self._recorded, on_failed=self._finish_failed,
-                                       on_committed=self._count_group, on_busy=self._count_busy)
+        # One connection runs a claim only after the finish queued before it: there a
+        # finish group waits for the claim in flight (asyncworker.finisher).
+        self._claim_in_flight: Optional[asyncio.Future] = None
+        self._finisher = GroupFinisher(
+            self._queue, self._time, batch_size, on_recorded=self._recorded,
+            on_failed=self._finish_failed, on_committed=self._count_group,
+            on_busy=self._count_busy, margin_ms=self.finish_margin_ms,
+            claim_in_flight=(lambda: self._claim_in_flight) if self._queue.threads == 1 else None)
         self._stop = asyncio.Event()  # set once, never cleared: a stop is final
         self._aborted = False
         self._running = False
@@ -585,12 +591,16 @@ class Dispatcher:
             claimed = store.claim_jobs(self.owner, self.lease_ms, limit, now_ms=self._time.given())
             return claimed, time.perf_counter() - started
 
+        self._claim_in_flight = in_flight = asyncio.get_running_loop().create_future()
         try:
             claimed, seconds = await self._queue.call(
                 claim, keep_trying=lambda: not self._stop.is_set(),
                 on_busy=lambda _: self._count_busy(), draw=self._draw)
         except Busy:
             return False  # stopping
+        finally:
+            self._claim_in_flight = None
+            in_flight.set_result(None)  # a finish group waiting for it goes ahead
         if not self._time.injected:
             self._time.observe(claimed.now_ms, asked)
         self._slots.measure_line()

@@ -1,10 +1,15 @@
 """The finish group committer: the outcomes of many jobs in one transaction.
 
 Finishes that arrive while a group is being written form the next group:
-one transaction for all of them, started as soon as the last one is written,
-never held back waiting for more. Once an outcome is queued this committer
-owns it: cancelling the job's task (an abort) cannot lose it, and it is
-counted here, written or failed.
+one transaction for all of them, started as soon as the last one is written.
+On a store of one connection (a SQLite file) the next group also waits for
+the claim in flight, if there is one: a finish queued ahead of a claim would
+keep the sends that claim feeds waiting for its durable commit, and the
+outcomes of up to ``HOLD_CLAIMS`` claims in one transaction cost one commit
+instead of several (in-process at 64 jobs a claim, 1.25 commits a batch
+instead of 2). Once an outcome is queued this committer owns it: cancelling
+the job's task (an abort) cannot lose it, and it is counted here, written or
+failed.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Callable, NamedTuple, Optional, Union
 from asyncworker.leases import Held, StoreTime
 from asyncworker.store import AsyncStore
 from lease.store import Attempt, Store
-from lease.worker import Busy, check_second_clock
+from lease.worker import MAX_BATCH, Busy, check_second_clock
 
 __all__ = ["Judged", "Recorded", "GroupFinisher"]
 
@@ -26,6 +31,7 @@ log = logging.getLogger("asyncworker.finisher")
 # (status or False for stale, reason: the cause if dead); ("leased", None) for evidence only
 Recorded = tuple[Union[str, bool], Optional[str]]
 STALE: Recorded = (False, None)
+HOLD_CLAIMS = 4  # the most claims a finish group waits for; its size is that many batches
 
 
 class Judged(NamedTuple):
@@ -42,16 +48,29 @@ class GroupFinisher:
     gets what was recorded, or ``on_failed`` the group whose transaction
     failed (its jobs stay leased). ``on_committed`` gets each committed
     group's transaction time in seconds. Nothing per job waits for its group:
-    no future, no wake-up of the job's task."""
+    no future, no wake-up of the job's task.
+
+    ``claim_in_flight`` (a store of one connection) gives the future of the
+    claim in flight, or None: a group then waits for it, for up to
+    ``HOLD_CLAIMS`` claims, and holds up to ``HOLD_CLAIMS`` × ``batch_size``
+    outcomes. It stops waiting once it is full, once no claim is in flight,
+    and before any of its leases is within ``margin_ms`` of its end. Without
+    it a group is at most ``batch_size`` and never waits."""
 
     def __init__(self, queue: AsyncStore, store_time: StoreTime, batch_size: int, *,
                  on_recorded: Callable[[Held, Judged, Recorded], None],
                  on_failed: Callable[[list[Held], list[Judged]], None],
                  on_committed: Callable[[float], None],
-                 on_busy: Callable[[], None]) -> None:
+                 on_busy: Callable[[], None],
+                 claim_in_flight: Optional[Callable[[], Optional[asyncio.Future]]] = None,
+                 margin_ms: int = 0) -> None:
         self._queue = queue
         self._time = store_time
         self.batch_size = batch_size
+        self.group_size = batch_size if claim_in_flight is None else min(
+            MAX_BATCH, HOLD_CLAIMS * batch_size)
+        self._claim_in_flight = claim_in_flight
+        self._margin_ms = margin_ms
         self._on_recorded = on_recorded
         self._on_failed = on_failed
         self._on_committed = on_committed
@@ -77,8 +96,10 @@ class GroupFinisher:
 
     async def _flush(self) -> None:
         while self._to_finish:
-            group = self._to_finish[: self.batch_size]
-            del self._to_finish[: self.batch_size]
+            if self._claim_in_flight is not None:
+                await self._after_claims(self._claim_in_flight)
+            group = self._to_finish[: self.group_size]
+            del self._to_finish[: self.group_size]
             helds = [held for held, _ in group]
             judged = [one for _, one in group]
             try:
@@ -89,6 +110,25 @@ class GroupFinisher:
             on_recorded = self._on_recorded
             for (held, one), result in zip(group, recorded, strict=True):
                 on_recorded(held, one, result)
+
+    async def _after_claims(self, claim_in_flight: Callable[[], Optional[asyncio.Future]]
+                            ) -> None:
+        """Wait for the claims in flight, one after another (at most
+        HOLD_CLAIMS), while the group is not full and every lease it holds has
+        more than the margin left: the outcomes their sends bring join it."""
+        for _ in range(HOLD_CLAIMS):
+            claim = claim_in_flight()
+            if claim is None or len(self._to_finish) >= self.group_size:
+                return
+            try:
+                now = self._time.now()
+            except (RuntimeError, ValueError):  # a bad clock value: the group's write says so
+                return
+            earliest = min(held.ticket["lease_until"] for held, _ in self._to_finish)
+            left_ms = earliest - self._margin_ms - now
+            if left_ms <= 0:
+                return
+            await asyncio.wait({claim}, timeout=left_ms / 1000)
 
     async def _write(self, helds: list[Held], judged: list[Judged]) -> list[Recorded]:
         """finish_jobs, each job with its newest ticket, at a clock value read
