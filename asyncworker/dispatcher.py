@@ -262,8 +262,8 @@ class Dispatcher:
     long an idle dispatcher waits before it looks for work again; a
     PostgreSQL store also wakes it when work is enqueued or redriven.
     ``concurrency`` bounds the sends in flight; ``batch_size`` bounds the jobs
-    one claim or finish transaction handles (on a SQLite file a finish
-    records what up to four claims sent: four times as many); ``prefetch`` (by default the
+    one claim handles, and a finish records what up to four claims sent
+    (four times as many); ``prefetch`` (by default the
     concurrency, at most ``batch_size``; 0: none) how many claimed jobs may
     wait for a send slot, so that a send that ends starts the next at once
     instead of waiting for a claim's commit. Their leases are kept as those
@@ -348,14 +348,13 @@ class Dispatcher:
         self._keeper = LeaseKeeper(self._queue, self._time, lease_ms, self.finish_margin_ms,
                                    on_extended=self._count_extended, on_busy=self._count_busy,
                                    on_failure=self._keeper_failed)
-        # One connection runs a claim only after the finish queued before it: there a
-        # finish group waits for the claim in flight (asyncworker.finisher).
+        # A finish group waits for the claim in flight (asyncworker.finisher).
         self._claim_in_flight: Optional[asyncio.Future] = None
         self._finisher = GroupFinisher(
             self._queue, self._time, batch_size, on_recorded=self._recorded,
             on_failed=self._finish_failed, on_committed=self._count_group,
             on_busy=self._count_busy, margin_ms=self.finish_margin_ms,
-            claim_in_flight=(lambda: self._claim_in_flight) if self._queue.threads == 1 else None)
+            claim_in_flight=lambda: self._claim_in_flight)
         self._stop = asyncio.Event()  # set once, never cleared: a stop is final
         self._aborted = False
         self._running = False

@@ -2,14 +2,16 @@
 
 Finishes that arrive while a group is being written form the next group:
 one transaction for all of them, started as soon as the last one is written.
-On a store of one connection (a SQLite file) the next group also waits for
-the claim in flight, if there is one: a finish queued ahead of a claim would
-keep the sends that claim feeds waiting for its durable commit, and the
-outcomes of up to ``HOLD_CLAIMS`` claims in one transaction cost one commit
-instead of several (in-process at 64 jobs a claim, 1.25 commits a batch
-instead of 2). Once an outcome is queued this committer owns it: cancelling
-the job's task (an abort) cannot lose it, and it is counted here, written or
-failed.
+While a claim is in flight, the next group also waits for it: the outcomes
+of up to ``HOLD_CLAIMS`` claims' sends cost one durable commit instead of
+several, and on a SQLite file's one connection a finish queued ahead of a
+claim would keep the sends that claim feeds waiting for its commit.
+Measured in-process at 64 jobs a claim: 1.25 commits a batch instead of 2;
+on a SQLite file 17,262 -> 21,121 jobs/s, on PostgreSQL 8,863 -> 13,447
+(one process; claim-to-finish p50 300 -> 25 ms, because a group of 64 at a
+time could not keep up with a pool's claims). Once an outcome is queued
+this committer owns it: cancelling the job's task (an abort) cannot lose
+it, and it is counted here, written or failed.
 """
 
 from __future__ import annotations
@@ -50,12 +52,12 @@ class GroupFinisher:
     group's transaction time in seconds. Nothing per job waits for its group:
     no future, no wake-up of the job's task.
 
-    ``claim_in_flight`` (a store of one connection) gives the future of the
-    claim in flight, or None: a group then waits for it, for up to
-    ``HOLD_CLAIMS`` claims, and holds up to ``HOLD_CLAIMS`` × ``batch_size``
-    outcomes. It stops waiting once it is full, once no claim is in flight,
-    and before any of its leases is within ``margin_ms`` of its end. Without
-    it a group is at most ``batch_size`` and never waits."""
+    ``claim_in_flight`` gives the future of the dispatcher's claim in flight,
+    or None: a group waits for it, for up to ``HOLD_CLAIMS`` claims, and
+    holds up to ``HOLD_CLAIMS`` × ``batch_size`` outcomes. It stops waiting
+    once it is full, once no claim is in flight, and before any of its leases
+    is within ``margin_ms`` of its end. Without it (a finisher with no
+    claims beside it) a group is at most ``batch_size`` and never waits."""
 
     def __init__(self, queue: AsyncStore, store_time: StoreTime, batch_size: int, *,
                  on_recorded: Callable[[Held, Judged, Recorded], None],

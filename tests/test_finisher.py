@@ -1,6 +1,6 @@
-"""The finish group committer on a real SQLite file: what a group waits for, and what it holds.
+"""The finish group committer: what a group waits for, and what it holds.
 
-On a store of one connection a group waits for the claim in flight (at most
+A group waits for the dispatcher's claim in flight (at most
 HOLD_CLAIMS of them) and holds up to HOLD_CLAIMS x batch_size outcomes; it
 never waits once full, once no claim is in flight, or into a lease's margin.
 The claims here are futures the test resolves, so every step is its own.
@@ -65,8 +65,8 @@ class Rig:
 @contextlib.asynccontextmanager
 async def finishing(tmp_path: Path, n: int, *, batch_size: int = 64, now_ms: int = T0 + 10,
                     claims: bool = True) -> AsyncIterator[Rig]:
-    """``n`` jobs claimed, and a finisher for them; ``claims``: False for a store
-    of many connections (no claim to wait for)."""
+    """``n`` jobs claimed, and a finisher for them; ``claims``: False for a
+    finisher with no claims beside it to wait for."""
     path = tmp_path / "queue.db"
     with open_store(path, create=True) as store:
         store.enqueue_events([{"id": f"j{i}", "qty": 1} for i in range(n)], now_ms=T0)
@@ -175,30 +175,37 @@ async def test_a_bad_clock_value_while_a_group_waits_fails_the_group_not_loses_i
 async def test_without_a_claim_to_wait_for_a_group_is_a_batch_and_goes_at_once(
         tmp_path: Path):
     async with finishing(tmp_path, 5, batch_size=2, claims=False) as rig:
-        assert rig.finisher.group_size == 2  # a store of many connections
-        rig.claims.start()  # not the finisher's to see
+        assert rig.finisher.group_size == 2
+        rig.claims.start()  # not the finisher's to see: no claims beside it
         for held in rig.helds:
             rig.finisher.add(held, _ok())
         await rig.finisher.settle()
         assert rig.groups == [["j0", "j1"], ["j2", "j3"], ["j4"]]
 
 
-@pytest.mark.parametrize("journal", [None, "wal"])
-async def test_a_dispatcher_on_a_file_records_several_claims_in_one_finish(
-        tmp_path: Path, journal: Optional[str]):
-    path = tmp_path / "queue.db"
-    with open_store(path, create=True, journal=journal) as store:
+@pytest.fixture(params=["rollback journal", "wal", "postgres"])
+def queue_target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty queue: a SQLite file in either journal mode, or a PostgreSQL database."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_url"))
+    path = str(tmp_path / "queue.db")
+    open_store(path, create=True, journal="wal" if request.param == "wal" else None).close()
+    return path
+
+
+async def test_a_dispatcher_records_several_claims_in_one_finish(queue_target: str):
+    with open_store(queue_target, create=True) as store:
         store.enqueue_events([{"id": f"j{i}", "qty": 1} for i in range(1280)])
 
     async def send(event: dict, token: int) -> bool:
         return True
 
-    async with Dispatcher(path, "d1", send=send, concurrency=64, batch_size=64,
+    async with Dispatcher(queue_target, "d1", send=send, concurrency=64, batch_size=64,
                           lease_ms=30_000, poll_interval=0.01) as d:
         stats = await asyncio.wait_for(d.run(until_idle=True), 60)
     assert stats.ok == 1280 and stats.in_flight == 0
     assert stats.claim_batches >= 1280 // 64
     # each finish held what two claims or more sent (one each before: as many as claims)
     assert stats.finish_batches <= stats.claim_batches // 2, stats.as_dict()
-    with open_store(path) as store:
+    with open_store(queue_target) as store:
         assert store.counts()["done"] == 1280
