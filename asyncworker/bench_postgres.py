@@ -45,7 +45,9 @@ __all__ = ["PEERS", "run_postgres_bench", "server_for"]
 
 POLICY = RetryPolicy(max_attempts=3, ttl_ms=3_600_000, lease_ms=30_000)
 CONCURRENCY = 64  # sends in flight per dispatcher process, and the peers' concurrency
-BATCH = 64  # jobs per claim or finish transaction, and the peers' batch where they have one
+# jobs per claim transaction (a finish group up to four times as many), and the peers' batch
+# where they have one
+BATCH = 64
 THREADS = 4  # connections of each dispatcher's pool
 PEERS = {"procrastinate": "procrastinate", "pgqueuer": "pgqueuer"}  # peer -> module
 CHILD_TIMEOUT_S = 1200

@@ -507,7 +507,8 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--until-idle", action="store_true",
                    help="stop once every job is done or dead")
     p.add_argument("--batch-size", metavar="N", type=_int_in(1, 10_000), default=64,
-                   help="most jobs per claim or finish transaction (default 64; 1: one each)")
+                   help="most jobs per claim transaction; a finish group records what up to "
+                        "four claims sent (default 64; 1: a claim per job)")
     p.add_argument("--poll-ms", metavar="MS", type=_int_in(1, 60_000), default=50,
                    help="how long an idle dispatcher waits before looking again (default 50)")
     p.add_argument("--prefetch", metavar="N", type=_int_in(0, 10_000), default=None,
