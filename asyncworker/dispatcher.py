@@ -263,7 +263,7 @@ class Dispatcher:
     PostgreSQL store also wakes it when work is enqueued or redriven.
     ``concurrency`` bounds the sends in flight; ``batch_size`` bounds the jobs
     one claim handles, and a finish records what up to four claims sent
-    (four times as many); ``prefetch`` (by default the
+    (four times as many, at most 10,000); ``prefetch`` (by default the
     concurrency, at most ``batch_size``; 0: none) how many claimed jobs may
     wait for a send slot, so that a send that ends starts the next at once
     instead of waiting for a claim's commit. Their leases are kept as those

@@ -34,6 +34,7 @@ log = logging.getLogger("asyncworker.finisher")
 Recorded = tuple[Union[str, bool], Optional[str]]
 STALE: Recorded = (False, None)
 HOLD_CLAIMS = 4  # the most claims a finish group waits for; its size is that many batches
+NO_WAIT = float("inf")  # no group waits for a claim
 
 
 class Judged(NamedTuple):
@@ -79,12 +80,18 @@ class GroupFinisher:
         self._on_busy = on_busy
         self._to_finish: list[tuple[Held, Judged]] = []
         self._flusher: Optional[asyncio.Task] = None
+        # While a group waits for a claim: the earliest lease end it waits by, and a
+        # future that an outcome whose lease ends sooner completes, to wake it.
+        self._waits_until = NO_WAIT
+        self._sooner: Optional[asyncio.Future] = None
 
     def add(self, held: Held, judged: Judged) -> None:
         """Queue one outcome; from here this committer owns it and counts it."""
         self._to_finish.append((held, judged))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush(), name="finish flusher")
+        elif held.ticket["lease_until"] < self._waits_until:
+            self._wake_sooner()  # the group's wait was timed by a later lease
 
     @property
     def idle(self) -> bool:
@@ -117,8 +124,11 @@ class GroupFinisher:
                             ) -> None:
         """Wait for the claims in flight, one after another (at most
         HOLD_CLAIMS), while the group is not full and every lease it holds has
-        more than the margin left: the outcomes their sends bring join it."""
-        for _ in range(HOLD_CLAIMS):
+        more than the margin left: the outcomes their sends bring join it. An
+        outcome whose lease ends sooner wakes the wait to time it again; a
+        wait that runs out ends it."""
+        claims = 0
+        while claims < HOLD_CLAIMS:
             claim = claim_in_flight()
             if claim is None or len(self._to_finish) >= self.group_size:
                 return
@@ -130,7 +140,21 @@ class GroupFinisher:
             left_ms = earliest - self._margin_ms - now
             if left_ms <= 0:
                 return
-            await asyncio.wait({claim}, timeout=left_ms / 1000)
+            self._waits_until = earliest
+            self._sooner = sooner = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait({claim, sooner}, timeout=left_ms / 1000,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self._waits_until, self._sooner = NO_WAIT, None
+            if claim.done():
+                claims += 1
+            elif not sooner.done():
+                return  # the margin of a lease it holds has come
+
+    def _wake_sooner(self) -> None:
+        if self._sooner is not None and not self._sooner.done():
+            self._sooner.set_result(None)
 
     async def _write(self, helds: list[Held], judged: list[Judged]) -> list[Recorded]:
         """finish_jobs, each job with its newest ticket, at a clock value read

@@ -19,13 +19,14 @@ import pytest
 
 from asyncworker import Dispatcher
 from asyncworker.finisher import HOLD_CLAIMS, GroupFinisher, Judged, Recorded
-from asyncworker.leases import Held, StoreTime
+from asyncworker.leases import Held, StoreTime, half_way
 from asyncworker.store import AsyncStore
 from lease.store import Attempt, open_store
 
 from .conftest import T0
 
 LEASE_MS = 60_000
+SHORT_LEASE_MS = 2_500  # a send cut near its lease's end, or one whose extension was capped
 MARGIN_MS = 2_000
 
 
@@ -64,14 +65,18 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def finishing(tmp_path: Path, n: int, *, batch_size: int = 64, now_ms: int = T0 + 10,
-                    claims: bool = True) -> AsyncIterator[Rig]:
+                    claims: bool = True, short_leases: int = 0) -> AsyncIterator[Rig]:
     """``n`` jobs claimed, and a finisher for them; ``claims``: False for a
-    finisher with no claims beside it to wait for."""
+    finisher with no claims beside it to wait for; the last ``short_leases``
+    jobs are leased for SHORT_LEASE_MS."""
     path = tmp_path / "queue.db"
     with open_store(path, create=True) as store:
         store.enqueue_events([{"id": f"j{i}", "qty": 1} for i in range(n)], now_ms=T0)
-        claimed = store.claim_jobs("d1", LEASE_MS, n, now_ms=T0)
-    helds = [Held(job.ticket, job.event, T0, T0 + LEASE_MS // 2) for job in claimed.leased]
+        leased = store.claim_jobs("d1", LEASE_MS, n - short_leases, now_ms=T0).leased
+        if short_leases:
+            leased += store.claim_jobs("d1", SHORT_LEASE_MS, short_leases, now_ms=T0).leased
+    helds = [Held(job.ticket, job.event, T0, half_way(T0, job.ticket["lease_until"]))
+             for job in leased]
     rig = Rig([now_ms], helds, Claims())
     queue = await AsyncStore(path).open()
     rig.finisher = GroupFinisher(
@@ -158,6 +163,20 @@ async def test_a_group_never_waits_into_the_margin_of_a_lease_it_holds(tmp_path:
         rig.claims.commit()
         await rig.finisher.settle()
         assert rig.groups == [["j0"], ["j1"]]
+
+
+async def test_an_outcome_whose_lease_ends_sooner_wakes_the_wait(tmp_path: Path):
+    async with finishing(tmp_path, 2, short_leases=1) as rig:
+        rig.claims.start()
+        rig.finisher.add(rig.helds[0], _ok())  # waits for the claim, timed by a 60 s lease
+        await _turns(4)
+        assert rig.groups == []
+        rig.clock[0] = T0 + SHORT_LEASE_MS - MARGIN_MS  # j1's margin begins as it joins
+        rig.finisher.add(rig.helds[1], _ok())
+        await _turns()
+        assert rig.groups == [["j0", "j1"]]  # written with the claim still in flight
+        assert not rig.claims.current.done()
+        rig.claims.commit()
 
 
 async def test_a_bad_clock_value_while_a_group_waits_fails_the_group_not_loses_it(
