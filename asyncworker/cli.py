@@ -513,8 +513,8 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                    help="how long an idle dispatcher waits before looking again (default 50)")
     p.add_argument("--prefetch", metavar="N", type=_int_in(0, 10_000), default=None,
                    help="claimed jobs that may wait for a send slot, so that a send that ends "
-                        "starts the next at once (default: the concurrency, at most the batch "
-                        "size; 0: none)")
+                        "starts the next at once (default: twice the concurrency, at most twice "
+                        "the batch size; 0: none)")
     _loop_argument(p)
     p.add_argument("--crash-after-acks", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="failure drill: die by SIGKILL right after the N-th ACK, before "

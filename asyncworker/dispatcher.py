@@ -191,15 +191,18 @@ class SendSlots:
         return self.size - self._stats.sending + max(0, self.line - len(self.waiting))
 
     def measure_line(self) -> None:
-        """After each claim: the line is as long as the most sends that ended
-        between two claims, of the last two such spans (at most ``prefetch``):
-        what one claim's round trip uses. Two, because sends end in bursts (a
-        receiver answers a group it committed at once), so one span alone swings
+        """After each claim: the line is twice as long as the most sends that
+        ended between two claims, of the last two such spans (at most
+        ``prefetch``). Twice, because sends end in bursts as large as the
+        slots (a receiver answers a group it committed at once) while claims
+        come every few sends that ended: a line as long as one span stayed
+        shorter than a burst, and the slots it could not fill stood idle
+        through the claim after it. Two spans, because one alone swings
         between none and many. A dispatcher that has been idle has none, so it
         claims no more than it can send at once and leaves the rest to the
         dispatchers beside it."""
         span = self.ended - self._ended_at_claim
-        self.line = min(self.prefetch, max(span, self._span_before))
+        self.line = min(self.prefetch, 2 * max(span, self._span_before))
         self._span_before = span
         self._ended_at_claim = self.ended
 
@@ -263,8 +266,8 @@ class Dispatcher:
     PostgreSQL store also wakes it when work is enqueued or redriven.
     ``concurrency`` bounds the sends in flight; ``batch_size`` bounds the jobs
     one claim handles, and a finish records what up to four claims sent
-    (four times as many, at most 10,000); ``prefetch`` (by default the
-    concurrency, at most ``batch_size``; 0: none) how many claimed jobs may
+    (four times as many, at most 10,000); ``prefetch`` (by default twice the
+    concurrency, at most twice ``batch_size``; 0: none) how many claimed jobs may
     wait for a send slot, so that a send that ends starts the next at once
     instead of waiting for a claim's commit. Their leases are kept as those
     of the sends in flight; a graceful stop sends them; a dispatcher that
@@ -313,7 +316,7 @@ class Dispatcher:
         if type(batch_size) is not int or not 1 <= batch_size <= MAX_BATCH:
             raise ValueError(f"batch_size must be an int in 1..{MAX_BATCH}, got {batch_size!r}")
         if prefetch is None:
-            prefetch = min(concurrency, batch_size)
+            prefetch = min(MAX_PREFETCH, 2 * min(concurrency, batch_size))
         if type(prefetch) is not int or not 0 <= prefetch <= MAX_PREFETCH:
             raise ValueError(f"prefetch must be an int in 0..{MAX_PREFETCH}, got {prefetch!r}")
         if type(poll_interval) not in (int, float) or not 0 < poll_interval <= 60:

@@ -39,9 +39,9 @@ def test_an_idle_dispatcher_has_no_line():
     assert (slots.line, slots.room) == (0, 0)
 
 
-def test_the_line_is_as_long_as_the_most_sends_that_ended_between_two_claims():
+def test_the_line_is_twice_the_most_sends_that_ended_between_two_claims():
     stats = DispatcherStats()
-    slots = SendSlots(4, stats, prefetch=3)
+    slots = SendSlots(4, stats, prefetch=8)
     helds = [_held(n) for n in range(4)]
     for held in helds:
         slots.take(held)
@@ -49,26 +49,26 @@ def test_the_line_is_as_long_as_the_most_sends_that_ended_between_two_claims():
     for held in helds[:2]:
         assert slots.give_back(held) is None  # nobody waits: the slot is free
     slots.measure_line()
-    assert (slots.line, slots.room) == (2, 2 + 2)
+    assert (slots.line, slots.room) == (4, 2 + 4)
     slots.give_back(helds[2])
     slots.give_back(helds[2])  # idempotent: a slot is given back once
     slots.measure_line()  # one ended since: the span before (2) still counts
-    assert (slots.ended, slots.line) == (3, 2)
+    assert (slots.ended, slots.line) == (3, 4)
     slots.measure_line()  # none ended: the span before (1)
-    assert slots.line == 1
+    assert slots.line == 2
     slots.measure_line()  # none in either span: no line
     assert slots.line == 0
     assert stats.sending == 1
 
 
 def test_a_line_never_outgrows_prefetch():
-    slots = SendSlots(8, DispatcherStats(), prefetch=2)
+    slots = SendSlots(8, DispatcherStats(), prefetch=3)
     for n in range(8):
         held = _held(n)
         slots.take(held)
         slots.give_back(held)
     slots.measure_line()
-    assert slots.line == 2
+    assert slots.line == 3
     unlined = SendSlots(8, DispatcherStats(), prefetch=0)
     held = _held(0)
     unlined.take(held)
@@ -97,9 +97,12 @@ def test_prefetch_must_be_a_count(queue_path: Path, prefetch: object):
         Dispatcher(queue_path, "d1", send=_ok, prefetch=prefetch)  # type: ignore[arg-type]
 
 
-def test_prefetch_defaults_to_the_concurrency_at_most_the_batch_size(queue_path: Path):
-    assert Dispatcher(queue_path, "d1", send=_ok, concurrency=16).prefetch == 16
-    assert Dispatcher(queue_path, "d1", send=_ok, concurrency=256, batch_size=64).prefetch == 64
+def test_prefetch_defaults_to_twice_the_concurrency_at_most_twice_the_batch_size(
+        queue_path: Path):
+    assert Dispatcher(queue_path, "d1", send=_ok, concurrency=16).prefetch == 32
+    assert Dispatcher(queue_path, "d1", send=_ok, concurrency=256, batch_size=64).prefetch == 128
+    assert Dispatcher(queue_path, "d1", send=_ok, concurrency=10_000,
+                      batch_size=10_000).prefetch == 10_000  # MAX_PREFETCH
     assert Dispatcher(queue_path, "d1", send=_ok, concurrency=8, prefetch=0).prefetch == 0
 
 
