@@ -45,9 +45,7 @@ __all__ = ["PEERS", "run_postgres_bench", "server_for"]
 
 POLICY = RetryPolicy(max_attempts=3, ttl_ms=3_600_000, lease_ms=30_000)
 CONCURRENCY = 64  # sends in flight per dispatcher process, and the peers' concurrency
-# jobs per claim transaction (a finish group up to four times as many), and the peers' batch
-# where they have one
-BATCH = 64
+BATCH = 64  # jobs per claim (a finish group: up to 4x), and the peers' batch where they have one
 THREADS = 4  # connections of each dispatcher's pool
 PEERS = {"procrastinate": "procrastinate", "pgqueuer": "pgqueuer"}  # peer -> module
 CHILD_TIMEOUT_S = 1200

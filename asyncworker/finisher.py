@@ -105,8 +105,7 @@ class GroupFinisher:
 
     async def _flush(self) -> None:
         while self._to_finish:
-            if self._claim_in_flight is not None:
-                await self._after_claims(self._claim_in_flight)
+            await self._after_claims()
             group = self._to_finish[: self.group_size]
             del self._to_finish[: self.group_size]
             helds = [held for held, _ in group]
@@ -120,13 +119,15 @@ class GroupFinisher:
             for (held, one), result in zip(group, recorded, strict=True):
                 on_recorded(held, one, result)
 
-    async def _after_claims(self, claim_in_flight: Callable[[], Optional[asyncio.Future]]
-                            ) -> None:
+    async def _after_claims(self) -> None:
         """Wait for the claims in flight, one after another (at most
         HOLD_CLAIMS), while the group is not full and every lease it holds has
         more than the margin left: the outcomes their sends bring join it. An
         outcome whose lease ends sooner wakes the wait to time it again; a
         wait that runs out ends it."""
+        claim_in_flight = self._claim_in_flight
+        if claim_in_flight is None:  # no claims beside this finisher
+            return
         claims = 0
         while claims < HOLD_CLAIMS:
             claim = claim_in_flight()

@@ -52,9 +52,9 @@ def test_the_line_is_twice_the_most_sends_that_ended_between_two_claims():
     assert (slots.line, slots.room) == (4, 2 + 4)
     slots.give_back(helds[2])
     slots.give_back(helds[2])  # idempotent: a slot is given back once
-    slots.measure_line()  # one ended since: the span before (2) still counts
+    slots.measure_line()  # one ended since: the span before (2) still counts, twice
     assert (slots.ended, slots.line) == (3, 4)
-    slots.measure_line()  # none ended: the span before (1)
+    slots.measure_line()  # none ended: twice the span before (1)
     assert slots.line == 2
     slots.measure_line()  # none in either span: no line
     assert slots.line == 0
