@@ -16,6 +16,7 @@ uses the public API.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -28,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from asyncworker import eventloop
 from lease import worker
@@ -71,20 +72,93 @@ def _fill(path: Path, n: int) -> None:
         con.close()
 
 
-class _Receiver:
-    """The receiver as its own process, on loopback."""
+def split_cpus() -> Optional[tuple[frozenset[int], frozenset[int]]]:
+    """This process's CPUs in two halves, the receiver's and its clients'; None
+    where there is nothing to split (one CPU, or no ``sched_setaffinity``).
 
-    def __init__(self, folder: Path, latency_ms: int, group: int = 64) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncworker", "serve", "--inbox", str(folder / "inbox.db"),
-             "--latency-ms", str(latency_ms), "--group", str(group)], stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True)
+    Left to the scheduler on two cores, a receiver and its client shared a
+    core in some runs and not in others: the same plain client did
+    7,100-9,000 requests a second in some runs and 10,800-11,900 in others
+    against one receiver, and a ratio read whichever its pair drew. Apart,
+    it did 10,800-11,200 in eight runs out of eight."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    half = len(cpus) // 2
+    return frozenset(cpus[:half]), frozenset(cpus[half:])
+
+
+@contextlib.contextmanager
+def on_cpus(cpus: Optional[frozenset[int]]) -> Iterator[None]:
+    """Run this thread on ``cpus`` for the block, so that the processes and
+    threads it starts there inherit them from their first instruction; None:
+    as it was."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def placement(cpus: Optional[tuple[frozenset[int], frozenset[int]]]) -> str:
+    """Where a run put the receiver and its clients, for the table's header."""
+    if cpus is None:
+        return "the receiver and its clients left to the scheduler"
+    receiver, clients = (",".join(map(str, sorted(half))) for half in cpus)
+    return f"the receiver on CPU {receiver}, its clients on CPU {clients}"
+
+
+class Receiver:
+    """``asyncworker serve`` on loopback, its own process, on ``cpus`` (None:
+    wherever the scheduler puts it)."""
+
+    def __init__(self, folder: Path, latency_ms: int, *, group: int = 64, loop: str = "auto",
+                 cpus: Optional[frozenset[int]] = None) -> None:
+        with on_cpus(cpus):
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "asyncworker", "serve", "--inbox",
+                 str(folder / "inbox.db"), "--latency-ms", str(latency_ms), "--group",
+                 str(group), "--loop", loop], stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, text=True)
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
+        if not self.url.startswith("http"):
+            self.close()
+            raise RuntimeError("the receiver did not start")
 
     def close(self) -> None:
         self.proc.terminate()
-        self.proc.wait(timeout=30)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> Receiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def receiver_apart(folder: Path, latency_ms: int, *, group: int = 64, loop: str = "auto",
+                   pin: bool = True) -> Iterator[Receiver]:
+    """A receiver on one half of the CPUs, and this thread on the other half
+    while it serves, so that every client it starts runs there
+    (``split_cpus``); ``pin`` False: both left to the scheduler."""
+    receiver_cpus, client_cpus = (split_cpus() if pin else None) or (None, None)
+    with Receiver(folder, latency_ms, group=group, loop=loop, cpus=receiver_cpus) as receiver, \
+            on_cpus(client_cpus):
+        yield receiver
 
 
 # ----------------------------------------------------------------- scenarios
@@ -157,45 +231,39 @@ def scenario_async(folder: Path, n: int, concurrency: int, batch: int,
 
 
 def scenario_receiver_limit(folder: Path, n: int, concurrency: int, latency_ms: int,
-                            group: int = 64) -> dict:
+                            group: int = 64, pin: bool = True) -> dict:
     """The receiver's own rate, from a plain concurrent client (no queue at all)."""
     from asyncworker.sender import new_session, send_http
 
-    receiver = _Receiver(folder, latency_ms, group)
-
-    async def fire() -> list[float]:
+    async def fire(url: str) -> list[float]:
         gate = asyncio.Semaphore(concurrency)
         latencies: list[float] = []
         async with new_session(limit=concurrency) as session:
             async def one(i: int) -> None:
                 async with gate:
                     begun = time.perf_counter()
-                    await send_http(receiver.url, {"id": f"r-{i}", "qty": 1}, timeout=30,
+                    await send_http(url, {"id": f"r-{i}", "qty": 1}, timeout=30,
                                     session=session)
                     latencies.append(time.perf_counter() - begun)
 
             await asyncio.gather(*(one(i) for i in range(n)))
         return latencies
 
-    try:
+    with receiver_apart(folder, latency_ms, group=group, pin=pin) as receiver:
         started, cpu = time.perf_counter(), _cpu_s()
-        latencies = eventloop.run(fire())
+        latencies = eventloop.run(fire(receiver.url))
         elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu
-    finally:
-        receiver.close()
     return {"rate": n / elapsed, "cpu_us": cpu / n * 1e6, **_percentiles(latencies)}
 
 
-def scenario_receiver(folder: Path, n: int, concurrency: int, latency_ms: int) -> dict:
+def scenario_receiver(folder: Path, n: int, concurrency: int, latency_ms: int,
+                      pin: bool = True) -> dict:
     """The async dispatcher against the receiver process on loopback."""
     path = folder / "q.db"
     _fill(path, n)
-    receiver = _Receiver(folder, latency_ms)
-    try:
+    with receiver_apart(folder, latency_ms, pin=pin) as receiver:
         return eventloop.run(_dispatch(path, url=receiver.url, concurrency=concurrency,
-                                     batch=64))
-    finally:
-        receiver.close()
+                                       batch=64))
 
 
 def scenario_history(folder: Path, finished: int, probes: int, waiting: int = 0) -> dict:
@@ -351,8 +419,10 @@ def _fmt(value: Any, digits: int = 0) -> str:
 
 
 def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
-              store: Optional[str] = None) -> list[dict]:
-    """Measure everything once and print the table; return the rows. With
+              store: Optional[str] = None, pin: bool = True) -> list[dict]:
+    """Measure everything once and print the table; return the rows. ``pin``:
+    each receiver on half of the CPUs and its clients on the other (False:
+    both left to the scheduler). With
     ``store`` (a ``postgresql://`` URL, or ``postgres`` for a server started
     for the run) the PostgreSQL table follows, from the same run
     (``asyncworker.bench_postgres``)."""
@@ -383,7 +453,7 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
     for latency in (0, 50):
         # The denominator of many rows: the median of three runs, not one sample.
         samples = sorted((run_child("receiver_limit", {"n": size(4000, 100), "concurrency": 64,
-                                                       "latency_ms": latency})
+                                                       "latency_ms": latency, "pin": pin})
                           for _ in range(3)), key=lambda r: r["rate"])
         limit = samples[1]
         limits[latency] = limit["rate"]
@@ -391,7 +461,7 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
         row(f"receiver limit, plain client c64, {latency} ms", limit, None, "")
         rows[-1]["note"] = spread
     ungrouped = run_child("receiver_limit", {"n": size(2000, 100), "concurrency": 64,
-                                             "latency_ms": 0, "group": 1})
+                                             "latency_ms": 0, "group": 1, "pin": pin})
     row("receiver, one commit per request, c64, 0 ms", ungrouped, limits[0],
         "grouped receiver limit")
     for latency in (0, 50):
@@ -400,7 +470,7 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
             if latency and concurrency == 1:
                 n = size(60, 10)
             result = run_child("receiver", {"n": n, "concurrency": concurrency,
-                                            "latency_ms": latency})
+                                            "latency_ms": latency, "pin": pin})
             bound = limits[latency] if not latency else min(concurrency / 0.05, limits[0])
             label = "receiver limit" if not latency else f"min({concurrency}/0.05 s, limit)"
             row(f"async vs receiver c{concurrency}, {latency} ms", result, bound, label)
@@ -435,7 +505,7 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
         for peer in _peers_installed():
             row(f"peer {peer}: enqueue {n} + consume/ack",
                 run_child("peer", {"n": n, "peer": peer}), None, "")
-    print_table(rows, out)
+    print_table(rows, out, pin)
     from asyncworker.bench_cpu import run_cpu_bench
 
     out.write("\nCPU per job, paired against one receiver (python -m asyncworker.bench_cpu): "
@@ -443,7 +513,7 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
               "process; the ratios are the medians of the pairs (min..max)\n")
     out.flush()
     rows += [{"scenario": f"cpu: {row['case']}", **row}
-             for row in run_cpu_bench(pairs=1 if quick else 5, quick=quick, out=out)]
+             for row in run_cpu_bench(pairs=1 if quick else 5, quick=quick, out=out, pin=pin)]
     if store is not None:
         from asyncworker.bench_postgres import run_postgres_bench
 
@@ -451,7 +521,7 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
     return rows
 
 
-def print_table(rows: list[dict], out: Any) -> None:
+def print_table(rows: list[dict], out: Any, pin: bool = True) -> None:
     header = ("scenario", "jobs/s", "CPU us/job", "p50 ms", "p99 ms", "commits/job", "RSS MB",
               "limit", "ratio", "limit is")
     lines = [header]
@@ -470,7 +540,8 @@ def print_table(rows: list[dict], out: Any) -> None:
                       r.get("limit_label") or r.get("note", "")))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     out.write(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-              f"{platform.python_version()}, SQLite {sqlite3.sqlite_version}\n")
+              f"{platform.python_version()}, SQLite {sqlite3.sqlite_version}; against the "
+              f"receiver: {placement(split_cpus() if pin else None)}\n")
     for n, line in enumerate(lines):
         out.write("| " + " | ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True))
                   + " |\n")

@@ -8,6 +8,11 @@ requests in flight, no queue at all) and the dispatcher alternate against it
 in pairs, A B A B ..., each in a fresh child process. Each pair gives one
 ratio; the table shows the median of the pairs and their spread (min..max).
 
+The receiver runs on half of the machine's CPUs and every client on the
+other half (``asyncworker.bench.split_cpus``; ``--no-pin`` leaves them to the
+scheduler, which on two cores gave the same plain client two rates a third
+apart, run by run).
+
 CPU per job is the steadier figure on a shared machine: each child reads its
 own user + system time (every thread of it, ``getrusage``) around the work
 alone, so the dispatcher's CPU per job stands beside the plain client's CPU
@@ -45,7 +50,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from asyncworker.bench import _cpu_s
+from asyncworker.bench import _cpu_s, placement, receiver_apart, split_cpus
 from asyncworker.eventloop import LOOPS
 
 __all__ = ["CpuBench", "fill_queue", "run_cpu_bench"]
@@ -334,37 +339,6 @@ def _run(command: list[str], timeout: float = 600) -> dict:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-class Receiver:
-    """``asyncworker serve`` on loopback, its own process, for a whole case."""
-
-    def __init__(self, folder: Path, latency_ms: int, loop: str = "auto") -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncworker", "serve", "--inbox", str(folder / "inbox.db"),
-             "--latency-ms", str(latency_ms), "--loop", loop], stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True)
-        assert self.proc.stdout is not None
-        self.url = self.proc.stdout.readline().strip()
-        if not self.url.startswith("http"):
-            self.close()
-            raise RuntimeError("the receiver did not start")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-    def __enter__(self) -> Receiver:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def _remove_queue(queue: Path) -> None:
     """A queue file and what a WAL file leaves beside it."""
     for leftover in (queue, queue.with_name(queue.name + "-wal"),
@@ -384,13 +358,15 @@ def _spread(values: list[float]) -> dict:
 class CpuBench:
     """The measurements, in one folder of their own (removed by ``close``)."""
 
-    def __init__(self, pairs: int = 5, quick: bool = False, loop: str = "auto") -> None:
+    def __init__(self, pairs: int = 5, quick: bool = False, loop: str = "auto",
+                 pin: bool = True) -> None:
         from asyncworker.eventloop import loop_in_use
 
         if pairs < 1:
             raise ValueError("pairs must be at least 1")
         self.pairs = pairs
         self.quick = quick
+        self.pin = pin  # each receiver on half of the CPUs, the clients on the other
         self.loop = loop_in_use(loop)  # every child and the receiver on the same loop
         self.folder = Path(tempfile.mkdtemp(prefix="asyncworker-bench-cpu-"))
         self._runs = 0
@@ -423,7 +399,7 @@ class CpuBench:
         wire_cpu, wire_ratios, wire_rates, over_wire, over_wire_rate = [], [], [], [], []
         loops: dict[str, list] = {"default": [], "wal": [], "runtime": []}
         sending: dict[str, list] = {"default": [], "wal": [], "runtime": []}
-        with Receiver(self.folder, latency_ms, self.loop) as receiver:
+        with receiver_apart(self.folder, latency_ms, loop=self.loop, pin=self.pin) as receiver:
             for pair in range(self.pairs):
                 self._runs += 1
                 plain = _run(_child_command(self.loop, "client", receiver.url, n, concurrency,
@@ -531,7 +507,7 @@ class CpuBench:
         if not Path(py_spy).exists():
             raise RuntimeError("py-spy is not installed: pip install py-spy")
         n = 600 if self.quick else 8000
-        with Receiver(self.folder, 0, self.loop) as receiver:
+        with receiver_apart(self.folder, 0, loop=self.loop, pin=self.pin) as receiver:
             runs = {
                 "the plain client, c64": ("client", receiver.url, n, 64, "profiled", 0,
                                           "aiohttp"),
@@ -604,10 +580,10 @@ def _store_case(per_transaction: int, body_bytes: int) -> str:
 
 
 def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
-                  loop: str = "auto") -> list[dict]:
+                  loop: str = "auto", pin: bool = True) -> list[dict]:
     """Measure every figure in one run and print the table; return its rows."""
     out = out or sys.stdout
-    bench = CpuBench(pairs, quick, loop)
+    bench = CpuBench(pairs, quick, loop, pin)
     rows: list[dict] = []
     try:
         for case in QUICK_CASES if quick else RECEIVER_CASES:
@@ -624,7 +600,7 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
     load = os.getloadavg()
     out.write(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
               f"{platform.python_version()}, {bench.loop}'s event loop, load average "
-              f"{load[0]:.1f} {load[1]:.1f}; "
+              f"{load[0]:.1f} {load[1]:.1f}; {placement(split_cpus() if pin else None)}; "
               f"{pairs} pairs A B, medians (min..max)\n")
     out.write("| case | receiver limit/s | dispatcher / limit | sends in flight, mean | "
               "CPU us/job: dispatcher | of it, the event loop's thread | plain client | "
@@ -690,6 +666,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--pairs", type=int, default=5, help="A B pairs per case (default 5)")
     parser.add_argument("--quick", action="store_true", help="small runs: a smoke test")
     parser.add_argument("--keep", type=Path, help="profile: keep py-spy's raw stacks here")
+    parser.add_argument("--no-pin", dest="pin", action="store_false",
+                        help="leave the receiver and its clients to the scheduler (default: "
+                             "the receiver on half of the CPUs, every client on the other)")
     parser.add_argument("--loop", choices=LOOPS, default="auto",
                         help="the event loop of the receiver and of every child (default auto: "
                              "uvloop when installed)")
@@ -697,13 +676,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if parsed.pairs < 1:
         parser.error("--pairs must be at least 1")
     if parsed.what == "profile":
-        bench = CpuBench(1, parsed.quick, parsed.loop)
+        bench = CpuBench(1, parsed.quick, parsed.loop, parsed.pin)
         try:
             bench.profile(sys.stdout, keep=parsed.keep)
         finally:
             bench.close()
         return 0
-    run_cpu_bench(pairs=parsed.pairs, quick=parsed.quick, loop=parsed.loop)
+    run_cpu_bench(pairs=parsed.pairs, quick=parsed.quick, loop=parsed.loop, pin=parsed.pin)
     return 0
 
 

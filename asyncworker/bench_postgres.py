@@ -111,12 +111,10 @@ def scenario_dispatch(url: str, n: int, processes: int, receiver: bool = False) 
         _enqueue(db, n)
         target = "-"
         if receiver:
-            from asyncworker.bench import _Receiver
+            from asyncworker.bench import Receiver
 
             folder = stack.enter_context(_temporary_folder())
-            rx = _Receiver(folder, 0)
-            stack.callback(rx.close)
-            target = rx.url
+            target = stack.enter_context(Receiver(folder, 0)).url
         workers = [subprocess.Popen(
             [sys.executable, "-m", "asyncworker.bench_postgres", "worker",
              json.dumps({"url": db, "owner": f"bench-{k}", "target": target})],

@@ -393,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", metavar="URL", default=None,
                    help="also measure PostgreSQL: a postgresql:// URL, or 'postgres' to "
                         "start a server for the run with durable settings (from a checkout)")
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="leave each receiver and its clients to the scheduler (default: the "
+                        "receiver on half of the CPUs, its clients on the other half)")
 
     p = command("demo", "the crash-after-ACK story, end to end, on loopback", _demo)
     p.add_argument("--jobs", metavar="N", type=_int_in(10, 100_000), default=300,
@@ -1570,7 +1573,7 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError(f"--store must be a postgresql:// URL or 'postgres' (a server "
                          f"started for the run), got {args.store!r:.80}")
     try:
-        run_bench(quick=args.quick, peers=args.peers, store=args.store)
+        run_bench(quick=args.quick, peers=args.peers, store=args.store, pin=args.pin)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return EXIT_OK
