@@ -34,6 +34,9 @@ from typing import Any, Callable, Iterator, Optional
 from asyncworker import eventloop
 from lease import worker
 
+# The durable commit and the sync loop, measured in this many alternating pairs.
+SYNC_PAIRS = 3
+
 # ----------------------------------------------------------------- helpers
 
 
@@ -410,6 +413,16 @@ def _peers_installed() -> list[str]:
     return [peer for peer, module in modules.items() if importlib.util.find_spec(module)]
 
 
+def median_pair(pairs: list[tuple[dict, dict]]) -> tuple[tuple[dict, dict], list[float]]:
+    """Of (limit, measured) runs taken in alternation, the pair whose ratio
+    (measured rate / limit rate) is the median, and every pair's ratio, sorted."""
+    if not pairs:
+        raise ValueError("no pairs to take a median of")
+    ranked = sorted(pairs, key=lambda pair: pair[1]["rate"] / pair[0]["rate"])
+    return ranked[len(ranked) // 2], [measured["rate"] / limit["rate"]
+                                      for limit, measured in ranked]
+
+
 def _fmt(value: Any, digits: int = 0) -> str:
     if value is None:
         return "-"
@@ -436,12 +449,18 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
                      "ratio": ratio})
         print(f"  measured: {label}", file=sys.stderr, flush=True)
 
-    commit = run_child("commit", {"n": size(2000, 100)})
+    # The storage's limit and the sync loop alternate, A B A B: the disk's commit
+    # rate moves by a third between minutes, and the loop is judged by its pair's.
+    (commit, sync), ratios = median_pair([
+        (run_child("commit", {"n": size(2000, 100)}), run_child("sync", {"n": size(2000, 100)}))
+        for _ in range(size(SYNC_PAIRS, 1))])
     commits_per_s = commit["rate"]
     cycle = commits_per_s / 2  # one claim and one finish commit per job
     row("durable commit (queue settings)", commit, commits_per_s, "itself")
-    row("sync run_once loop", run_child("sync", {"n": size(2000, 100)}), cycle,
-        "raw claim+finish cycle")
+    row("sync run_once loop", sync, cycle, "raw claim+finish cycle")
+    if len(ratios) > 1:
+        rows[-1]["limit_label"] += (f" of its pair; median of {len(ratios)} pairs: "
+                                    f"{2 * ratios[0]:.2f} .. {2 * ratios[-1]:.2f}")
     row("async in-process, batch 1", run_child(
         "async", {"n": size(2000, 100), "concurrency": 64, "batch": 1}), cycle,
         "raw claim+finish cycle")

@@ -1,6 +1,7 @@
-"""Where the benchmarks put a receiver and its clients: on two halves of the
-CPUs, so that a ratio against the receiver does not read how the scheduler
-happened to place them (``asyncworker.bench.split_cpus``)."""
+"""How the benchmarks hold a ratio still: a receiver and its clients on two
+halves of the CPUs, so that a ratio against the receiver does not read how
+the scheduler happened to place them (``asyncworker.bench.split_cpus``), and
+a limit and what it bounds measured in alternating pairs."""
 
 from __future__ import annotations
 
@@ -82,3 +83,18 @@ def test_the_bench_table_says_where_the_receiver_ran(monkeypatch: pytest.MonkeyP
     out = io.StringIO()
     bench.print_table([], out, pin=False)
     assert "left to the scheduler" in out.getvalue().splitlines()[0]
+
+
+def test_the_sync_loop_is_judged_by_the_pair_of_the_median_ratio():
+    """The durable commit and the sync loop alternate; the row shows the pair
+    whose ratio is the median, so its two figures and its ratio agree."""
+    from asyncworker.bench import median_pair
+
+    pairs = [({"rate": 1000.0}, {"rate": 450.0}), ({"rate": 800.0}, {"rate": 440.0}),
+             ({"rate": 1200.0}, {"rate": 420.0})]
+    (limit, measured), ratios = median_pair(pairs)
+    assert (limit["rate"], measured["rate"]) == (1000.0, 450.0)  # 0.45, between 0.35 and 0.55
+    assert ratios == [0.35, 0.45, 0.55]
+    assert median_pair(pairs[:1]) == (pairs[0], [0.45])
+    with pytest.raises(ValueError, match="no pairs"):
+        median_pair([])
