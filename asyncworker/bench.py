@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from asyncworker import eventloop
 from lease import worker
@@ -76,14 +76,16 @@ def _fill(path: Path, n: int) -> None:
 
 
 def split_cpus() -> Optional[tuple[frozenset[int], frozenset[int]]]:
-    """This process's CPUs in two halves, the receiver's and its clients'; None
-    where there is nothing to split (one CPU, or no ``sched_setaffinity``).
+    """This process's CPUs in two halves by number, the receiver's and its
+    clients'; None where there is nothing to split (one CPU, or no
+    ``sched_setaffinity``). By number, not by physical core: where two
+    numbers are one core's hyperthreads, the halves share cores.
 
     Left to the scheduler on two cores, a receiver and its client shared a
     core in some runs and not in others: the same plain client did
-    7,100-9,000 requests a second in some runs and 10,800-11,900 in others
-    against one receiver, and a ratio read whichever its pair drew. Apart,
-    it did 10,800-11,200 in eight runs out of eight."""
+    7,100-11,900 requests a second against one receiver, run by run, in two
+    clusters, and a ratio read whichever its pair drew. Apart, it did
+    10,800-11,200 in eight runs out of eight."""
     if not hasattr(os, "sched_getaffinity"):
         return None
     cpus = sorted(os.sched_getaffinity(0))
@@ -109,12 +111,19 @@ def on_cpus(cpus: Optional[frozenset[int]]) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-def placement(cpus: Optional[tuple[frozenset[int], frozenset[int]]]) -> str:
-    """Where a run put the receiver and its clients, for the table's header."""
-    if cpus is None:
-        return "the receiver and its clients left to the scheduler"
-    receiver, clients = (",".join(map(str, sorted(half))) for half in cpus)
+def placement(receiver_cpus: Sequence[int], client_cpus: Sequence[int]) -> str:
+    """Where a run found the receiver and its clients, for a table's header."""
+    receiver, clients = (",".join(map(str, sorted(cpus))) for cpus in (receiver_cpus,
+                                                                       client_cpus))
+    if set(receiver_cpus) & set(client_cpus):
+        return f"the receiver on CPU {receiver} and its clients on CPU {clients}, shared"
     return f"the receiver on CPU {receiver}, its clients on CPU {clients}"
+
+
+def placements(rows: list[dict]) -> str:
+    """The placements the rows against a receiver report, each once."""
+    seen = dict.fromkeys(placement(*row["placement"]) for row in rows if "placement" in row)
+    return "; ".join(seen) or "no receiver"
 
 
 class Receiver:
@@ -134,6 +143,10 @@ class Receiver:
         if not self.url.startswith("http"):
             self.close()
             raise RuntimeError("the receiver did not start")
+
+    def cpus(self) -> list[int]:
+        """The CPUs the receiver's process may run on, as it reports them."""
+        return sorted(os.sched_getaffinity(self.proc.pid))
 
     def close(self) -> None:
         self.proc.terminate()
@@ -256,7 +269,9 @@ def scenario_receiver_limit(folder: Path, n: int, concurrency: int, latency_ms: 
         started, cpu = time.perf_counter(), _cpu_s()
         latencies = eventloop.run(fire(receiver.url))
         elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu
-    return {"rate": n / elapsed, "cpu_us": cpu / n * 1e6, **_percentiles(latencies)}
+        where = [receiver.cpus(), sorted(os.sched_getaffinity(0))]
+    return {"rate": n / elapsed, "cpu_us": cpu / n * 1e6, "placement": where,
+            **_percentiles(latencies)}
 
 
 def scenario_receiver(folder: Path, n: int, concurrency: int, latency_ms: int,
@@ -265,8 +280,10 @@ def scenario_receiver(folder: Path, n: int, concurrency: int, latency_ms: int,
     path = folder / "q.db"
     _fill(path, n)
     with receiver_apart(folder, latency_ms, pin=pin) as receiver:
-        return eventloop.run(_dispatch(path, url=receiver.url, concurrency=concurrency,
-                                       batch=64))
+        result = eventloop.run(_dispatch(path, url=receiver.url, concurrency=concurrency,
+                                         batch=64))
+        result["placement"] = [receiver.cpus(), sorted(os.sched_getaffinity(0))]
+    return result
 
 
 def scenario_history(folder: Path, finished: int, probes: int, waiting: int = 0) -> dict:
@@ -524,7 +541,7 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
         for peer in _peers_installed():
             row(f"peer {peer}: enqueue {n} + consume/ack",
                 run_child("peer", {"n": n, "peer": peer}), None, "")
-    print_table(rows, out, pin)
+    print_table(rows, out)
     from asyncworker.bench_cpu import run_cpu_bench
 
     out.write("\nCPU per job, paired against one receiver (python -m asyncworker.bench_cpu): "
@@ -540,7 +557,7 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
     return rows
 
 
-def print_table(rows: list[dict], out: Any, pin: bool = True) -> None:
+def print_table(rows: list[dict], out: Any) -> None:
     header = ("scenario", "jobs/s", "CPU us/job", "p50 ms", "p99 ms", "commits/job", "RSS MB",
               "limit", "ratio", "limit is")
     lines = [header]
@@ -560,7 +577,7 @@ def print_table(rows: list[dict], out: Any, pin: bool = True) -> None:
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     out.write(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
               f"{platform.python_version()}, SQLite {sqlite3.sqlite_version}; against the "
-              f"receiver: {placement(split_cpus() if pin else None)}\n")
+              f"receiver: {placements(rows)}\n")
     for n, line in enumerate(lines):
         out.write("| " + " | ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True))
                   + " |\n")

@@ -50,7 +50,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from asyncworker.bench import _cpu_s, placement, receiver_apart, split_cpus
+from asyncworker.bench import _cpu_s, placements, receiver_apart
 from asyncworker.eventloop import LOOPS
 
 __all__ = ["CpuBench", "fill_queue", "run_cpu_bench"]
@@ -322,6 +322,7 @@ def child_main(argv: Sequence[str]) -> None:
     else:
         raise SystemExit(f"unknown child {kind!r}")
     result["rss_mb"] = round(_rss_mb(), 1)
+    result["cpus"] = sorted(os.sched_getaffinity(0))  # where it ran: the table says so
     print(json.dumps(result))
 
 
@@ -399,7 +400,9 @@ class CpuBench:
         wire_cpu, wire_ratios, wire_rates, over_wire, over_wire_rate = [], [], [], [], []
         loops: dict[str, list] = {"default": [], "wal": [], "runtime": []}
         sending: dict[str, list] = {"default": [], "wal": [], "runtime": []}
+        client_cpus: set[int] = set()  # every CPU a client of this case may have run on
         with receiver_apart(self.folder, latency_ms, loop=self.loop, pin=self.pin) as receiver:
+            receiver_cpus = receiver.cpus()
             for pair in range(self.pairs):
                 self._runs += 1
                 plain = _run(_child_command(self.loop, "client", receiver.url, n, concurrency,
@@ -412,6 +415,8 @@ class CpuBench:
                     self.loop, "dispatch", f"memory:{n}:mem{self._runs}:{body_bytes}",
                     receiver.url, concurrency, 64, 0))
                 runtime_cpu.append(alone["cpu_s"] / alone["jobs"] * 1e6)
+                for run in (plain, wire, ours, on_wal, alone):
+                    client_cpus.update(run["cpus"])
                 for kind, result in (("default", ours), ("wal", on_wal), ("runtime", alone)):
                     loops[kind].append(_loop_us(result))
                     sending[kind].append(result["sending_mean"])
@@ -450,6 +455,7 @@ class CpuBench:
                 "wire_rate_ratio": _spread(wire_rates), "over_wire": _spread(over_wire),
                 "over_wire_rate": _spread(over_wire_rate),
                 "limit": statistics.median(limits),
+                "placement": [receiver_cpus, sorted(client_cpus)],
                 **{f"{kind}_loop_us": statistics.median(values) for kind, values in loops.items()},
                 **{f"{kind}_sending": statistics.median(values)
                    for kind, values in sending.items()}}
@@ -508,27 +514,32 @@ class CpuBench:
             raise RuntimeError("py-spy is not installed: pip install py-spy")
         n = 600 if self.quick else 8000
         with receiver_apart(self.folder, 0, loop=self.loop, pin=self.pin) as receiver:
-            runs = {
-                "the plain client, c64": ("client", receiver.url, n, 64, "profiled", 0,
-                                          "aiohttp"),
-                "the plain wire client, c64": ("client", receiver.url, n, 64, "wired", 0,
-                                               "wire"),
-                "the dispatcher, c64 against the receiver": (
-                    "dispatch", self._queue(n), receiver.url, 64, 64, 0),
-                "the dispatcher, in-process, batch 64": (
-                    "dispatch", self._queue(n * 5), "-", 64, 64, 0)}
-            for number, (title, child) in enumerate(runs.items()):
-                raw = (keep or self.folder) / f"profile-{number}.txt"
-                subprocess.run([py_spy, "record", "--format", "raw", "--rate", "250",
-                                "--threads", "--gil", "-o", str(raw), "--",
-                                *_child_command(self.loop, *child)],
-                               check=True, capture_output=True, timeout=600)
-                out.write(f"\n{title}: py-spy, own time, GIL held\n")
-                for line in top_frames(raw.read_text(), top):
-                    out.write(f"  {line}\n")
-                out.write(f"\n{title}: py-spy, total time, the project's frames\n")
-                for line in top_frames(raw.read_text(), top, inclusive=True):
-                    out.write(f"  {line}\n")
+            for title, child in {
+                    "the plain client, c64": ("client", receiver.url, n, 64, "profiled", 0,
+                                              "aiohttp"),
+                    "the plain wire client, c64": ("client", receiver.url, n, 64, "wired", 0,
+                                                   "wire"),
+                    "the dispatcher, c64 against the receiver": (
+                        "dispatch", self._queue(n), receiver.url, 64, 64, 0)}.items():
+                self._profile_one(py_spy, title, child, out, top, keep)
+        # no receiver: on every CPU, as the table's in-process rows
+        self._profile_one(py_spy, "the dispatcher, in-process, batch 64",
+                          ("dispatch", self._queue(n * 5), "-", 64, 64, 0), out, top, keep)
+
+    def _profile_one(self, py_spy: str, title: str, child: tuple, out: Any, top: int,
+                     keep: Optional[Path]) -> None:
+        self._runs += 1
+        raw = (keep or self.folder) / f"profile-{self._runs}.txt"
+        subprocess.run([py_spy, "record", "--format", "raw", "--rate", "250",
+                        "--threads", "--gil", "-o", str(raw), "--",
+                        *_child_command(self.loop, *child)],
+                       check=True, capture_output=True, timeout=600)
+        out.write(f"\n{title}: py-spy, own time, GIL held\n")
+        for line in top_frames(raw.read_text(), top):
+            out.write(f"  {line}\n")
+        out.write(f"\n{title}: py-spy, total time, the project's frames\n")
+        for line in top_frames(raw.read_text(), top, inclusive=True):
+            out.write(f"  {line}\n")
 
 
 def top_frames(raw: str, top: int, inclusive: bool = False) -> list[str]:
@@ -600,7 +611,7 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
     load = os.getloadavg()
     out.write(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
               f"{platform.python_version()}, {bench.loop}'s event loop, load average "
-              f"{load[0]:.1f} {load[1]:.1f}; {placement(split_cpus() if pin else None)}; "
+              f"{load[0]:.1f} {load[1]:.1f}; {placements(rows)}; "
               f"{pairs} pairs A B, medians (min..max)\n")
     out.write("| case | receiver limit/s | dispatcher / limit | sends in flight, mean | "
               "CPU us/job: dispatcher | of it, the event loop's thread | plain client | "

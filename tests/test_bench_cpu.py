@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from asyncworker.bench import _cpu_s
+from asyncworker.bench import _cpu_s, split_cpus
 from asyncworker.bench_cpu import (
     QUICK_CASES,
     CpuBench,
@@ -48,7 +48,11 @@ def test_the_quick_bench_prints_each_case_with_its_paired_ratios_and_targets():
     paired = [row for row in rows if "rate_ratio" in row]
     assert [row["case"] for row in paired] == ["c64, 0 ms", "c256, 50 ms",
                                                "c64, 0 ms, 4 KB payloads"]
+    halves = split_cpus()
+    assert halves is not None
     for row in paired:
+        # every client of the case ran on the other half from its receiver
+        assert row["placement"] == [sorted(half) for half in halves]
         assert row["rate_ratio"]["min"] <= row["rate_ratio"]["median"] <= row["rate_ratio"]["max"]
         assert row["rate_ratio"]["median"] > 0 and row["dispatcher_us"] > 0
         assert row["client_us"] >= 0 and row["limit"] > 0 and row["runtime_us"] > 0

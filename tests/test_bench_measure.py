@@ -13,9 +13,20 @@ from pathlib import Path
 import pytest
 
 from asyncworker import bench
-from asyncworker.bench import Receiver, on_cpus, placement, receiver_apart, split_cpus
+from asyncworker.bench import (
+    Receiver,
+    median_pair,
+    on_cpus,
+    placement,
+    placements,
+    receiver_apart,
+    split_cpus,
+)
 
-ALLOWED = frozenset(os.sched_getaffinity(0))
+# CPU affinity is Linux's (sched_setaffinity, /proc/PID/task); CI runs there
+pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"),
+                                reason="no CPU affinity on this platform")
+ALLOWED = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
 
 
 def _threads_cpus(pid: int) -> dict[int, frozenset[int]]:
@@ -29,9 +40,16 @@ def test_the_cpus_split_in_two_halves_that_cover_them(monkeypatch: pytest.Monkey
     assert split_cpus() == (frozenset({1, 2}), frozenset({3, 5, 7}))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4})
     assert split_cpus() is None  # one CPU: nothing to put apart
-    assert placement(None) == "the receiver and its clients left to the scheduler"
-    assert placement((frozenset({0}), frozenset({1, 2}))) == (
-        "the receiver on CPU 0, its clients on CPU 1,2")
+
+
+def test_a_table_says_where_its_rows_found_the_receiver_and_the_clients():
+    assert placement([0], [2, 1]) == "the receiver on CPU 0, its clients on CPU 1,2"
+    assert placement([0, 1], [0, 1]) == "the receiver on CPU 0,1 and its clients on CPU 0,1, shared"
+    rows = [{"placement": [[0], [1]]}, {"rate": 5.0}, {"placement": [[0], [1]]},
+            {"placement": [[0, 1], [0, 1]]}]
+    assert placements(rows) == ("the receiver on CPU 0, its clients on CPU 1; "
+                                "the receiver on CPU 0,1 and its clients on CPU 0,1, shared")
+    assert placements([{"rate": 5.0}]) == "no receiver"
 
 
 def test_on_cpus_moves_this_thread_for_the_block_and_back_even_on_an_error():
@@ -54,6 +72,7 @@ def test_every_thread_of_a_pinned_receiver_runs_on_its_cpus(tmp_path: Path):
     first = frozenset({min(ALLOWED)})
     with Receiver(tmp_path, 0, cpus=first) as receiver:
         assert receiver.url.startswith("http://127.0.0.1:")
+        assert receiver.cpus() == sorted(first)
         threads = _threads_cpus(receiver.proc.pid)
         assert len(threads) > 1  # the loop's and the inbox's at least
         assert set(threads.values()) == {first}
@@ -74,27 +93,55 @@ def test_a_receiver_apart_and_its_clients_share_no_cpu(tmp_path: Path):
         assert os.sched_getaffinity(0) == ALLOWED
 
 
-def test_the_bench_table_says_where_the_receiver_ran(monkeypatch: pytest.MonkeyPatch):
-    import io
-
-    out = io.StringIO()
-    bench.print_table([], out, pin=True)
-    assert placement(split_cpus()) in out.getvalue().splitlines()[0]
-    out = io.StringIO()
-    bench.print_table([], out, pin=False)
-    assert "left to the scheduler" in out.getvalue().splitlines()[0]
+@pytest.mark.parametrize("pin", [True, False])
+def test_a_receiver_scenario_reports_where_it_found_both_sides(tmp_path: Path, pin: bool):
+    """What the table's header is made of: read from the receiver's process
+    and the client's thread during the run, not assumed from the flag."""
+    halves = split_cpus()
+    assert halves is not None
+    result = bench.scenario_receiver_limit(tmp_path, 40, 4, 0, pin=pin)
+    assert result["rate"] > 0
+    expected = [sorted(half) for half in halves] if pin else [sorted(ALLOWED)] * 2
+    assert result["placement"] == expected
+    assert os.sched_getaffinity(0) == ALLOWED
 
 
 def test_the_sync_loop_is_judged_by_the_pair_of_the_median_ratio():
     """The durable commit and the sync loop alternate; the row shows the pair
-    whose ratio is the median, so its two figures and its ratio agree."""
-    from asyncworker.bench import median_pair
-
-    pairs = [({"rate": 1000.0}, {"rate": 450.0}), ({"rate": 800.0}, {"rate": 440.0}),
-             ({"rate": 1200.0}, {"rate": 420.0})]
-    (limit, measured), ratios = median_pair(pairs)
-    assert (limit["rate"], measured["rate"]) == (1000.0, 450.0)  # 0.45, between 0.35 and 0.55
-    assert ratios == [0.35, 0.45, 0.55]
-    assert median_pair(pairs[:1]) == (pairs[0], [0.45])
+    whose ratio is the median (not the median limit's pair, nor the median
+    loop's), so its two figures and its ratio agree."""
+    median_ratio = ({"rate": 1100.0}, {"rate": 480.0})  # 0.436
+    median_limit = ({"rate": 1000.0}, {"rate": 400.0})  # 0.400
+    median_loop = ({"rate": 900.0}, {"rate": 470.0})  # 0.522
+    pair, ratios = median_pair([median_loop, median_limit, median_ratio])
+    assert pair == median_ratio
+    assert ratios == pytest.approx([0.4, 480 / 1100, 470 / 900])
+    assert median_pair([median_loop]) == (median_loop, [pytest.approx(470 / 900)])
     with pytest.raises(ValueError, match="no pairs"):
         median_pair([])
+
+
+def test_the_main_table_header_names_the_placements_its_rows_found():
+    import io
+
+    out = io.StringIO()
+    bench.print_table([{"scenario": "a", "rate": 1.0, "placement": [[0], [1]]},
+                       {"scenario": "b", "rate": 2.0}], out)
+    header = out.getvalue().splitlines()[0]
+    assert header.endswith("against the receiver: the receiver on CPU 0, its clients on CPU 1")
+
+
+def test_no_pin_reaches_both_benchmarks(monkeypatch: pytest.MonkeyPatch):
+    """``--no-pin`` is passed on as pin=False, and its absence as pin=True."""
+    from asyncworker import bench_cpu, cli
+
+    seen: list = []
+    monkeypatch.setattr(bench, "run_bench", lambda **kwargs: seen.append(("bench", kwargs)))
+    monkeypatch.setattr(bench_cpu, "run_cpu_bench",
+                        lambda **kwargs: seen.append(("cpu", kwargs)))
+    assert cli.main(["bench", "--quick", "--no-pin"]) == 0
+    assert cli.main(["bench", "--quick"]) == 0
+    assert bench_cpu.main(["--quick", "--no-pin"]) == 0
+    assert bench_cpu.main(["--quick"]) == 0
+    assert [(kind, kwargs["pin"]) for kind, kwargs in seen] == [
+        ("bench", False), ("bench", True), ("cpu", False), ("cpu", True)]
