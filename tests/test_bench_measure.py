@@ -23,10 +23,7 @@ from asyncworker.bench import (
     split_cpus,
 )
 
-# CPU affinity is Linux's (sched_setaffinity, /proc/PID/task); CI runs there
-pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"),
-                                reason="no CPU affinity on this platform")
-ALLOWED = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
+ALLOWED = frozenset(os.sched_getaffinity(0))  # Linux's, as the benchmarks are
 
 
 def _threads_cpus(pid: int) -> dict[int, frozenset[int]]:
