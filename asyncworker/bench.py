@@ -75,20 +75,24 @@ def _fill(path: Path, n: int) -> None:
         con.close()
 
 
+def cpus_of(pid: int = 0) -> list[int]:
+    """The CPUs process ``pid`` may run on (0: the calling thread), by Linux's
+    ``sched_getaffinity``, as the benchmarks' placement is."""
+    return sorted(os.sched_getaffinity(pid))
+
+
 def split_cpus() -> Optional[tuple[frozenset[int], frozenset[int]]]:
-    """This process's CPUs in two halves by number, the receiver's and its
-    clients'; None where there is nothing to split (one CPU, or no
-    ``sched_setaffinity``). By number, not by physical core: where two
-    numbers are one core's hyperthreads, the halves share cores.
+    """This thread's CPUs in two halves by number, the receiver's and its
+    clients'; None where there is nothing to split (one CPU). By number, not
+    by physical core: where two numbers are one core's hyperthreads, the
+    halves share cores.
 
     Left to the scheduler on two cores, a receiver and its client shared a
     core in some runs and not in others: the same plain client did
     7,100-11,900 requests a second against one receiver, run by run, in two
     clusters, and a ratio read whichever its pair drew. Apart, it did
     10,800-11,200 in eight runs out of eight."""
-    if not hasattr(os, "sched_getaffinity"):
-        return None
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = cpus_of()
     if len(cpus) < 2:
         return None
     half = len(cpus) // 2
@@ -146,7 +150,12 @@ class Receiver:
 
     def cpus(self) -> list[int]:
         """The CPUs the receiver's process may run on, as it reports them."""
-        return sorted(os.sched_getaffinity(self.proc.pid))
+        return cpus_of(self.proc.pid)
+
+    def placement(self) -> list[list[int]]:
+        """[its CPUs, the calling thread's]: where a client started from this
+        thread runs against it, as a table's header reports it."""
+        return [self.cpus(), cpus_of()]
 
     def close(self) -> None:
         self.proc.terminate()
@@ -269,7 +278,7 @@ def scenario_receiver_limit(folder: Path, n: int, concurrency: int, latency_ms: 
         started, cpu = time.perf_counter(), _cpu_s()
         latencies = eventloop.run(fire(receiver.url))
         elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu
-        where = [receiver.cpus(), sorted(os.sched_getaffinity(0))]
+        where = receiver.placement()
     return {"rate": n / elapsed, "cpu_us": cpu / n * 1e6, "placement": where,
             **_percentiles(latencies)}
 
@@ -282,7 +291,7 @@ def scenario_receiver(folder: Path, n: int, concurrency: int, latency_ms: int,
     with receiver_apart(folder, latency_ms, pin=pin) as receiver:
         result = eventloop.run(_dispatch(path, url=receiver.url, concurrency=concurrency,
                                          batch=64))
-        result["placement"] = [receiver.cpus(), sorted(os.sched_getaffinity(0))]
+        result["placement"] = receiver.placement()
     return result
 
 

@@ -50,7 +50,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from asyncworker.bench import _cpu_s, placements, receiver_apart
+from asyncworker.bench import _cpu_s, cpus_of, placements, receiver_apart
 from asyncworker.eventloop import LOOPS
 
 __all__ = ["CpuBench", "fill_queue", "run_cpu_bench"]
@@ -322,7 +322,7 @@ def child_main(argv: Sequence[str]) -> None:
     else:
         raise SystemExit(f"unknown child {kind!r}")
     result["rss_mb"] = round(_rss_mb(), 1)
-    result["cpus"] = sorted(os.sched_getaffinity(0))  # where it ran: the table says so
+    result["cpus"] = cpus_of()  # where it ran: the table says so
     print(json.dumps(result))
 
 
