@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Iterator, NamedTuple, Optional, Union
 
 import pytest
 import trustme
@@ -166,12 +166,12 @@ def changes(before: dict, after: dict) -> list[str]:
 
 def run_cli(args: list[Arg], *, stdin: bytes = b"", stdout: Optional[int] = None,
             stderr: Optional[int] = None, python: str = sys.executable, user: bool = False,
-            cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+            cwd: Optional[Path] = None, code: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
         [python, "-m", "asyncworker", *args], input=stdin, timeout=60, cwd=cwd,
         stdout=subprocess.PIPE if stdout is None else stdout,
         stderr=subprocess.PIPE if stderr is None else stderr,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(code)},
         preexec_fn=_not_root if user else None)
 
 
@@ -554,8 +554,35 @@ def _not_root() -> None:
     os.setuid(65534)  # as root, file modes do not bind; "nobody" is bound by them
 
 
+@pytest.fixture(scope="module")
+def readable_code() -> Iterator[Path]:
+    """The product's packages copied where "nobody" can read them: the checkout
+    may live in a folder only root may enter (a clone in a mode-700 folder)."""
+    folder = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        for package in ("lease", "asyncworker"):
+            shutil.copytree(ROOT / package, folder / package,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        for path in [folder, *folder.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+class Locked(NamedTuple):
+    folder: Path
+    python: str
+    as_root: bool
+    code: Path  # where the commands' packages are read from
+
+    def as_nobody(self) -> dict:
+        """run_cli's options for a command run as "nobody" (when the tests run as root)."""
+        return {"python": self.python, "user": self.as_root, "cwd": Path("/"), "code": self.code}
+
+
 @pytest.fixture
-def locked(zoo: Path) -> Iterator[tuple[Path, str, bool]]:
+def locked(zoo: Path, readable_code: Path) -> Iterator[Locked]:
     """A read-only copy of the zoo's queues in a read-only folder that "nobody" can
     enter (/tmp, not root's pytest folder), and a python that "nobody" can run."""
     as_root = os.geteuid() == 0
@@ -572,7 +599,7 @@ def locked(zoo: Path) -> Iterator[tuple[Path, str, bool]]:
         shutil.copy(zoo / "ok.jsonl", folder / "secret.jsonl")
         (folder / "secret.jsonl").chmod(0o000)
         folder.chmod(0o555)  # no journal can be created beside them either
-        yield folder, python, as_root
+        yield Locked(folder, python, as_root, readable_code if as_root else ROOT)
     finally:
         folder.chmod(0o755)
         shutil.rmtree(folder)
@@ -596,9 +623,9 @@ READ_ONLY_CASES: list[tuple[list[Arg], int, str]] = [
 @pytest.mark.parametrize(("args", "code", "message"), READ_ONLY_CASES,
                          ids=[f"{a[0]}-{a[-1]}" for a, _, _ in READ_ONLY_CASES])
 def test_a_read_only_queue_is_one_line_and_untouched(locked, args, code, message):
-    folder, python, as_root = locked
+    folder = locked.folder
     before = state(folder)
-    out = run_cli(expand(args, folder), python=python, user=as_root, cwd=Path("/"))
+    out = run_cli(expand(args, folder), **locked.as_nobody())
     assert_one_line_error(out, code, message)
     assert changes(before, state(folder)) == []
 
@@ -609,11 +636,10 @@ LOOKS = [(c, f) for c in LOOKING for f in DELICATE] + [("init", "queue.db")]
 
 @pytest.mark.parametrize(("command", "name"), LOOKS, ids=[f"{c}-{f}" for c, f in LOOKS])
 def test_a_read_only_queue_can_still_be_looked_at(locked, command: str, name: str):
-    folder, python, as_root = locked
+    folder = locked.folder
     before = state(folder)
     args = COMMANDS[command]
-    out = run_cli(expand(args, folder, f=str(folder / name)), python=python, user=as_root,
-                  cwd=Path("/"))
+    out = run_cli(expand(args, folder, f=str(folder / name)), **locked.as_nobody())
     assert out.returncode == 0, out.stderr
     assert b"Traceback" not in out.stderr
     assert changes(before, state(folder)) == []
@@ -825,9 +851,9 @@ UNREADABLE_SECRETS: list[list[Arg]] = [
 def test_a_secret_or_key_file_it_may_not_read_is_one_line(locked, args: list[Arg]):
     """As an unprivileged user, with a python that has no aiohttp: the files are
     checked before the receiver or the dispatcher is even imported."""
-    folder, python, as_root = locked
+    folder = locked.folder
     before = state(folder)
-    out = run_cli(expand(args, folder), python=python, user=as_root, cwd=Path("/"))
+    out = run_cli(expand(args, folder), **locked.as_nobody())
     assert_one_line_error(out, 2, "ermission denied")
     assert changes(before, state(folder)) == []
 
