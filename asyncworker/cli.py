@@ -426,7 +426,7 @@ def _enqueue_arguments(p: argparse.ArgumentParser) -> None:
                    help="UTF-8 JSON lines, {\"id\", \"qty\"} or {\"id\", \"body\": {...}} (a "
                         "file, pipe or FIFO; '-' reads standard input), streamed into one "
                         "transaction: all or nothing. A bad line, or any line whose id is "
-                        "kept with other content (a conflict), and nothing is enqueued; each "
+                        "kept with other content (a conflict), enqueues nothing; each "
                         "conflicting line is named")
     p.add_argument("--skip-conflicts", action="store_true",
                    help="with --file: enqueue the other lines when some conflict (each "
