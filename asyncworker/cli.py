@@ -69,7 +69,7 @@ from lease.policy import (
     check_product_event,
 )
 from lease.signing import TOLERANCE_S
-from lease.store import NotAQueue, Store, StoreError, is_postgres_url, open_store
+from lease.store import Conflicts, NotAQueue, Store, StoreError, is_postgres_url, open_store
 from lease.worker import (
     MAX_BATCH,
     MAX_QTY,
@@ -425,7 +425,12 @@ def _enqueue_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--file", metavar="PATH",
                    help="UTF-8 JSON lines, {\"id\", \"qty\"} or {\"id\", \"body\": {...}} (a "
                         "file, pipe or FIFO; '-' reads standard input), streamed into one "
-                        "transaction: all or nothing")
+                        "transaction: all or nothing. A bad line, or any line whose id is "
+                        "kept with other content (a conflict), enqueues nothing; each "
+                        "conflicting line is named")
+    p.add_argument("--skip-conflicts", action="store_true",
+                   help="with --file: enqueue the other lines when some conflict (each "
+                        "conflicting line is still named, and the exit code is 1)")
     p.add_argument("--key", metavar="KEY", type=_ordering_key,
                    help="ordering key: jobs with the same key are delivered one at a time, in "
                         "intake order (given to every event that has none of its own)")
@@ -999,6 +1004,8 @@ def _keyed(events: Any, key: Optional[str]) -> Any:
 
 def _enqueue(args: argparse.Namespace) -> int:
     event = _single_event(args)
+    if args.skip_conflicts and event is not None:
+        raise UsageError("--skip-conflicts goes with --file")
     policy = RetryPolicy(max_attempts=args.max_attempts, ttl_ms=args.ttl_ms)
     if not is_postgres_url(args.queue):
         _check_queue_path(args.queue)  # before a FIFO is read: a missing queue fails at once
@@ -1011,12 +1018,20 @@ def _enqueue(args: argparse.Namespace) -> int:
             lines = JsonLines(source)
         store = stack.enter_context(closing(open_queue_store(args.queue, migrate=False)))
         events = _keyed([event] if lines is None else lines, args.key)
-        results = _intake(store, events, policy, args.delay_ms, lines)
+        # a file is all or nothing, unless asked to skip; one event is either
+        on_conflict = "return" if lines is None or args.skip_conflicts else "raise"
+        try:
+            results = _intake(store, events, policy, args.delay_ms, lines, on_conflict)
+        except Conflicts as refused:
+            _report_intake(refused.results, lines, written=False)
+            _log(f"nothing was enqueued: {len(refused.conflicts)} conflicting of "
+                 f"{len(refused.results)} events (--skip-conflicts enqueues the others)\n")
+            return EXIT_FAILED
     return _report_intake(results, lines)
 
 
 def _intake(store: Store, events: Any, policy: RetryPolicy, delay_ms: int,
-            lines: Optional[JsonLines] = None) -> list:
+            lines: Optional[JsonLines] = None, on_conflict: str = "return") -> list:
     """enqueue_events, a bad line named by its number; a progress line on a terminal.
     The delay is counted from the store's clock, as the job's first moment is."""
     live = sys.stderr.isatty() and lines is not None
@@ -1024,7 +1039,8 @@ def _intake(store: Store, events: Any, policy: RetryPolicy, delay_ms: int,
         now = store.now_ms()
         return store.enqueue_events(events, policy, now_ms=now,
                                     not_before_ms=now + delay_ms if delay_ms else None,
-                                    on_progress=_enqueue_progress if live else None)
+                                    on_progress=_enqueue_progress if live else None,
+                                    on_conflict=on_conflict)
     except NotAQueue as exc:  # found by the intake's migration: nothing was enqueued
         raise UsageError(about(store.name, exc)) from None
     except ValueError as exc:
@@ -1040,14 +1056,16 @@ def _enqueue_progress(done: int) -> None:
         _log(f"\r\x1b[2Kenqueue: {done} events read, one transaction, nothing committed yet")
 
 
-def _report_intake(results: list, lines: Optional[JsonLines]) -> int:
+def _report_intake(results: list, lines: Optional[JsonLines], written: bool = True) -> int:
+    """Each conflict on stderr, by line; the counts on stdout (0 new and 0
+    duplicate when the intake was refused whole and nothing was written)."""
     counts = {"new": 0, "duplicate": 0, "conflicting": 0}
     for index, result in enumerate(results):
         if isinstance(result, Conflict):
             counts["conflicting"] += 1
             where = "" if lines is None else f"line {lines.lines[index]}: "
             print(f"{where}conflict: {result}", file=sys.stderr)
-        else:
+        elif written:
             counts["new" if result else "duplicate"] += 1
     print(", ".join(f"{n} {what}" for what, n in counts.items()))
     return EXIT_FAILED if counts["conflicting"] else EXIT_OK

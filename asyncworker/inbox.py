@@ -6,6 +6,11 @@ JSON object, named by its ``webhook-id``) is deduplicated by its id and the
 sha256 of its canonical body (``lease.policy.canonical_body``: the same body
 with its keys in another order is the same body), and its effect is its row.
 An id is one event: another quantity or another body for it is a conflict.
+The same event again is a duplicate, answered as one and applied zero times,
+whatever its ``X-Lease-Token``: one lower than the highest seen for the id
+(a superseded sender, or the event enqueued again after the queue pruned
+its job, or by a second queue) is counted as a stale sender, and keeps the
+highest token as it is.
 
 One writer task owns the aiosqlite connection. Requests queue up for it; it
 takes every request that is waiting (up to ``max_group``), applies them one by
@@ -261,7 +266,10 @@ def decide_group(known: dict[str, Kept], arrivals: list[Arrival]) -> list[Delive
     ``known`` maps an id already in the inbox to what is kept of it; it is not
     changed. A pure function: the rules of the inbox live here alone. An id's
     event is its (qty, digest): equal is a duplicate, anything else a conflict,
-    unless the token is older than one already seen (stale).
+    whatever the token. The token only tells a duplicate from a stale sender
+    apart (one lower than the highest seen for the id: a superseded claim, or
+    the same event enqueued again after a prune, or by another queue): STALE
+    is a duplicate too, acknowledged, never applied, counted apart.
     """
     state = dict(known)
     deliveries = []
@@ -272,10 +280,10 @@ def decide_group(known: dict[str, Kept], arrivals: list[Arrival]) -> list[Delive
             deliveries.append(Delivery(APPLIED, event_id, qty, digest, qty, digest, token))
             continue
         max_token: Optional[int]
-        if token is not None and kept.max_token is not None and token < kept.max_token:
-            outcome, max_token = STALE, kept.max_token
-        elif (kept.qty, kept.digest) != (qty, digest):
+        if (kept.qty, kept.digest) != (qty, digest):
             outcome, max_token = CONFLICT, kept.max_token
+        elif token is not None and kept.max_token is not None and token < kept.max_token:
+            outcome, max_token = STALE, kept.max_token
         else:
             outcome = DUPLICATE
             max_token = kept.max_token if token is None else max(token, kept.max_token or 0)

@@ -22,7 +22,7 @@ the sha256 of its canonical body, so its keys may come in any order.
 | new payload event                         | 200 ``{"id", "status": "applied"}``        |
 | same id and body again (any key order)    | 200 ``{"id", "status": "duplicate"}``      |
 | same id, another qty or body              | 409 ``{"error": ...}``                     |
-| ``X-Lease-Token`` lower than one already seen | 409 ``{"error": "stale token ..."}``        |
+| the same, ``X-Lease-Token`` below one seen | 200 ``"duplicate"``, a stale sender counted |
 | bad JSON, content type, keys, types, token | 400 ``{"error": ...}``                     |
 | no, a bad or a second ``webhook-id``        | 400 ``{"error": ...}``                     |
 | a body over 64 KiB (MAX_BODY_BYTES)       | 413 ``{"error": ...}``                     |
@@ -66,6 +66,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from asyncworker.idempotent import Signatures, signature_refused
 from asyncworker.inbox import (
     CONFLICT,
+    DUPLICATE,
     STALE,
     Arrival,
     Delivery,
@@ -306,15 +307,13 @@ async def _handle(request: web.Request) -> web.StreamResponse:
         if request.transport is not None:
             request.transport.abort()  # committed, and no answer ever leaves
         return web.Response(status=200)
-    if delivery.outcome == STALE:
-        return _error(409, f"stale token {arrival.token} for {arrival.id!r}: "
-                           f"token {delivery.max_token} was already seen")
     if delivery.outcome == CONFLICT:
         return _error(409, _conflict(delivery))
+    # a stale sender's event is the one applied: a duplicate to it (counted apart)
+    status = DUPLICATE if delivery.outcome == STALE else delivery.outcome
     if arrival.digest is None:  # a lab event: its ACK as ever
-        return web.json_response({"id": arrival.id, "qty": arrival.qty,
-                                  "status": delivery.outcome})
-    return web.json_response({"id": arrival.id, "status": delivery.outcome})
+        return web.json_response({"id": arrival.id, "qty": arrival.qty, "status": status})
+    return web.json_response({"id": arrival.id, "status": status})
 
 
 def _check_signature(request: web.Request, body: bytes) -> Optional[web.Response]:

@@ -75,7 +75,7 @@ from lease.sqlite import (
     _conflict,
     _in_flight_refusals,
 )
-from lease.store import MAX_ERROR_CHARS, Claimed, Leased
+from lease.store import MAX_ERROR_CHARS, Claimed, Leased, check_on_conflict, judge_intake
 from lease.worker import (
     _COLUMNS,
     _MARKED,
@@ -614,17 +614,21 @@ class PostgresStore:
 
     def enqueue_events(self, events: Iterable[object], policy: RetryPolicy = DEFAULT_POLICY, *,
                        now_ms: Optional[int] = None, not_before_ms: Optional[int] = None,
-                       on_progress: Optional[Callable[[int], None]] = None) -> list:
-        """All or none in one transaction, as ``lease.sqlite.enqueue_events``;
-        ``events`` is read and inserted in chunks, never held whole."""
+                       on_progress: Optional[Callable[[int], None]] = None,
+                       on_conflict: str = "return") -> list:
+        """All or none in one transaction, as ``lease.sqlite.enqueue_events``
+        (``on_conflict`` too); ``events`` is read and inserted in chunks, never
+        held whole."""
         if now_ms is not None:
             check_now(now_ms)
         if not isinstance(policy, RetryPolicy):
             raise ValueError(f"policy must be a RetryPolicy, got {type(policy).__name__}")
+        check_on_conflict(on_conflict)
         with self._tx() as conn:
             now = self._now_in(conn, now_ms)
             available_at = now if not_before_ms is None else check_not_before(not_before_ms, now)
-            return _intake(conn, events, available_at, policy, on_progress)
+            return judge_intake(_intake(conn, events, available_at, policy, on_progress),
+                                on_conflict)
 
     # -- one attempt
 
@@ -865,10 +869,13 @@ class PostgresStore:
 
 def enqueue_in(conn: psycopg.Connection, events: Iterable[object],
                policy: RetryPolicy = DEFAULT_POLICY, *, now_ms: Optional[int] = None,
-               not_before_ms: Optional[int] = None) -> list:
+               not_before_ms: Optional[int] = None, on_conflict: str = "raise") -> list:
     """The transactional outbox: enqueue on the service's own psycopg
     connection, inside its transaction, so the jobs commit or roll back with
-    the service's rows. Per event True, False or Conflict, as enqueue_events.
+    the service's rows. Per event True (new) or False (a duplicate); an event
+    whose id is kept with other content raises Conflicts after this call's
+    rows are rolled back, unless ``on_conflict="return"``: as
+    ``lease.sqlite.enqueue_in``.
 
     ``conn`` has a transaction open: inside ``with conn.transaction():``, or a
     connection that is not autocommit after the service's own first statement.
@@ -893,6 +900,7 @@ def enqueue_in(conn: psycopg.Connection, events: Iterable[object],
         check_now(now_ms)
     if not isinstance(policy, RetryPolicy):
         raise ValueError(f"policy must be a RetryPolicy, got {type(policy).__name__}")
+    check_on_conflict(on_conflict)
     name = redact(conn.info.dsn)
     with _mapped(name), conn.transaction():  # a savepoint inside the service's transaction
         cursor = conn.cursor(row_factory=tuple_row)  # the service's factory is not ours
@@ -906,7 +914,7 @@ def enqueue_in(conn: psycopg.Connection, events: Iterable[object],
             now_ms = int(row[0])
         available_at = now_ms if not_before_ms is None \
             else check_not_before(not_before_ms, now_ms)
-        return _intake(cursor, events, available_at, policy, None)
+        return judge_intake(_intake(cursor, events, available_at, policy, None), on_conflict)
 
 
 def _intake(conn: Any, events: Iterable[object], available_at: int, policy: RetryPolicy,

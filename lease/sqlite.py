@@ -72,7 +72,14 @@ from lease.policy import (
     check_note,
     check_product_event,
 )
-from lease.store import MAX_ERROR_CHARS, Attempt, Claimed, Leased
+from lease.store import (
+    MAX_ERROR_CHARS,
+    Attempt,
+    Claimed,
+    Leased,
+    check_on_conflict,
+    judge_intake,
+)
 from lease.worker import (
     _PICK_NAMES,
     _ROW_AT_A_TIME,
@@ -432,6 +439,7 @@ def enqueue_events(
     *,
     not_before_ms: Optional[int] = None,
     on_progress: Optional[Callable[[int], None]] = None,
+    on_conflict: str = "return",
 ) -> list:
     """Enqueue events in one transaction: all of them or, on a bad event or any
     error while ``events`` is read, none. ``events`` may be a generator (a
@@ -440,9 +448,12 @@ def enqueue_events(
 
     Per event: True (new), False (the same id with the same content: a
     duplicate, its row and its budget untouched) or a Conflict (the same id
-    with other content; the others go on). The content is the qty of an
-    {"id", "qty"} event and the body's canonical digest of an {"id", "body"}
-    event. ``not_before_ms`` delays the first attempt (delayed delivery).
+    with other content; the others go on). With ``on_conflict="raise"`` a
+    conflict refuses the whole call instead: every event is still judged,
+    then Conflicts (naming each conflicting event) rolls the transaction
+    back. The content is the qty of an {"id", "qty"} event and the body's
+    canonical digest of an {"id", "body"} event. ``not_before_ms`` delays the
+    first attempt (delayed delivery).
     A connection from the contract's ``open_queue`` will do: a contract file
     is migrated forward inside the same transaction.
     """
@@ -450,12 +461,14 @@ def enqueue_events(
     check_now(now_ms)
     if not isinstance(policy, RetryPolicy):
         raise ValueError(f"policy must be a RetryPolicy, got {type(policy).__name__}")
+    check_on_conflict(on_conflict)
     available_at = now_ms if not_before_ms is None else check_not_before(not_before_ms, now_ms)
     with _immediate(con):
         # A contract file is migrated in the intake's own transaction: an intake
         # refused halfway leaves it exactly as it was, at its old version too.
         _migrate_here(con)
-        return _intake(con, events, now_ms, available_at, policy, on_progress)
+        return judge_intake(_intake(con, events, now_ms, available_at, policy, on_progress),
+                            on_conflict)
 
 
 def _intake(con: Union[sqlite3.Connection, sqlite3.Cursor], events: Iterable[object],
@@ -488,10 +501,18 @@ def enqueue_in(
     *,
     now_ms: Optional[int] = None,
     not_before_ms: Optional[int] = None,
+    on_conflict: str = "raise",
 ) -> list:
     """The transactional outbox: enqueue on the service's own connection,
     inside the transaction it has open, so the jobs commit or roll back with
-    the service's rows. Per event True, False or Conflict, as enqueue_events.
+    the service's rows. Per event True (new) or False (a duplicate).
+
+    An event whose id is kept with other content raises Conflicts (a
+    Conflict), after this call's rows are rolled back: an event the service
+    meant to send is never dropped without an error, and the service's
+    transaction is the service's to roll back (``with con:`` does). Only
+    ``on_conflict="return"`` gives each Conflict in the results instead, and
+    writes the rest, as enqueue_events does by default.
 
     ``con`` is the service's sqlite3 connection to a file that holds the queue
     (declared shared, beside the service's tables: ``SQLiteStore(path,
@@ -509,6 +530,7 @@ def enqueue_in(
     now = wall_clock_ms() if now_ms is None else check_now(now_ms)
     if not isinstance(policy, RetryPolicy):
         raise ValueError(f"policy must be a RetryPolicy, got {type(policy).__name__}")
+    check_on_conflict(on_conflict)
     available_at = now if not_before_ms is None else check_not_before(not_before_ms, now)
     cursor = con.cursor()
     cursor.row_factory = None  # the service's factory, whatever it is, is not ours
@@ -520,7 +542,8 @@ def enqueue_in(
                             f"shared=True)")
         cursor.execute("SAVEPOINT lease_enqueue_in")
         try:
-            results = _intake(cursor, events, now, available_at, policy)
+            results = judge_intake(_intake(cursor, events, now, available_at, policy),
+                                   on_conflict)
         except BaseException:
             cursor.execute("ROLLBACK TO lease_enqueue_in")
             cursor.execute("RELEASE lease_enqueue_in")
@@ -1263,10 +1286,12 @@ class SQLiteStore:
 
     def enqueue_events(self, events: Iterable[object], policy: RetryPolicy = DEFAULT_POLICY, *,
                        now_ms: Optional[int] = None, not_before_ms: Optional[int] = None,
-                       on_progress: Optional[Callable[[int], None]] = None) -> list:
+                       on_progress: Optional[Callable[[int], None]] = None,
+                       on_conflict: str = "return") -> list:
         with _store_errors():
             return enqueue_events(self.connection, events, self._now(now_ms), policy,
-                                  not_before_ms=not_before_ms, on_progress=on_progress)
+                                  not_before_ms=not_before_ms, on_progress=on_progress,
+                                  on_conflict=on_conflict)
 
     def claim_jobs(self, owner: str, lease_ms: int, limit: int = 1, *,
                    now_ms: Optional[int] = None, fault: Fault = None) -> Claimed:

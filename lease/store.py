@@ -46,6 +46,7 @@ from lease.policy import DEFAULT_POLICY, PRODUCT, RetryPolicy
 from lease.worker import (
     MAX_BATCH,
     Busy,
+    Conflict,
     Fault,
     NotAQueue,
     StoreError,
@@ -63,8 +64,10 @@ __all__ = [
     "Busy",
     "BusyRetry",
     "Claimed",
+    "Conflicts",
     "Leased",
     "MAX_ERROR_CHARS",
+    "ON_CONFLICT",
     "NotAQueue",
     "Store",
     "StoreError",
@@ -80,6 +83,45 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
 MAX_ERROR_CHARS = 500  # an attempt's error text, as kept
+
+# What an intake does when an event conflicts (the same id kept with other
+# content): "raise" refuses the whole call with Conflicts, nothing of it
+# written; "return" gives each Conflict in the results and writes the rest.
+ON_CONFLICT = ("raise", "return")
+_NAMED_CONFLICTS = 5  # in a Conflicts' message; all of them are in .conflicts
+
+
+class Conflicts(Conflict):
+    """An intake refused whole: some of its events conflict with the content
+    kept for their id, and nothing of the call was written. ``results`` holds
+    per event what the intake found (True new, False duplicate, or its
+    Conflict); ``conflicts`` the (index, Conflict) of each conflicting one,
+    in order. A Conflict itself, so ``except Conflict`` catches it."""
+
+    def __init__(self, results: list) -> None:
+        self.results = results
+        self.conflicts = [(index, result) for index, result in enumerate(results)
+                          if isinstance(result, Conflict)]
+        named = "; ".join(f"event {index + 1}: {conflict}"
+                          for index, conflict in self.conflicts[:_NAMED_CONFLICTS])
+        more = len(self.conflicts) - _NAMED_CONFLICTS
+        super().__init__(f"{len(self.conflicts)} of {len(results)} events conflict, nothing "
+                         f"was enqueued: {named}{f'; and {more} more' if more > 0 else ''}")
+
+
+def check_on_conflict(on_conflict: object) -> str:
+    if on_conflict not in ON_CONFLICT:
+        raise ValueError(f"on_conflict must be one of {ON_CONFLICT}, got {on_conflict!r:.40}")
+    return on_conflict  # one of the strings above
+
+
+def judge_intake(results: list, on_conflict: str) -> list:
+    """The intake's results, or (``on_conflict="raise"`` and an event
+    conflicts) Conflicts, raised inside the intake's transaction or savepoint
+    so that nothing of it is written. Every store's intake ends here."""
+    if on_conflict == "raise" and any(isinstance(result, Conflict) for result in results):
+        raise Conflicts(results)
+    return results
 
 
 class Attempt(NamedTuple):
@@ -178,9 +220,12 @@ class Store(Protocol):
     # -- intake
     def enqueue_events(self, events: Iterable[object], policy: RetryPolicy = DEFAULT_POLICY, *,
                        now_ms: Optional[int] = None, not_before_ms: Optional[int] = None,
-                       on_progress: Optional[Callable[[int], None]] = None) -> list:
+                       on_progress: Optional[Callable[[int], None]] = None,
+                       on_conflict: str = "return") -> list:
         """All or none, in one transaction; per event True (new), False (the same
-        id and content: a duplicate, untouched) or its Conflict."""
+        id and content: a duplicate, untouched) or its Conflict, the others
+        written; ``on_conflict="raise"``: any conflict is Conflicts, and
+        nothing is written."""
         ...
 
     # -- one attempt

@@ -65,8 +65,12 @@ def test_enqueue_bulk_from_file_and_stdin(queue: Path, tmp_path: Path):
     lines.write_text('{"id": "a", "qty": 1}\n\n{"id": "b", "qty": 3}\n{"id": "c", "qty": 4}\n')
     out = cli("enqueue", str(queue), "--file", str(lines))
     assert out.returncode == 1
+    assert out.stdout.strip() == "0 new, 0 duplicate, 1 conflicting"
+    assert out.stderr.count("conflict:") == 1 and "line 3: conflict: job 'b'" in out.stderr
+    assert sorted(job_rows(queue)) == ["b"]  # a conflict, and nothing of the file
+    out = cli("enqueue", str(queue), "--file", str(lines), "--skip-conflicts")
+    assert out.returncode == 1
     assert out.stdout.strip() == "2 new, 0 duplicate, 1 conflicting"
-    assert out.stderr.count("conflict:") == 1 and "'b'" in out.stderr
     out = cli("enqueue", str(queue), "--file", "-", stdin='{"id": "c", "qty": 4}\n'
                                                           '{"id": "d", "qty": 5}\n')
     assert (out.returncode, out.stdout.strip()) == (0, "1 new, 1 duplicate, 0 conflicting")

@@ -133,7 +133,10 @@ def _story(queue: str, tmp: Path, label: str) -> dict[str, object]:
 
     lines = "".join(json.dumps(e) + "\n" for e in EVENTS)
     lines += json.dumps(EVENTS[0]) + "\n" + json.dumps({"id": "order:1", "body": {}}) + "\n"
-    assert run("enqueue", queue, "--file", "-", stdin=lines).returncode == 1  # one conflict
+    assert run("enqueue", queue, "--file", "-", stdin=lines).returncode == 1  # one conflict:
+    assert json.loads(cli("stats", queue, "--json").stdout)["jobs"] == 0  # nothing enqueued
+    assert run("enqueue", queue, "--file", "-", "--skip-conflicts",
+               stdin=lines).returncode == 1  # the rest enqueued, the conflict named
     # past its deadline before anyone can claim it: the first claim moves it to dead
     run("enqueue", queue, "--id", "late", "--qty", "3", "--ttl-ms", "1")
     time.sleep(0.002)  # a deadline 1 ms after that intake is behind every clock from now on

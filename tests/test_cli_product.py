@@ -17,6 +17,7 @@ from lease import sqlite as store
 from lease import worker
 from lease.http import send_http
 from lease.policy import DEFAULT_POLICY, MAX_BODY_BYTES, canonical_body
+from lease.store import open_store
 
 from .conftest import T0, job_rows, rows, run_on_a_terminal
 from .servers import ReceiverProcess
@@ -131,6 +132,11 @@ def test_enqueue_lines_mix_lab_and_payload_events_and_name_conflicts_by_line(que
                      '{"id": "123e4567-e89b-12d3-a456-426614174000", "body": {}}\n')
     out = cli("enqueue", str(queue), "--file", str(lines), "--max-attempts", "50",
               "--ttl-ms", str(7 * 86_400_000))
+    assert (out.returncode, out.stdout.strip()) == (1, "0 new, 0 duplicate, 1 conflicting")
+    assert out.stderr.splitlines()[0].startswith("line 4: conflict: job 'order:2'")
+    assert sorted(job_rows(queue)) == ["order:2"]  # all or nothing
+    out = cli("enqueue", str(queue), "--file", str(lines), "--max-attempts", "50",
+              "--ttl-ms", str(7 * 86_400_000), "--skip-conflicts")
     assert out.returncode == 1
     assert out.stdout.strip() == "3 new, 1 duplicate, 1 conflicting"
     assert out.stderr.splitlines()[0].startswith("line 4: conflict: job 'order:2'")
@@ -141,6 +147,38 @@ def test_enqueue_lines_mix_lab_and_payload_events_and_name_conflicts_by_line(que
     assert found["order:1"]["body"] == '{"items":[1,2]}'
     assert found["order:1"]["max_attempts"] == 50
     assert found["order:1"]["deadline"] - found["order:1"]["available_at"] == 7 * 86_400_000
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_enqueue_file_with_a_conflict_commits_nothing_and_names_each_conflicting_line(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest):
+    """d-1, d-2, then d-1 with another body (and once more): nothing enqueued,
+    each conflicting line named, exit 1; --skip-conflicts keeps the rest."""
+    queue = str(tmp_path / "q.db") if kind == "sqlite" else request.getfixturevalue(
+        "postgres_url")
+    assert cli("init", queue).returncode == 0
+    lines = tmp_path / "events.jsonl"
+    lines.write_text('{"id": "d-1", "body": {"v": 1}}\n'
+                     '{"id": "d-2", "body": {"v": 2}}\n'
+                     '{"id": "d-1", "body": {"v": 3}}\n'
+                     '\n'
+                     '{"id": "d-1", "body": {"v": 4}}\n')
+
+    def ids() -> list[str]:
+        with open_store(queue, read_only=True) as looking:
+            return sorted(job["id"] for job in looking.jobs_with_status("pending"))
+
+    out = cli("enqueue", queue, "--file", str(lines))
+    assert (out.returncode, out.stdout.strip()) == (1, "0 new, 0 duplicate, 2 conflicting")
+    assert out.stderr.splitlines() == [
+        line for line in out.stderr.splitlines() if line.startswith(("line ", "nothing"))]
+    assert [line.split(": ")[0] for line in out.stderr.splitlines()[:2]] == ["line 3", "line 5"]
+    assert "nothing was enqueued: 2 conflicting of 4 events" in out.stderr
+    assert ids() == []  # neither d-1 nor d-2
+    out = cli("enqueue", queue, "--file", str(lines), "--skip-conflicts")
+    assert (out.returncode, out.stdout.strip()) == (1, "2 new, 0 duplicate, 2 conflicting")
+    assert out.stderr.count("conflict: job 'd-1'") == 2
+    assert ids() == ["d-1", "d-2"]
+
 
 
 @pytest.mark.parametrize(("line", "message"), [

@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 from lease import observe, postgres, sqlite, worker
 from lease.postgres import PostgresStore
 from lease.sqlite import SQLiteStore
-from lease.store import NotAQueue, open_store
+from lease.store import Conflicts, NotAQueue, open_store
 
 from .conftest import T0
 
@@ -153,6 +153,39 @@ def test_a_bad_event_undoes_only_this_calls_rows(shop):
     assert orders(shop) == ["o-1"] and job_ids(shop) == []
 
 
+def test_a_conflict_raises_so_the_order_never_commits_without_its_event(shop):
+    """The same event id with another body: Conflicts, this call's rows undone,
+    and the service's own ``with con:`` rolls its order back."""
+    with shop:
+        shop.execute("BEGIN")
+        shop.execute("INSERT INTO orders (id) VALUES ('o-1')")
+        assert sqlite.enqueue_in(shop, [event("o-1")], now_ms=T0) == [True]
+    with pytest.raises(Conflicts, match="1 of 2 events conflict, nothing was enqueued: "
+                                        "event 2: job 'o-1'") as refused, shop:
+        shop.execute("BEGIN")
+        shop.execute("INSERT INTO orders (id) VALUES ('o-2')")
+        sqlite.enqueue_in(shop, [event("o-2"), {**event("o-1"), "body": {"other": 1}}])
+    assert isinstance(refused.value, worker.Conflict)
+    assert not shop.in_transaction
+    assert orders(shop) == ["o-1"] and job_ids(shop) == ["o-1"]
+
+
+def test_conflicts_come_back_as_values_only_when_asked(shop):
+    shop.execute("BEGIN")
+    shop.execute("INSERT INTO orders (id) VALUES ('o-1')")
+    sqlite.enqueue_in(shop, [event("o-1")], now_ms=T0)
+    with pytest.raises(Conflicts):  # this call's rows undone, the service's kept
+        sqlite.enqueue_in(shop, [event("o-2"), {**event("o-1"), "key": "other"}])
+    assert shop.in_transaction and job_ids(shop) == ["o-1"]
+    results = sqlite.enqueue_in(shop, [event("o-2"), {**event("o-1"), "key": "other"}],
+                                on_conflict="return")
+    assert results[0] is True and isinstance(results[1], worker.Conflict)
+    with pytest.raises(ValueError, match="on_conflict must be one of"):
+        sqlite.enqueue_in(shop, [event("o-3")], on_conflict="ignore")
+    shop.execute("COMMIT")
+    assert job_ids(shop) == ["o-1", "o-2"]
+
+
 def test_enqueue_in_works_with_the_services_row_factory_and_python_transactions(tmp_path):
     path = tmp_path / "shop.db"
     service_file(path).close()
@@ -280,3 +313,21 @@ def test_the_readme_example_delivers_each_customers_events_in_order(tmp_path):
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert con.execute("SELECT COUNT(*) FROM orders").fetchone()[0] == 2
     con.close()
+
+
+def test_postgres_a_conflict_raises_so_the_order_never_commits_without_its_event(service_db):
+    with psycopg.connect(service_db, autocommit=True) as conn:
+        with conn.transaction():
+            conn.execute("INSERT INTO orders (id) VALUES ('o-1')")
+            assert postgres.enqueue_in(conn, [event("o-1")]) == [True]
+        with pytest.raises(Conflicts, match="event 2: job 'o-1'"), conn.transaction():
+            conn.execute("INSERT INTO orders (id) VALUES ('o-2')")
+            postgres.enqueue_in(conn, [event("o-2"), {**event("o-1"), "body": {"other": 1}}])
+        with conn.transaction():  # this call's rows undone, the service's rows its own
+            conn.execute("INSERT INTO orders (id) VALUES ('o-3')")
+            with pytest.raises(Conflicts):
+                postgres.enqueue_in(conn, [event("o-3"), {**event("o-1"), "key": "other"}])
+            results = postgres.enqueue_in(conn, [event("o-3"), {**event("o-1"), "key": "x"}],
+                                          on_conflict="return")
+            assert results[0] is True and isinstance(results[1], worker.Conflict)
+    assert pg_rows(service_db) == (["o-1", "o-3"], ["o-1", "o-3"])

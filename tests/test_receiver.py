@@ -167,21 +167,26 @@ async def test_bad_requests_never_touch_the_inbox(tmp_path: Path):
     assert len(BAD_REQUESTS) >= 20
 
 
-async def test_stale_token_is_refused_and_counted(tmp_path: Path):
+async def test_a_stale_sender_is_acknowledged_as_a_duplicate_and_counted(tmp_path: Path):
+    """A lower token with the same event is that event again (a superseded
+    claim, or the id enqueued again after a prune): a duplicate ACK, no second
+    effect, counted as a stale sender; with another event it is a conflict."""
     inbox = tmp_path / "inbox.db"
     async with Running(inbox) as rx:
         assert await send_http(rx.url, {"id": "j", "qty": 3}, timeout=5, token=5) is True
-        with pytest.raises(Permanent, match="stale token 3"):
-            await send_http(rx.url, {"id": "j", "qty": 3}, timeout=5, token=3)
+        status, answer = await rx.post(json.dumps({"id": "j", "qty": 3}),
+                                       headers={"X-Lease-Token": "3"})
+        assert (status, answer) == (200, {"id": "j", "qty": 3, "status": "duplicate"})
         assert await send_http(rx.url, {"id": "j", "qty": 3}, timeout=5, token=5) is True
         assert await send_http(rx.url, {"id": "j", "qty": 3}, timeout=5, token=7) is True
         assert await send_http(rx.url, {"id": "j", "qty": 3}, timeout=5) is True  # no token
-        with pytest.raises(Permanent, match="stale token 6"):
-            await send_http(rx.url, {"id": "j", "qty": 3}, timeout=5, token=6)
+        assert await send_http(rx.url, {"id": "j", "qty": 3}, timeout=5, token=6) is True
+        with pytest.raises(Permanent, match="applied with qty 3, not 4"):
+            await send_http(rx.url, {"id": "j", "qty": 4}, timeout=5, token=1)
         stats = await rx.stats()
-        assert (stats["stale_senders"], stats["applied"], stats["duplicates"], stats["stock"]) \
-            == (2, 1, 3, 3)
-    assert inbox_rows(inbox) == [("j", 3, 4, 7)]
+        assert (stats["stale_senders"], stats["applied"], stats["duplicates"],
+                stats["conflicts"], stats["stock"]) == (2, 1, 3, 1, 3)
+    assert inbox_rows(inbox) == [("j", 3, 4, 7)]  # the highest token kept, never lowered
 
 
 async def test_group_commit_answers_after_one_commit(tmp_path: Path):
@@ -532,8 +537,7 @@ def test_inbox_figures_read_the_same_after_a_restart(tmp_path: Path):
         assert sync_http.send_http(rx.url, {"id": "d-0", "qty": 2}, timeout=5, token=2)
         with pytest.raises(Permanent):
             sync_http.send_http(rx.url, {"id": "d-0", "qty": 9}, timeout=5)
-        with pytest.raises(Permanent):
-            sync_http.send_http(rx.url, {"id": "d-1", "qty": 3}, timeout=5, token=1)
+        assert sync_http.send_http(rx.url, {"id": "d-1", "qty": 3}, timeout=5, token=1)  # stale
         first = rx.final_counters()
     assert {k: first[k] for k in durable} == {
         "applied": 3, "duplicates": 1, "conflicts": 1, "stale_senders": 1, "inbox_rows": 3,

@@ -166,17 +166,17 @@ async def test_a_body_of_64_kib_is_taken_and_one_byte_more_is_413(tmp_path: Path
     assert read_inbox(inbox).applied == {"big-1": hashlib.sha256(exact).hexdigest()}
 
 
-async def test_a_stale_token_fences_a_payload_as_it_fences_a_lab_event(tmp_path: Path):
+async def test_a_stale_sender_of_a_payload_is_a_duplicate_as_for_a_lab_event(tmp_path: Path):
     async with Running(tmp_path / "inbox.db") as rx:
         assert (await post(rx, ORDER, "fenced", token=5))[1]["status"] == "applied"
-        status, answer = await post(rx, ORDER, "fenced", token=3)
-        assert status == 409 and "stale token 3 for 'fenced'" in answer["error"]
+        assert await post(rx, ORDER, "fenced", token=3) == (
+            200, {"id": "fenced", "status": "duplicate"})
         status, answer = await post(rx, {"other": 1}, "fenced", token=4)
-        assert status == 409 and "stale token 4" in answer["error"]  # stale before conflict
+        assert status == 409 and "was applied with the body of sha256" in answer["error"]
         assert (await post(rx, ORDER, "fenced", token=7))[1]["status"] == "duplicate"
         assert (await post(rx, ORDER, "fenced"))[1]["status"] == "duplicate"  # no token
         stats = await rx.stats()
-    assert (stats["stale_senders"], stats["conflicts"], stats["duplicates"]) == (2, 0, 2)
+    assert (stats["stale_senders"], stats["conflicts"], stats["duplicates"]) == (1, 1, 2)
     assert raw_rows(tmp_path / "inbox.db") == [("fenced", 0, digest(ORDER), 3, 7)]
 
 
