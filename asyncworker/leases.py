@@ -18,7 +18,7 @@ from typing import Callable, Optional
 from asyncworker.store import AsyncStore
 from lease.worker import Busy, check_now
 
-__all__ = ["Held", "LeaseKeeper", "StoreTime"]
+__all__ = ["Held", "LeaseKeeper", "StoreTime", "default_send_timeout_ms", "finish_margin_ms"]
 
 log = logging.getLogger("asyncworker.leases")
 
@@ -105,6 +105,17 @@ def half_way(now_ms: int, lease_until: int) -> int:
     return now_ms + (lease_until - now_ms) // 2
 
 
+def finish_margin_ms(lease_ms: int) -> int:
+    """The time kept back at the end of a lease for the finish transaction."""
+    return max(1, min(lease_ms // 5, 2_000))
+
+
+def default_send_timeout_ms(lease_ms: int) -> int:
+    """A send's timeout unless one is given: the lease less the finish's margin,
+    so that a send started on a fresh lease ends within it."""
+    return max(1, lease_ms - finish_margin_ms(lease_ms))
+
+
 class LeaseKeeper:
     """Extends the leases of the sends it watches and cuts off those that
     cannot finish in time, keeping ``finish_margin_ms`` for the finish."""
@@ -132,6 +143,22 @@ class LeaseKeeper:
 
     def is_sending(self, held: Held) -> bool:
         return held in self._sending
+
+    def short_of(self, held: Held, timeout_ms: Optional[int]) -> Optional[str]:
+        """Why a send must not start now (None: it may). It may when the lease
+        left covers its timeout (none for a send without one) plus the finish's
+        margin, or when the lease can still be extended while it runs and more
+        than the margin is left. A lease capped by the job's deadline cannot:
+        a send that outlived it could be applied by the receiver and its
+        finish refused as stale."""
+        left = held.ticket["lease_until"] - self._time.now()
+        margin = self.finish_margin_ms
+        if left >= (timeout_ms or 0) + margin or (held.can_extend and left > margin):
+            return None
+        needs = f"the send's timeout ({timeout_ms} ms) plus " if timeout_ms else ""
+        capped = "" if held.can_extend else ", capped by the job's deadline"
+        return (f"the lease left ({left} ms{capped}) does not cover {needs}the {margin} ms "
+                f"kept for the finish; not sent")
 
     async def run(self) -> None:
         while True:

@@ -20,7 +20,7 @@ from lease import sqlite as store
 from lease import worker
 
 from .conftest import T0, job_rows, run_on_a_terminal
-from .servers import ReceiverProcess
+from .servers import HostileServer, ReceiverProcess, ack_for
 
 COMMANDS = ["init", "enqueue", "run", "serve", "stats", "dead", "inspect", "redrive", "cancel",
             "prune", "prune-inbox", "demo", "bench"]
@@ -112,6 +112,13 @@ BAD_USAGE = [
      "--batch-size"),
     (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--prefetch", "-1"],
      "--prefetch"),
+    (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--send-timeout", "4d"],
+     "--send-timeout must be 1 ms up to the retry budget, a job's time to live "
+     "(259200000 = 3d ms), got 345600000 ms"),
+    (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--send-timeout", "0"],
+     "--send-timeout must be 1 ms up to"),
+    (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--send-timeout", "soon"],
+     "--send-timeout"),
     (["stats", "{missing}"], "queue file not found"),
     (["dead", "{queue}", "--reason", "bad reason"], "--reason"),
     (["dead", "{queue}", "--reason", "bogus"], "must be one of deadline, exhausted, permanent"),
@@ -209,6 +216,27 @@ def test_run_until_idle_stats_dead_inspect_redrive(queue: Path, tmp_path: Path):
         assert out.returncode == 0 and json.loads(out.stdout)["ok"] == 1  # 0: none went dead
         assert json.loads(out.stdout)["dead"] == 0
     assert job_rows(queue)["late"]["status"] == "done"
+
+
+@pytest.mark.parametrize(("flags", "ok"), [(["--send-timeout", "3s"], 1), ([], 0)])
+def test_run_send_timeout_outlasts_the_lease(queue: Path, flags: list, ok: int):
+    """A receiver that answers after three leases: with --send-timeout the one
+    request ends in an ACK, its lease extended meanwhile; without it the send
+    ends within its lease, a timeout."""
+    assert cli("enqueue", str(queue), "--id", "slow", "--qty", "1",
+               "--max-attempts", "1").returncode == 0
+
+    def slow(request, sock) -> None:
+        time.sleep(0.9)
+        ack_for()(request, sock)
+
+    with HostileServer(slow) as server:
+        out = cli("run", str(queue), "--url", server.url, "--until-idle", "--lease-ms", "300",
+                  *flags)
+    summary = json.loads(out.stdout)
+    assert (summary["ok"], summary["dead"], len(server.requests)) == (ok, 1 - ok, 1), out.stderr
+    assert out.returncode == (0 if ok else 3)
+    assert summary["extended"] >= (3 if ok else 0)
 
 
 def test_run_to_any_path_on_loopback_and_serve_on_that_path(queue: Path, tmp_path: Path):
