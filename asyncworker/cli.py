@@ -528,7 +528,7 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     _loop_argument(p)
     p.add_argument("--crash-after-acks", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="failure drill: die by SIGKILL right after the N-th ACK, before "
-                        "recording it")
+                        "recording it; the job and its token are named on stderr first")
     p.add_argument("--metrics", metavar="HOST:PORT", type=_metrics_address, default=None,
                    help="serve /metrics (Prometheus) and /healthz (200 while dispatching "
                         "and the store answers, else 503) while it runs; HOST defaults to "
@@ -1131,6 +1131,9 @@ def _usable_loop(loop: str) -> str:
         raise UsageError(str(exc)) from None
 
 
+CRASH_DRILL = "crash drill: SIGKILL right after the ACK of"  # then: ID token N
+
+
 def _crashing_sender(destination: Destination, timeout_ms: int, after: int) -> Any:
     """The default send to the destination (its TLS, ACK policy and signatures),
     plus a failure drill: SIGKILL itself right after an ACK."""
@@ -1145,7 +1148,11 @@ def _crashing_sender(destination: Destination, timeout_ms: int, after: int) -> A
         acked = await send_http(destination, event, timeout=timeout_ms / 1000, token=token)
         acks += 1
         if acks >= after:
-            os.kill(os.getpid(), signal.SIGKILL)  # the receiver committed; we never record it
+            # Which job, for the evidence: the receiver committed it, the queue never hears.
+            sys.stderr.write(f"{CRASH_DRILL} {event['id']} token {token}, before recording "
+                             "it\n")
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
         return acked
 
     return send
