@@ -17,6 +17,7 @@ from lease.policy import DEFAULT_POLICY, RetryPolicy
 from lease.sqlite import open_store
 
 from .conftest import T0, job
+from .servers import HostileServer, ack_for
 from .test_dispatcher import FakeClock
 from .test_evidence import attempts, enqueue, wall_ms
 
@@ -43,6 +44,22 @@ async def test_a_send_never_starts_with_less_than_the_margin_left(queue_path: Pa
     assert (seen["token"], seen["outcome"], seen["result"], seen["error"]) == (
         1, "retry", "dead", "Retryable: the lease left (700 ms, capped by the job's deadline) "
                            "does not cover the 800 ms kept for the finish; not sent")
+
+
+async def test_over_http_a_capped_lease_shorter_than_the_timeout_sends_nothing(
+        queue_path: Path):
+    """The default timeout is the lease less the margin (3200 ms here): a lease
+    capped 1000 ms ahead cannot cover it, and not one byte reaches the receiver."""
+    enqueue(queue_path, [{"id": "late", "qty": 3}], ONE_TRY)
+    with HostileServer(ack_for()) as server:
+        async with Dispatcher(queue_path, "d1", url=server.url, clock=FakeClock(T0),
+                              lease_ms=4000) as d:
+            stats = await asyncio.wait_for(d.run(until_idle=True), 30)
+    assert server.requests == [] and stats.dead_by_reason["exhausted"] == 1
+    [seen] = attempts(queue_path, "late")
+    assert seen["error"] == (
+        "Retryable: the lease left (1000 ms, capped by the job's deadline) does not cover "
+        "the send's timeout (3200 ms) plus the 800 ms kept for the finish; not sent")
 
 
 @pytest.mark.parametrize(("claimed_at", "sends"), [(T0, 1), (T0 + 300, 0)])
