@@ -498,9 +498,10 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                    help="how long one send may take: 30s, 5m, 2h or milliseconds, up to the "
                         f"retry budget (a job's time to live, {_ms(DEFAULT_POLICY.ttl_ms)}); "
                         "longer than the lease, the lease is extended while the send runs "
-                        "(default: the lease less the time kept for the finish, a fifth of "
-                        "it up to 2 s). A send starts only when its lease can cover it: one "
-                        "capped by the job's deadline with too little left is retried, unsent")
+                        "(default: what the lease leaves when the send starts, less the time "
+                        "kept for the finish, a fifth of the lease up to 2 s). A send starts "
+                        "only when its lease can cover it: one capped by the job's deadline "
+                        "with too little left is retried, unsent")
     p.add_argument("--backoff-base-ms", metavar="MS", type=_int_in(1, PRODUCT.max_delay_ms),
                    default=DEFAULT_POLICY.backoff_base_ms,
                    help=f"first retry delay, doubling each attempt "
@@ -1083,7 +1084,8 @@ def _run(args: argparse.Namespace) -> int:
     send_timeout_ms = _send_timeout_ms(args, policy)
     send = None
     if args.crash_after_acks is not None:
-        send = _crashing_sender(destination, send_timeout_ms, args.crash_after_acks)
+        send = _crashing_sender(destination, send_timeout_ms or args.lease_ms,
+                                args.crash_after_acks)
     try:
         dispatcher = Dispatcher(args.queue, owner, destination=None if send else destination,
                                 send=send, concurrency=args.concurrency, lease_ms=args.lease_ms,
@@ -1109,12 +1111,10 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_DEAD if stats.dead else EXIT_OK
 
 
-def _send_timeout_ms(args: argparse.Namespace, policy: RetryPolicy) -> int:
-    """--send-timeout, within the retry budget; by default the lease less the finish's margin."""
-    from asyncworker.leases import default_send_timeout_ms
-
+def _send_timeout_ms(args: argparse.Namespace, policy: RetryPolicy) -> Optional[int]:
+    """--send-timeout, within the retry budget; None: each send bounded by its lease."""
     if args.send_timeout is None:
-        return default_send_timeout_ms(args.lease_ms)
+        return None
     if not 1 <= args.send_timeout <= policy.ttl_ms:
         raise UsageError(f"--send-timeout must be 1 ms up to the retry budget, a job's time "
                          f"to live ({_ms(policy.ttl_ms)} ms), got {args.send_timeout} ms")

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 from asyncworker.store import AsyncStore
 from lease.worker import Busy, check_now
 
-__all__ = ["Held", "LeaseKeeper", "StoreTime", "default_send_timeout_ms", "finish_margin_ms"]
+__all__ = ["Held", "LeaseKeeper", "StoreTime", "finish_margin_ms"]
 
 log = logging.getLogger("asyncworker.leases")
 
@@ -110,12 +110,6 @@ def finish_margin_ms(lease_ms: int) -> int:
     return max(1, min(lease_ms // 5, 2_000))
 
 
-def default_send_timeout_ms(lease_ms: int) -> int:
-    """A send's timeout unless one is given: the lease less the finish's margin,
-    so that a send started on a fresh lease ends within it."""
-    return max(1, lease_ms - finish_margin_ms(lease_ms))
-
-
 class LeaseKeeper:
     """Extends the leases of the sends it watches and cuts off those that
     cannot finish in time, keeping ``finish_margin_ms`` for the finish."""
@@ -144,21 +138,27 @@ class LeaseKeeper:
     def is_sending(self, held: Held) -> bool:
         return held in self._sending
 
-    def short_of(self, held: Held, timeout_ms: Optional[int]) -> Optional[str]:
-        """Why a send must not start now (None: it may). It may when the lease
-        left covers its timeout (none for a send without one) plus the finish's
-        margin, or when the lease can still be extended while it runs and more
-        than the margin is left. A lease capped by the job's deadline cannot:
-        a send that outlived it could be applied by the receiver and its
-        finish refused as stale."""
+    def window(self, held: Held, timeout_ms: Optional[int]) -> tuple[int, Optional[str]]:
+        """(how long the send may take, None), or (0, why it must not start now).
+
+        Without a timeout of its own a send is bounded by its lease: what the
+        lease leaves, less the finish's margin, and it starts only if that is
+        more than nothing. With one, it starts when the lease left covers the
+        timeout plus the margin, or when the lease can still be extended while
+        it runs and more than the margin is left. A lease capped by the job's
+        deadline cannot: a send that outlived it could be applied by the
+        receiver and its finish refused as stale."""
         left = held.ticket["lease_until"] - self._time.now()
         margin = self.finish_margin_ms
-        if left >= (timeout_ms or 0) + margin or (held.can_extend and left > margin):
-            return None
+        if timeout_ms is None:
+            if left > margin:
+                return left - margin, None
+        elif left >= timeout_ms + margin or (held.can_extend and left > margin):
+            return timeout_ms, None
         needs = f"the send's timeout ({timeout_ms} ms) plus " if timeout_ms else ""
         capped = "" if held.can_extend else ", capped by the job's deadline"
-        return (f"the lease left ({left} ms{capped}) does not cover {needs}the {margin} ms "
-                f"kept for the finish; not sent")
+        return 0, (f"the lease left ({left} ms{capped}) does not cover {needs}the {margin} ms "
+                   f"kept for the finish; not sent")
 
     async def run(self) -> None:
         while True:
