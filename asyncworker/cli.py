@@ -499,6 +499,14 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                    default=DEFAULT_POLICY.lease_ms,
                    help=f"lease per claim, up to {_ms(PRODUCT.max_lease_ms)} "
                         f"(default {_ms(DEFAULT_POLICY.lease_ms)})")
+    p.add_argument("--send-timeout", metavar="DURATION", type=parse_age, default=None,
+                   help="how long one send may take: 30s, 5m, 2h or milliseconds, up to the "
+                        f"retry budget (a job's time to live, {_ms(DEFAULT_POLICY.ttl_ms)}); "
+                        "longer than the lease, the lease is extended while the send runs "
+                        "(default: what the lease leaves when the send starts, less the time "
+                        "kept for the finish, a fifth of the lease up to 2 s). A send starts "
+                        "only when its lease can cover it: one capped by the job's deadline "
+                        "with too little left is retried, unsent")
     p.add_argument("--backoff-base-ms", metavar="MS", type=_int_in(1, PRODUCT.max_delay_ms),
                    default=DEFAULT_POLICY.backoff_base_ms,
                    help=f"first retry delay, doubling each attempt "
@@ -526,7 +534,7 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     _loop_argument(p)
     p.add_argument("--crash-after-acks", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="failure drill: die by SIGKILL right after the N-th ACK, before "
-                        "recording it")
+                        "recording it; the job and its token are named on stderr first")
     p.add_argument("--metrics", metavar="HOST:PORT", type=_metrics_address, default=None,
                    help="serve /metrics (Prometheus) and /healthz (200 while dispatching "
                         "and the store answers, else 503) while it runs; HOST defaults to "
@@ -1091,12 +1099,15 @@ def _run(args: argparse.Namespace) -> int:
     from asyncworker.dispatcher import Dispatcher
 
     owner = args.owner or _default_owner()
+    send_timeout_ms = _send_timeout_ms(args, policy)
     send = None
     if args.crash_after_acks is not None:
-        send = _crashing_sender(destination, args.lease_ms, args.crash_after_acks)
+        send = _crashing_sender(destination, send_timeout_ms or args.lease_ms,
+                                args.crash_after_acks)
     try:
         dispatcher = Dispatcher(args.queue, owner, destination=None if send else destination,
                                 send=send, concurrency=args.concurrency, lease_ms=args.lease_ms,
+                                send_timeout_ms=send_timeout_ms,
                                 poll_interval=args.poll_ms / 1000, batch_size=args.batch_size,
                                 prefetch=args.prefetch, policy=policy)
     except ValueError as exc:
@@ -1118,6 +1129,16 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_DEAD if stats.dead else EXIT_OK
 
 
+def _send_timeout_ms(args: argparse.Namespace, policy: RetryPolicy) -> Optional[int]:
+    """--send-timeout, within the retry budget; None: each send bounded by its lease."""
+    if args.send_timeout is None:
+        return None
+    if not 1 <= args.send_timeout <= policy.ttl_ms:
+        raise UsageError(f"--send-timeout must be 1 ms up to the retry budget, a job's time "
+                         f"to live ({_ms(policy.ttl_ms)} ms), got {args.send_timeout} ms")
+    return args.send_timeout
+
+
 def _usable_loop(loop: str) -> str:
     """--loop, checked before anything starts: uvloop asked for and missing is a usage error."""
     from asyncworker.eventloop import loop_in_use
@@ -1128,7 +1149,10 @@ def _usable_loop(loop: str) -> str:
         raise UsageError(str(exc)) from None
 
 
-def _crashing_sender(destination: Destination, lease_ms: int, after: int) -> Any:
+CRASH_DRILL = "crash drill: SIGKILL right after the ACK of"  # then: ID token N
+
+
+def _crashing_sender(destination: Destination, timeout_ms: int, after: int) -> Any:
     """The default send to the destination (its TLS, ACK policy and signatures),
     plus a failure drill: SIGKILL itself right after an ACK."""
     import signal
@@ -1139,10 +1163,14 @@ def _crashing_sender(destination: Destination, lease_ms: int, after: int) -> Any
 
     async def send(event: dict, token: int) -> object:
         nonlocal acks
-        acked = await send_http(destination, event, timeout=lease_ms / 1000, token=token)
+        acked = await send_http(destination, event, timeout=timeout_ms / 1000, token=token)
         acks += 1
         if acks >= after:
-            os.kill(os.getpid(), signal.SIGKILL)  # the receiver committed; we never record it
+            # Which job, for the evidence: the receiver committed it, the queue never hears.
+            sys.stderr.write(f"{CRASH_DRILL} {event['id']} token {token}, before recording "
+                             "it\n")
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
         return acked
 
     return send

@@ -12,8 +12,11 @@
    stopped with SIGTERM once the queue has drained.
 5. The operator redrives the expired order (with an audit row) and the
    second dispatcher delivers it.
-6. The evidence is read from the three places that hold it (the queue file,
-   the inbox file, the receiver's counters) and checked against each other.
+6. The evidence is read from the four places that hold it (the queue file,
+   the inbox file, the receiver's counters, dispatcher-1's last words: which
+   job it was ACKed for) and checked against each other. Every row is
+   computed from what was observed; the first names the job ACKed just before
+   the SIGKILL and its two arrivals at the inbox.
 
 With ``store`` (``asyncworker demo --store postgresql://...``) the queue is
 that PostgreSQL database's instead of a new file: the same story, the
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -38,8 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from asyncworker.cli import receiver_stats, shown
-from asyncworker.inbox import read_inbox
+from asyncworker.cli import CRASH_DRILL, receiver_stats, shown
+from asyncworker.inbox import read_arrivals, read_inbox
 from lease.policy import RetryPolicy
 from lease.store import Store, StoreError, open_store
 
@@ -74,19 +78,26 @@ def run_demo(*, jobs: int = 300, concurrency: int = 16, keep: Optional[str] = No
             child.communicate()
         if keep is None:
             shutil.rmtree(folder, ignore_errors=True)
+    if judge(evidence, time.monotonic() - started):
+        return 1
+    if keep:
+        print(f"files kept in {folder}")
+    if store:
+        print(f"the demo's jobs stay in {shown(store)}")
+    return 0
+
+
+def judge(evidence: dict, took: float) -> int:
+    """Print the evidence's checks and the verdict: 0 when consistent, 1 when
+    any piece contradicts another (the demo's exit status)."""
     checks = check_evidence(evidence)
     print_evidence(checks)
     failed = [c for c in checks if not c.ok]
-    took = time.monotonic() - started
     if failed:
         print(f"\nINCONSISTENT: {len(failed)} piece(s) of evidence disagree ({took:.1f} s)")
         return 1
     print(f"\nconsistent: {evidence['orders']} orders, each applied exactly once, "
           f"{evidence['receiver']['duplicates']} duplicate sends absorbed ({took:.1f} s)")
-    if keep:
-        print(f"files kept in {folder}")
-    if store:
-        print(f"the demo's jobs stay in {shown(store)}")
     return 0
 
 
@@ -143,6 +154,7 @@ def _story(looking: Store, queue: str, inbox: Path, folder: Path, jobs: int,
         first.send_signal(signal.SIGTERM)
     first_exit = first.wait(timeout=60)
     leased_at_death = looking.counts()["leased"]
+    killed = last_ack(logs[0])
     _say(f"   dispatcher-1 exit {first_exit}; {leased_at_death} jobs leased at that moment")
 
     _wait_for(lambda: _unfinished(looking) == 0, "the queue to drain")
@@ -164,11 +176,22 @@ def _story(looking: Store, queue: str, inbox: Path, folder: Path, jobs: int,
     receiver.send_signal(signal.SIGTERM)
     receiver_exit = receiver.wait(timeout=30)
     where = "database" if looking.kind == "postgresql" else "file"
-    _say(f"6. evidence, read from the queue {where}, the inbox file and the receiver:\n")
+    _say(f"6. evidence, read from the queue {where}, the inbox file, the receiver and "
+         f"dispatcher-1's last words:\n")
     return gather_evidence(looking, inbox, orders, received, {
         "dispatcher_1_exit": first_exit, "dispatcher_2_exit": second.returncode,
         "dispatcher_2_redrive_pass_exit": third.returncode, "receiver_exit": receiver_exit,
-        "leased_when_dispatcher_1_died": leased_at_death})
+        "leased_when_dispatcher_1_died": leased_at_death}, killed)
+
+
+_LAST_ACK = re.compile(re.escape(CRASH_DRILL) + r" (\S+) token ([0-9]+),")
+
+
+def last_ack(log: Path) -> Optional[dict]:
+    """The job dispatcher-1 was ACKed for just before its SIGKILL, as its crash
+    drill named it on stderr: {"id", "token"}, or None if it never said so."""
+    found = _LAST_ACK.search(log.read_text(errors="replace"))
+    return None if found is None else {"id": found.group(1), "token": int(found.group(2))}
 
 
 def _wait_for(condition: Any, what: str, timeout: float = 90) -> None:
@@ -206,14 +229,27 @@ def _redrive_expired(store: Store) -> int:
 
 
 def gather_evidence(store: Store, inbox: Path, orders: dict[str, int], received: dict,
-                    exits: dict) -> dict:
+                    exits: dict, killed: Optional[dict] = None) -> dict:
     snap = store.snapshot()
     finished = store.jobs_with_status("done")
     done = {job["id"]: job["qty"] for job in finished}
-    max_token = max((job["token"] for job in finished), default=0)
+    tokens = {job["id"]: job["token"] for job in finished}
+    max_token = max(tokens.values(), default=0)
     contents = read_inbox(inbox)
     applied, stock, seen = contents.applied, contents.stock, contents.seen
+    arrivals = read_arrivals(inbox)
+    errors = [attempt["error"] or "" for job_id in orders
+              for attempt in (store.job_history(job_id) or {}).get("attempts", [])]
     return {
+        "killed": _killed_job(store, killed, arrivals),
+        "inbox_max_token": max((token or 0 for _, token in arrivals.values()), default=0),
+        # done at one token, last seen by the inbox at another: a send unaccounted for
+        "token_mismatches": sorted(i for i in tokens if arrivals.get(i, (0, None))[1]
+                                   != tokens[i]),
+        "inbox_stale": contents.stale,
+        "stale_finishes": snap["stale_finishes"],
+        # a dropped answer is the one cause of a failed connection while the receiver runs
+        "connection_failures": sum(e.startswith("Retryable: connection failed") for e in errors),
         "orders": len(orders),
         "qty_enqueued": sum(orders.values()),
         "receiver": received,
@@ -231,9 +267,42 @@ def gather_evidence(store: Store, inbox: Path, orders: dict[str, int], received:
     }
 
 
+def _killed_job(store: Store, killed: Optional[dict],
+                arrivals: dict[str, tuple[int, Optional[int]]]) -> Optional[dict]:
+    """The job ACKed to dispatcher-1 just before its SIGKILL, as three places saw
+    it: the drill's words, the inbox's arrivals, the queue's row and attempts."""
+    if killed is None:
+        return None
+    history = store.job_history(killed["id"]) or {"job": {}, "attempts": []}
+    seen, inbox_token = arrivals.get(killed["id"], (0, None))
+    return {**killed, "arrivals": seen, "inbox_token": inbox_token,
+            "status": history["job"].get("status"), "done_token": history["job"].get("token"),
+            "done_by": history["job"].get("done_by"),
+            # the ACK dispatcher-1 died with is on no record of the queue
+            "recorded": sum(a["token"] == killed["token"] for a in history["attempts"])}
+
+
+def _killed_check(e: dict) -> Check:
+    """The headline: the job ACKed just before the SIGKILL arrived twice."""
+    k = e["killed"]
+    label = "the job ACKed before the SIGKILL"
+    if k is None:
+        return Check(label, "not named", False, "dispatcher-1's crash drill names it")
+    ok = (k["arrivals"] >= 2 and k["recorded"] == 0 and k["status"] == "done"
+          and k["done_by"] != "dispatcher-1" and k["done_token"] == k["inbox_token"]
+          and k["done_token"] > k["token"])
+    return Check(label, f"{k['id']}: {k['arrivals']} arrivals, tokens {k['token']} and "
+                        f"{k['inbox_token']}", ok,
+                 f"ACKed at token {k['token']}, never recorded; sent again and done "
+                 f"by {k['done_by']} at token {k['done_token']}: 2 arrivals or more")
+
+
 def check_evidence(e: dict) -> list[Check]:
     """Each piece of evidence against the others; a Check with ok=False is a contradiction."""
     rx = e["receiver"]
+    dropped, stale = rx["process_dropped_after_commit"], rx["stale_senders"]
+    # Answers lost with dispatcher-1 were never recorded: at most one per job it held.
+    unrecorded = e["leased_when_dispatcher_1_died"]
     # The inbox's figures are all-time and the process_* ones this run's: they
     # add up because the demo's inbox is new and its receiver never restarts.
     accounted = (rx["applied"] + rx["duplicates"] + rx["conflicts"] + rx["stale_senders"]
@@ -241,17 +310,24 @@ def check_evidence(e: dict) -> list[Check]:
                  + rx["process_incomplete"] + rx["process_injected_503"]
                  + rx["process_unavailable"])
     return [
+        _killed_check(e),
         Check("requests the receiver saw", rx["process_requests"],
               rx["process_requests"] == accounted,
               f"= applied + duplicates + refusals = {accounted}"),
         Check("  applied (new inbox rows)", rx["applied"], rx["applied"] == e["orders"],
               f"= orders ({e['orders']})"),
-        Check("  duplicates absorbed", rx["duplicates"], rx["duplicates"] >= 1,
-              ">= 1 (the order ACKed to dispatcher-1 was sent again)"),
-        Check("  answers dropped after commit", rx["process_dropped_after_commit"], True,
-              "injected"),
-        Check("  stale senders absorbed", rx["stale_senders"], True,
-              "a lower token, the same event: a duplicate"),
+        # Each dropped answer (a stale one aside) was followed by another arrival of its
+        # job, and so was the killed job's ACK, which was neither.
+        Check("  duplicates absorbed", rx["duplicates"], rx["duplicates"] + stale >= dropped + 1,
+              f">= answers dropped ({dropped}) + the killed job's resend - stale ({stale})"),
+        Check("  answers dropped after commit", dropped,
+              e["connection_failures"] <= dropped <= e["connection_failures"] + unrecorded,
+              f"connection failures on record ({e['connection_failures']}) .. "
+              f"+ jobs leased when dispatcher-1 died ({unrecorded})"),
+        Check("  stale senders absorbed", stale,
+              stale == e["inbox_stale"] and stale <= e["stale_finishes"] + unrecorded,
+              f"= the inbox file's ({e['inbox_stale']}), <= stale finishes on record "
+              f"({e['stale_finishes']}) + {unrecorded}"),
         Check("  conflicts / rejected", f"{rx['conflicts']} / {rx['process_rejected']}",
               rx["conflicts"] == 0 and rx["process_rejected"] == 0, "0 / 0"),
         Check("inbox rows", e["inbox_rows"], e["inbox_rows"] == e["orders"],
@@ -273,8 +349,11 @@ def check_evidence(e: dict) -> list[Check]:
         Check("in the inbox but not done", len(e["in_inbox_not_done"]),
               not e["in_inbox_not_done"], "0"),
         Check("quantity mismatches", len(e["qty_mismatches"]), not e["qty_mismatches"], "0"),
-        Check("highest claim token", e["max_token"], e["max_token"] >= 2,
-              ">= 2 (recovered work was re-claimed)"),
+        Check("highest claim token", e["max_token"],
+              e["max_token"] >= 2 and e["max_token"] == e["inbox_max_token"],
+              f">= 2 (recovered work was re-claimed), = the inbox's ({e['inbox_max_token']})"),
+        Check("done at a token the inbox did not see last", len(e["token_mismatches"]),
+              not e["token_mismatches"], "0"),
         Check("dispatcher-1 exit", e["dispatcher_1_exit"],
               e["dispatcher_1_exit"] == -signal.SIGKILL, f"{-signal.SIGKILL} (SIGKILL)"),
         # 3: its claim moved the 1 ms order to dead (dispatcher-1's claim may do it instead)

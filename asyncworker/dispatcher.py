@@ -53,7 +53,13 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 from aiohttp import web
 
 from asyncworker.finisher import GroupFinisher, Judged, Recorded
-from asyncworker.leases import Held, LeaseKeeper, StoreTime, half_way
+from asyncworker.leases import (
+    Held,
+    LeaseKeeper,
+    StoreTime,
+    finish_margin_ms,
+    half_way,
+)
 from asyncworker.metrics import DispatcherMetrics
 from asyncworker.sender import send_http
 from asyncworker.store import AsyncStore, Target
@@ -255,8 +261,15 @@ class Dispatcher:
     is a coroutine function ``send(event, token)``. The event is the job as enqueued, {"id",
     "qty"} or {"id", "body"} with the body as its canonical JSON text. ``policy`` spaces the
     retries (``policy.judge``: a receiver's Retry-After is honoured up to its backoff cap);
-    ``lease_ms`` defaults to the policy's lease (1 ms .. 1 h) and bounds each send. A job's
-    budget (attempts, time to live) is the one it was enqueued with.
+    ``lease_ms`` defaults to the policy's lease (1 ms .. 1 h). ``send_timeout_ms`` bounds
+    each send, any length from 1 ms up to the policy's time to live (its retry budget); a
+    send longer than the lease keeps its lease by extension (fenced, at half of it) while
+    it runs, and starts only when the lease left covers its timeout plus the margin kept
+    for the finish, or the lease can still be extended (one capped by the job's deadline
+    cannot). By default (None) each send is bounded by its lease: what the lease leaves
+    when it starts, less that margin (an HTTP send's timeout; a ``send`` of the caller's
+    is cut off then). A send that cannot start is an attempt judged a retry that says why,
+    never sent. A job's budget (attempts, time to live) is the one it was enqueued with.
 
     Time: leases are judged by the store's clock (the database server's for
     PostgreSQL), unless ``clock`` (milliseconds) is given, which then judges
@@ -293,6 +306,7 @@ class Dispatcher:
         concurrency: int = 16,
         policy: RetryPolicy = DEFAULT_POLICY,
         lease_ms: Optional[int] = None,
+        send_timeout_ms: Optional[int] = None,
         clock: Optional[Callable[[], int]] = None,
         jitter: Callable[[], float] = random.random,
         poll_interval: float = 0.05,
@@ -313,6 +327,7 @@ class Dispatcher:
         if type(lease_ms) is not int or not 1 <= lease_ms <= PRODUCT.max_lease_ms:
             raise ValueError(f"lease_ms must be an int in 1..{PRODUCT.max_lease_ms}, "
                              f"got {lease_ms!r}")
+        send_timeout_ms = _send_timeout_ms(send_timeout_ms, policy)
         if type(batch_size) is not int or not 1 <= batch_size <= MAX_BATCH:
             raise ValueError(f"batch_size must be an int in 1..{MAX_BATCH}, got {batch_size!r}")
         if prefetch is None:
@@ -328,12 +343,13 @@ class Dispatcher:
         self.concurrency = concurrency
         self.policy = policy
         self.lease_ms = lease_ms
+        self.send_timeout_ms = send_timeout_ms  # None: each send is bounded by its lease
         self.poll_interval = float(poll_interval)
         self.batch_size = batch_size
         # When a list is given, each job's claim-to-finish time (s) is appended.
         self.latencies = latencies
         # Time kept back at the end of a lease for the finish transaction.
-        self.finish_margin_ms = max(1, min(lease_ms // 5, 2_000))
+        self.finish_margin_ms = finish_margin_ms(lease_ms)
         self.stats = DispatcherStats()
         self.metrics = DispatcherMetrics(self)  # reads stats when scraped: one source of truth
         self.destination = destination  # None with a send of the caller's
@@ -639,6 +655,7 @@ class Dispatcher:
             ticket = job.ticket
             held = Held(ticket, job.event, first_ms, half_way(first_ms, ticket["lease_until"]),
                         job.digest)
+            held.can_extend = ticket["lease_until"] - first_ms >= self.lease_ms  # else capped
             watch(held)  # its lease is kept from the claim, whether it sends or waits
             if slots.free:
                 slots.take(held)
@@ -697,12 +714,16 @@ class Dispatcher:
         error: Optional[BaseException] = None
         started = time.perf_counter()
         try:
+            window_ms, short = (0, None) if held.cut else self._keeper.window(
+                held, self.send_timeout_ms)
             if held.cut is not None:
                 error = self._cut_error(held, "the job waited for a send slot until its lease"
                                               " was nearly over; not sent")
+            elif short is not None:
+                error = Retryable(short)
             else:
                 try:
-                    classify_result(await self._call_send(held, ticket["token"]))
+                    classify_result(await self._call_send(held, ticket["token"], window_ms))
                 except asyncio.CancelledError:
                     if held.cut is None:
                         raise
@@ -748,15 +769,18 @@ class Dispatcher:
             log.error("send failed", extra=self._facts(held, seen, status="leased"))
         return Judged(None, 0, seen)
 
-    async def _call_send(self, held: Held, token: int) -> object:
+    async def _call_send(self, held: Held, token: int, window_ms: int) -> object:
+        """The send, bounded by ``window_ms``: its own timeout, or what its lease leaves."""
         if self._send is not None:
-            return await self._send(held.event, token)
+            if self.send_timeout_ms is None:  # the lease keeper's cut is its bound
+                return await self._send(held.event, token)
+            return await _within(self._send(held.event, token), window_ms / 1000)
         destination = self.destination
         assert destination is not None
         # A signature's time is this host's (or the injected clock's): the
         # receiver checks it against its own clock, not the store's.
         stamp = (self._time.given() or wall_clock_ms()) // 1000 if destination.secrets else None
-        return await send_http(destination, held.event, timeout=self.lease_ms / 1000,
+        return await send_http(destination, held.event, timeout=window_ms / 1000,
                                token=token, session=self._session, timestamp=stamp,
                                digest=held.digest)
 
@@ -840,6 +864,26 @@ def _one_destination(url: Optional[str], destination: object,
         raise ValueError(f"destination must be a lease.http.Destination, "
                          f"got {type(destination).__name__}")
     return destination
+
+
+def _send_timeout_ms(value: object, policy: RetryPolicy) -> Optional[int]:
+    """The send timeout, checked: None (each send bounded by its lease), or
+    1 ms .. the policy's time to live (no longer than the retry budget)."""
+    if value is None:
+        return None
+    if type(value) is not int or not 1 <= value <= policy.ttl_ms:
+        raise ValueError(f"send_timeout_ms must be an int in 1..{policy.ttl_ms} (the retry "
+                         f"budget: the policy's time to live), got {value!r}")
+    return value
+
+
+async def _within(sending: Awaitable[object], seconds: float) -> object:
+    """A send of the caller's, bounded as the HTTP senders bound theirs."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await sending
+    except TimeoutError:
+        raise Retryable(f"timed out after {seconds}s") from None
 
 
 def _error_line(error: Optional[BaseException]) -> Optional[str]:

@@ -614,3 +614,16 @@ def _prepare(path: str) -> None:
     transaction as prune's, run once before the writer's connection opens."""
     with contextlib.closing(_connect_writer(path)) as con:
         set_up(con, path)
+
+
+def read_arrivals(path: Union[str, Path]) -> dict[str, tuple[int, Optional[int]]]:
+    """Each id's arrivals at the inbox file: (times seen, the highest claim
+    token seen, None for requests that carried none). Writes nothing; the ids
+    retention pruned are not there. ValueError if there is no inbox at ``path``."""
+    if probe_inbox(path) == NEW:
+        if not Path(path).exists():
+            raise ValueError(f"inbox file not found: {os.fsdecode(path)}")
+        return {}
+    with contextlib.closing(_connect_readonly(Path(path))) as con:
+        return {job_id: (seen, token) for job_id, seen, token in
+                con.execute("SELECT id, seen, max_token FROM inbox").fetchall()}

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 from asyncworker.store import AsyncStore
 from lease.worker import Busy, check_now
 
-__all__ = ["Held", "LeaseKeeper", "StoreTime"]
+__all__ = ["Held", "LeaseKeeper", "StoreTime", "finish_margin_ms"]
 
 log = logging.getLogger("asyncworker.leases")
 
@@ -105,6 +105,11 @@ def half_way(now_ms: int, lease_until: int) -> int:
     return now_ms + (lease_until - now_ms) // 2
 
 
+def finish_margin_ms(lease_ms: int) -> int:
+    """The time kept back at the end of a lease for the finish transaction."""
+    return max(1, min(lease_ms // 5, 2_000))
+
+
 class LeaseKeeper:
     """Extends the leases of the sends it watches and cuts off those that
     cannot finish in time, keeping ``finish_margin_ms`` for the finish."""
@@ -132,6 +137,28 @@ class LeaseKeeper:
 
     def is_sending(self, held: Held) -> bool:
         return held in self._sending
+
+    def window(self, held: Held, timeout_ms: Optional[int]) -> tuple[int, Optional[str]]:
+        """(how long the send may take, None), or (0, why it must not start now).
+
+        Without a timeout of its own a send is bounded by its lease: what the
+        lease leaves, less the finish's margin, and it starts only if that is
+        more than nothing. With one, it starts when the lease left covers the
+        timeout plus the margin, or when the lease can still be extended while
+        it runs and more than the margin is left. A lease capped by the job's
+        deadline cannot: a send that outlived it could be applied by the
+        receiver and its finish refused as stale."""
+        left = held.ticket["lease_until"] - self._time.now()
+        margin = self.finish_margin_ms
+        if timeout_ms is None:
+            if left > margin:
+                return left - margin, None
+        elif left >= timeout_ms + margin or (held.can_extend and left > margin):
+            return timeout_ms, None
+        needs = f"the send's timeout ({timeout_ms} ms) plus " if timeout_ms else ""
+        capped = "" if held.can_extend else ", capped by the job's deadline"
+        return 0, (f"the lease left ({left} ms{capped}) does not cover {needs}the {margin} ms "
+                   f"kept for the finish; not sent")
 
     async def run(self) -> None:
         while True:

@@ -25,7 +25,7 @@ destination's policy, for both.
 | 401, 403 (a wrong secret, missing credentials) | Permanent         | Permanent |
 | 410                                            | Permanent         | Permanent |
 | 400, 404, 409, 413, 422, every other 4xx       | Permanent         | Retryable |
-| 429, 5xx                                       | Retryable         | Retryable (1) |
+| 429, 5xx                                       | Retryable (1)     | Retryable (1) |
 | timeout (DNS, connect, handshake, answer)      | Retryable         | Retryable |
 | refused, reset, closed without an answer       | Retryable         | Retryable |
 | DNS failure ("DNS: ...")                       | Retryable         | Retryable |
@@ -58,9 +58,12 @@ Why these rows:
   verify failed: certificate has expired", "DNS: cannot resolve ...",
   "connection refused by ..."), the same text from both senders, and that
   text is the attempt's evidence.
-- A ``Retry-After`` (delta-seconds or an HTTP date) on a 429 or 5xx under
-  ``status`` is the exception's ``retry_after_ms``; the dispatcher waits at
-  least that long, up to its policy's backoff cap.
+- A ``Retry-After`` (delta-seconds or an HTTP date) on a 429 or 5xx (a 503
+  above all) is the exception's ``retry_after_ms`` under both policies: the
+  receiver says when it can take the next request, whichever ACK it gives
+  when it does. The dispatcher waits at least that long, up to its policy's
+  backoff cap. The lab's ``run_once`` keeps its own delay (``classify_error``
+  reads no header).
 
 ``http_status`` (an int) is an attribute of the raised exception, set when
 an HTTP answer's status line arrived and decided the verdict: the evidence
@@ -438,13 +441,16 @@ def answer_verdict(destination: Destination, status: int, body: bytes, event_id:
     """What an answer proves under the destination's ACK policy (the table)."""
     if destination.ack == "status":
         return status_verdict(status, body, retry_after, now_ms)
-    return ack_verdict(status, body, event_id)
+    return ack_verdict(status, body, event_id, retry_after, now_ms)
 
 
-def ack_verdict(status: int, body: bytes, event_id: str) -> Literal[True]:
+def ack_verdict(status: int, body: bytes, event_id: str, retry_after: Optional[str] = None,
+                now_ms: int = 0) -> Literal[True]:
     """Decide what an HTTP answer proves. ``body`` holds at most ACK_LIMIT + 1 bytes.
 
-    Every error raised carries ``http_status``, the status that decided it.
+    Every error raised carries ``http_status``, the status that decided it;
+    a 429 or 5xx also ``retry_after_ms`` (``retry_after`` is the answer's
+    Retry-After header; ``now_ms`` the wall clock, for one given as a date).
     """
     if 200 <= status < 300:
         if len(body) > ACK_LIMIT:
@@ -458,7 +464,7 @@ def ack_verdict(status: int, body: bytes, event_id: str) -> Literal[True]:
             raise _answered(BadAck, status, f"ACK names {got!r:.80}, not {event_id!r}")
         return True
     if status == 429 or 500 <= status < 600:
-        raise _answered(Retryable, status, f"receiver answered {status}")
+        raise _unavailable(status, retry_after, now_ms)
     if 400 <= status < 500:
         raise _answered(Permanent, status, _refusal(status, body))
     raise _answered(BadAck, status, f"receiver answered {status}; redirects are not followed")
@@ -474,15 +480,21 @@ def status_verdict(status: int, body: bytes, retry_after: Optional[str],
     if status in (401, 403, 410):
         raise _answered(Permanent, status, _refusal(status, body))
     if status == 429 or 500 <= status < 600:
-        wait_ms = retry_after_ms(retry_after, now_ms)
-        said = "" if wait_ms is None else f", Retry-After {wait_ms} ms"
-        error = _answered(Retryable, status, f"receiver answered {status}{said}")
-        error.retry_after_ms = wait_ms  # type: ignore[attr-defined]  # documented in the table
-        raise error
+        raise _unavailable(status, retry_after, now_ms)
     if 400 <= status < 500:
         raise _answered(Retryable, status, f"receiver answered {status}, retried within the "
                                            f"job's budget: {body[:200]!r}")
     raise _answered(BadAck, status, f"receiver answered {status}; redirects are not followed")
+
+
+def _unavailable(status: int, retry_after: Optional[str], now_ms: int) -> LeaseError:
+    """A 429 or 5xx, under either policy: Retryable, with the answer's
+    Retry-After as ``retry_after_ms`` (None when it gave none)."""
+    wait_ms = retry_after_ms(retry_after, now_ms)
+    said = "" if wait_ms is None else f", Retry-After {wait_ms} ms"
+    error = _answered(Retryable, status, f"receiver answered {status}{said}")
+    error.retry_after_ms = wait_ms  # type: ignore[attr-defined]  # documented in the table
+    return error
 
 
 def _refusal(status: int, body: bytes) -> str:

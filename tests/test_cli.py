@@ -20,7 +20,7 @@ from lease import sqlite as store
 from lease import worker
 
 from .conftest import T0, job_rows, run_on_a_terminal
-from .servers import ReceiverProcess
+from .servers import HostileServer, ReceiverProcess, ack_for
 
 COMMANDS = ["init", "enqueue", "run", "serve", "stats", "dead", "inspect", "redrive", "cancel",
             "prune", "prune-inbox", "demo", "bench"]
@@ -116,6 +116,13 @@ BAD_USAGE = [
      "--batch-size"),
     (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--prefetch", "-1"],
      "--prefetch"),
+    (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--send-timeout", "4d"],
+     "--send-timeout must be 1 ms up to the retry budget, a job's time to live "
+     "(259200000 = 3d ms), got 345600000 ms"),
+    (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--send-timeout", "0"],
+     "--send-timeout must be 1 ms up to"),
+    (["run", "{queue}", "--url", "http://127.0.0.1:9/events", "--send-timeout", "soon"],
+     "--send-timeout"),
     (["stats", "{missing}"], "queue file not found"),
     (["dead", "{queue}", "--reason", "bad reason"], "--reason"),
     (["dead", "{queue}", "--reason", "bogus"], "must be one of deadline, exhausted, permanent"),
@@ -215,6 +222,27 @@ def test_run_until_idle_stats_dead_inspect_redrive(queue: Path, tmp_path: Path):
     assert job_rows(queue)["late"]["status"] == "done"
 
 
+@pytest.mark.parametrize(("flags", "ok"), [(["--send-timeout", "3s"], 1), ([], 0)])
+def test_run_send_timeout_outlasts_the_lease(queue: Path, flags: list, ok: int):
+    """A receiver that answers after three leases: with --send-timeout the one
+    request ends in an ACK, its lease extended meanwhile; without it the send
+    ends within its lease, a timeout."""
+    assert cli("enqueue", str(queue), "--id", "slow", "--qty", "1",
+               "--max-attempts", "1").returncode == 0
+
+    def slow(request, sock) -> None:
+        time.sleep(0.9)
+        ack_for()(request, sock)
+
+    with HostileServer(slow) as server:
+        out = cli("run", str(queue), "--url", server.url, "--until-idle", "--lease-ms", "300",
+                  *flags)
+    summary = json.loads(out.stdout)
+    assert (summary["ok"], summary["dead"], len(server.requests)) == (ok, 1 - ok, 1), out.stderr
+    assert out.returncode == (0 if ok else 3)
+    assert summary["extended"] >= (3 if ok else 0)
+
+
 def test_run_to_any_path_on_loopback_and_serve_on_that_path(queue: Path, tmp_path: Path):
     """The path is the operator's (/hooks/orders), on the receiver and the dispatcher
     alike; stats finds the receiver's /stats at its root."""
@@ -283,6 +311,9 @@ def test_demo_end_to_end_leaves_nothing_behind(tmp_path: Path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "consistent: 81 orders" in out.stdout and " BAD " not in out.stdout
     assert "dispatcher-1 exit" in out.stdout and "duplicates absorbed" in out.stdout
+    headline = next(line for line in out.stdout.splitlines() if "ACKed before the SIGKILL" in line)
+    assert re.search(r"ok  the job ACKed before the SIGKILL +snack-[0-9]{5}: [2-9] arrivals, "
+                     r"tokens 1 and [2-9]", headline), headline
     assert list(scratch.iterdir()) == []  # the temporary folder is gone
     leftovers = [p for p in Path("/proc").iterdir() if p.name.isdigit()
                  and str(scratch) in _cmdline(p)]
@@ -305,9 +336,11 @@ def test_demo_keep_keeps_the_files(tmp_path: Path):
 
 
 def _consistent_evidence() -> dict:
+    """Three orders; the killed job ``a`` arrived twice; one answer was dropped
+    (and resent: the second duplicate)."""
     return {
-        "orders": 3, "qty_enqueued": 6, "inbox_rows": 3, "inbox_seen": 4, "stock": 6,
-        "receiver": {"process_requests": 4, "applied": 3, "duplicates": 1, "conflicts": 0,
+        "orders": 3, "qty_enqueued": 6, "inbox_rows": 3, "inbox_seen": 5, "stock": 6,
+        "receiver": {"process_requests": 5, "applied": 3, "duplicates": 2, "conflicts": 0,
                      "stale_senders": 0, "process_rejected": 0, "process_too_large": 0,
                      "process_timed_out": 0, "process_incomplete": 0,
                      "process_injected_503": 0, "process_unavailable": 0,
@@ -316,30 +349,99 @@ def _consistent_evidence() -> dict:
         "redrives": 1, "max_token": 2, "done_not_in_inbox": [], "in_inbox_not_done": [],
         "qty_mismatches": [], "dispatcher_1_exit": -9, "dispatcher_2_exit": 0,
         "dispatcher_2_redrive_pass_exit": 0, "receiver_exit": 0,
+        "leased_when_dispatcher_1_died": 2,
+        "killed": {"id": "a", "token": 1, "arrivals": 2, "inbox_token": 2, "status": "done",
+                   "done_token": 2, "done_by": "dispatcher-2", "recorded": 0},
+        "inbox_max_token": 2, "token_mismatches": [], "inbox_stale": 0, "stale_finishes": 0,
+        "connection_failures": 1,
     }
 
 
-@pytest.mark.parametrize(("change", "label"), [
-    ({"stock": 7}, "stock"),
+def _changed(**receiver: object) -> dict:
+    return {"receiver": {**_consistent_evidence()["receiver"], **receiver}}
+
+
+def _killed(**killed: object) -> dict:
+    return {"killed": {**_consistent_evidence()["killed"], **killed}}
+
+
+KILLED = "the job ACKed before the SIGKILL"
+# Each piece of evidence broken alone, and the one row that must say so.
+BROKEN_EVIDENCE = [
+    ({"killed": None}, KILLED),  # the drill never named its job
+    (_killed(arrivals=1), KILLED),  # the 3 % drops' duplicates alone are no proof
+    (_killed(recorded=1), KILLED),  # the ACK it died with was recorded after all
+    (_killed(status="leased"), KILLED),
+    (_killed(done_by="dispatcher-1"), KILLED),
+    (_killed(done_token=1, inbox_token=1), KILLED),  # never sent again
+    (_killed(inbox_token=3), KILLED),  # the inbox saw a later send than the one done
+    (_changed(process_requests=6), "requests the receiver saw"),
+    ({**_changed(applied=2, process_injected_503=1), "inbox_seen": 4},
+     "applied (new inbox rows)"),
+    ({**_changed(process_dropped_after_commit=2), "connection_failures": 2},
+     "duplicates absorbed"),  # a dropped answer that was never sent again
+    ({"connection_failures": 2}, "answers dropped after commit"),  # more than were dropped
+    ({"connection_failures": 0, "leased_when_dispatcher_1_died": 0},
+     "answers dropped after commit"),  # none on record, and none could die unrecorded
+    ({"inbox_stale": 1}, "stale senders absorbed"),
+    ({**_changed(stale_senders=1, process_requests=6), "inbox_stale": 1,
+      "leased_when_dispatcher_1_died": 0}, "stale senders absorbed"),  # no stale finish
+    (_changed(conflicts=1, process_requests=6), "conflicts / rejected"),
     ({"inbox_rows": 2}, "inbox rows"),
-    ({"qty_mismatches": ["a"]}, "quantity mismatches"),
-    ({"done_not_in_inbox": ["a"]}, "done but not in the inbox"),
+    ({"inbox_seen": 4}, "inbox arrivals (rows x times seen)"),
+    ({"stock": 7}, "stock"),
     ({"by_status": {"pending": 1, "leased": 0, "done": 2, "dead": 0}}, "jobs by status"),
-    ({"dispatcher_1_exit": 0}, "dispatcher-1 exit"),
+    ({"dead_by_reason": {"deadline": 1}}, "dead by reason (now)"),
+    ({"redrives": 0}, "redrives (audit rows)"),
+    ({"done_not_in_inbox": ["a"]}, "done but not in the inbox"),
+    ({"in_inbox_not_done": ["a"]}, "in the inbox but not done"),
+    ({"qty_mismatches": ["a"]}, "quantity mismatches"),
     ({"max_token": 1}, "highest claim token"),
-])
-def test_evidence_check_catches_each_contradiction(change, label):
-    checks = demo.check_evidence(_consistent_evidence())
-    assert [c.label for c in checks if not c.ok] == [], "the baseline must be consistent"
-    bad = demo.check_evidence({**_consistent_evidence(), **change})
-    assert [c.label.strip() for c in bad if not c.ok] == [label]
+    ({"inbox_max_token": 3}, "highest claim token"),
+    ({"token_mismatches": ["b"]}, "done at a token the inbox did not see last"),
+    ({"dispatcher_1_exit": 0}, "dispatcher-1 exit"),
+    ({"dispatcher_2_exit": 1}, "dispatcher-2 exit"),
+    ({"dispatcher_2_redrive_pass_exit": 1}, "redrive pass exit"),
+    ({"receiver_exit": 1}, "receiver exit on SIGTERM"),
+]
 
 
-def test_evidence_check_catches_unaccounted_requests():
-    evidence = _consistent_evidence()
-    evidence["receiver"] = {**evidence["receiver"], "process_requests": 5}
-    assert [c.label for c in demo.check_evidence(evidence) if not c.ok] == [
-        "requests the receiver saw"]
+def test_the_consistent_evidence_is_consistent():
+    assert [c.label for c in demo.check_evidence(_consistent_evidence()) if not c.ok] == []
+
+
+def test_every_row_of_the_evidence_can_fail():
+    """No row is a constant: each is broken by some piece of evidence below."""
+    rows = {c.label.strip() for c in demo.check_evidence(_consistent_evidence())}
+    assert rows == {label for _, label in BROKEN_EVIDENCE}
+
+
+@pytest.mark.parametrize(("change", "label"), BROKEN_EVIDENCE,
+                         ids=[f"{n}-{label}" for n, (_, label) in enumerate(BROKEN_EVIDENCE)])
+def test_the_demo_exits_non_zero_on_each_broken_piece_of_evidence(
+        change, label, monkeypatch, capsys, tmp_path: Path):
+    evidence = {**_consistent_evidence(), **change}
+    monkeypatch.setattr(demo, "tell_the_story", lambda *args: evidence)
+    assert demo.run_demo(keep=str(tmp_path / "kept")) == 1
+    shown = capsys.readouterr().out
+    assert "INCONSISTENT: 1 piece(s)" in shown
+    [bad] = [line for line in shown.splitlines() if line.startswith("  BAD ")]
+    assert bad[len("  BAD "):].strip().startswith(label)
+
+
+def test_the_demo_exits_zero_on_consistent_evidence(monkeypatch, capsys, tmp_path: Path):
+    monkeypatch.setattr(demo, "tell_the_story", lambda *args: _consistent_evidence())
+    assert demo.run_demo(keep=str(tmp_path / "kept")) == 0
+    assert "consistent: 3 orders" in capsys.readouterr().out
+
+
+def test_the_crash_drill_names_its_job_for_the_evidence(tmp_path: Path):
+    log = tmp_path / "dispatcher-1.log"
+    log.write_text("run: owner dispatcher-1\n"
+                   f"{cli_module.CRASH_DRILL} snack-00042 token 3, before recording it\n")
+    assert demo.last_ack(log) == {"id": "snack-00042", "token": 3}
+    log.write_text("run: owner dispatcher-1\n")
+    assert demo.last_ack(log) is None
 
 
 @pytest.mark.timeout(300)  # the receiver and each client on one core of their own

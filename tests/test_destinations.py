@@ -222,6 +222,19 @@ async def test_status_policy_table(send, name, behaviour, expected, status, wait
         assert len(server.requests) == 1  # one request, no redirect followed
 
 
+@pytest.mark.parametrize(("code", "asked", "wait_ms"), [
+    (429, "7", 7000), (503, "5", 5000), (500, None, None), (503, "soon", None)])
+async def test_echo_id_reads_retry_after_as_status_does(send, code, asked, wait_ms):
+    headers = {} if asked is None else {"Retry-After": asked}
+    with HostileServer(answer(code, b"", headers)) as server, \
+            pytest.raises(Retryable) as caught:
+        await send(Destination(server.url), EVENT, timeout=5)
+    assert caught.value.http_status == code  # type: ignore[attr-defined]
+    assert caught.value.retry_after_ms == wait_ms  # type: ignore[attr-defined]
+    assert str(caught.value) == f"receiver answered {code}" + (
+        "" if wait_ms is None else f", Retry-After {wait_ms} ms")
+
+
 @pytest.mark.parametrize("status", [401, 403])
 async def test_a_refused_credential_says_so_under_echo_id_too(send, status):
     with HostileServer(answer(status, b'{"error": "signature mismatch"}')) as server:
@@ -270,16 +283,19 @@ def test_status_verdict_has_no_exceptions_beyond_its_table():
             status_verdict(code, b"", None, 0)
 
 
+@pytest.mark.parametrize("ack", ["echo-id", "status"])
+@pytest.mark.parametrize("code", [429, 503])
 @pytest.mark.parametrize(("asked", "expected_ms"), [
     ("120", 60_000), ("5", 5_000), (None, None), ("0", None)])
 async def test_the_dispatcher_waits_as_asked_up_to_its_cap(queue_path: Path, asked,
-                                                          expected_ms):
+                                                          expected_ms, code, ack):
+    """Under either ACK policy: the receiver says when it can take the next request."""
     policy = RetryPolicy(backoff_base_ms=1000, backoff_cap_ms=60_000, jitter=0)
     expected_ms = expected_ms or policy.delay_ms(1, 0.0)
     headers = {} if asked is None else {"Retry-After": asked}
     enqueue(queue_path, [{"id": "order:1", "body": {"order": 1}}], policy)
-    with HostileServer(answer(503, b"", headers)) as server:
-        destination = Destination(server.url, ack="status")
+    with HostileServer(answer(code, b"", headers)) as server:
+        destination = Destination(server.url, ack=ack)
         async with Dispatcher(queue_path, "d1", destination=destination, policy=policy,
                               clock=FakeClock(T0)) as d:
             run = asyncio.create_task(d.run())
@@ -287,7 +303,7 @@ async def test_the_dispatcher_waits_as_asked_up_to_its_cap(queue_path: Path, ask
             d.stop()
             await run
     [first] = attempts(queue_path, "order:1")
-    assert first["outcome"] == "retry" and first["http_status"] == 503
+    assert first["outcome"] == "retry" and first["http_status"] == code
     store = open_store(queue_path)
     try:
         assert job(store, "order:1")["available_at"] == T0 + expected_ms
