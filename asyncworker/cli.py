@@ -550,8 +550,8 @@ def _tls_arguments(p: argparse.ArgumentParser, *, serves: bool = False,
         served = ("serve this page, and " if serves else "")
         p.add_argument("--insecure-plain-http", action="store_true",
                        help=f"{served}reach {reaches} over plain http where it is not "
-                            f"loopback: anyone on the path can read what crosses it (the "
-                            f"events, the signatures, the figures, a token), and change it")
+                            f"loopback: anyone on the path can read what crosses it (events "
+                            f"and signatures, figures, a token) and change it")
     if secret is not None:
         p.add_argument("--secret-file", metavar="PATH", default=None,
                        help=f"{secret}; refused if every user may write it, a warning if "
@@ -602,8 +602,10 @@ def _operator_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("ui", "serve the operator's web page for QUEUE (read-only unless "
                 "--allow-changes)", _ui, "serve the operator's web page: the queue by status, "
                 "jobs with their evidence, dead letters by reason with bulk redrive and cancel. "
-                "Read-only unless --allow-changes; loopback only unless --token-file is given; "
-                "every change is a POST with a CSRF token from the page itself.")
+                "Read-only unless --allow-changes; loopback only unless --token-file is given "
+                "(then https, or --insecure-plain-http); it answers only to the bound "
+                "address's names and --allowed-host; every change is a POST with a CSRF token "
+                "from the page itself.")
     _queue_argument(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; another needs --token-file, "
