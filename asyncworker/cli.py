@@ -345,14 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", metavar="N", type=_int_in(1, 10000), default=64,
                    help="most requests in one commit (1 turns grouping off)")
     _loop_argument(p)
-    p.add_argument("--tls-cert", metavar="PATH", default=None,
-                   help="serve https with this certificate chain (PEM), with --tls-key")
-    p.add_argument("--tls-key", metavar="PATH", default=None,
-                   help="the certificate's private key (PEM, unencrypted)")
-    p.add_argument("--secret-file", metavar="PATH", default=None,
-                   help="verify every POST's Standard Webhooks signature against the whsec_ "
-                        "secrets in this file, one a line (any one verifies: rotation); a "
-                        "request that fails is 401, nothing touched")
+    _tls_arguments(p, serves=True,
+                   secret="verify every POST's Standard Webhooks signature against the whsec_ "
+                          "secrets in this file, one a line (any one verifies: rotation); a "
+                          "request that fails is 401, nothing touched")
     p.add_argument("--signature-tolerance-s", metavar="S", type=_int_in(1, 86_400),
                    default=None,
                    help=f"how far a signed request's timestamp may be from this clock, in "
@@ -365,10 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--receiver", metavar="URL", default=None,
                    help="also show this receiver's counters (the URL it receives on: https, "
                         "or http to loopback)")
-    p.add_argument("--ca-file", metavar="PATH", default=None,
-                   help="--receiver over https: trust only the CA certificates in this file")
-    p.add_argument("--insecure-plain-http", action="store_true",
-                   help="--receiver over plain http to a host that is not loopback")
+    _tls_arguments(p, reaches="--receiver")
 
     p = command("dead", "list dead jobs and each one's last error (reads only)", _dead)
     _queue_argument(p)
@@ -548,15 +541,34 @@ def _destination_arguments(p: argparse.ArgumentParser) -> None:
                    help="what counts as delivered: echo-id (default) a 2xx JSON object naming "
                         "the job's id, the receiver's proof it read this request; status any "
                         "2xx (the webhook convention: weaker evidence, see the README)")
-    p.add_argument("--ca-file", metavar="PATH", default=None,
-                   help="https: trust only the CA certificates (PEM) in this file, not the "
-                        "system's store")
-    p.add_argument("--secret-file", metavar="PATH", default=None,
-                   help="sign every request (Standard Webhooks) with the whsec_ secrets in "
-                        "this file, one a line (# comments); two during a rotation")
-    p.add_argument("--insecure-plain-http", action="store_true",
-                   help="allow plain http to a host that is not loopback: anyone on the path "
-                        "can read the events and the signatures, and delay or drop them")
+    _tls_arguments(p, reaches="--url",
+                   secret="sign every request (Standard Webhooks) with the whsec_ secrets in "
+                          "this file, one a line (# comments); two during a rotation")
+
+
+def _tls_arguments(p: argparse.ArgumentParser, *, serves: bool = False,
+                   reaches: Optional[str] = None, secret: Optional[str] = None) -> None:
+    """The TLS and secret options of every command that serves https (``serves``)
+    or reaches a receiver (``reaches``: the flag that names its URL), worded
+    here once and checked by ``served_tls``, ``reached`` and ``read_secret_file``."""
+    if serves:
+        p.add_argument("--tls-cert", metavar="PATH", default=None,
+                       help="serve https with this certificate chain (PEM), with --tls-key")
+        p.add_argument("--tls-key", metavar="PATH", default=None,
+                       help="the certificate's private key (PEM, unencrypted)")
+    if reaches is not None:
+        p.add_argument("--ca-file", metavar="PATH", default=None,
+                       help=f"{reaches} over https: trust only the CA certificates (PEM) in "
+                            f"this file, not the system's store")
+        served = ("serve this page, and " if serves else "")
+        p.add_argument("--insecure-plain-http", action="store_true",
+                       help=f"{served}reach {reaches} over plain http where it is not "
+                            f"loopback: anyone on the path can read what crosses it (events "
+                            f"and signatures, figures, a token) and change it")
+    if secret is not None:
+        p.add_argument("--secret-file", metavar="PATH", default=None,
+                       help=f"{secret}; refused if every user may write it, a warning if "
+                            f"others may read it")
 
 
 def _operator_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
@@ -603,21 +615,31 @@ def _operator_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("ui", "serve the operator's web page for QUEUE (read-only unless "
                 "--allow-changes)", _ui, "serve the operator's web page: the queue by status, "
                 "jobs with their evidence, dead letters by reason with bulk redrive and cancel. "
-                "Read-only unless --allow-changes; loopback only unless --token-file is given; "
-                "every change is a POST with a CSRF token from the page itself.")
+                "Read-only unless --allow-changes; loopback only unless --token-file is given "
+                "(then https, or --insecure-plain-http); it answers only to the bound "
+                "address's names and --allowed-host; every change is a POST with a CSRF token "
+                "from the page itself.")
     _queue_argument(p)
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default 127.0.0.1; another needs --token-file)")
+                   help="address to bind (default 127.0.0.1; another needs --token-file, "
+                        "and --tls-cert or --insecure-plain-http)")
     p.add_argument("--port", type=_int_in(0, 65535), default=8080,
                    help="port (default 8080; 0 picks a free one); the URL is printed first")
+    p.add_argument("--allowed-host", metavar="NAME", action="append", default=[],
+                   help="a name the page answers to besides the bound address's own "
+                        "(127.0.0.1, localhost and [::1] at the bound port, or the address "
+                        "given to --host): NAME at any port, or NAME:PORT; repeatable. A "
+                        "request naming any other Host is refused (421), nothing read")
     p.add_argument("--allow-changes", action="store_true",
                    help="allow redrive and cancel from the page (each needs a note)")
     p.add_argument("--token-file", metavar="FILE", default=None,
                    help="a file whose first line is the access token, or LABEL:TOKEN; the "
-                        "label is the operator's name in the audit rows")
+                        "label is the operator's name in the audit rows; refused if every "
+                        "user may write it, a warning if others may read it")
     p.add_argument("--receiver", metavar="URL", default=None,
                    help="the receiver's /stats URL: its applied, duplicates and refusals on "
                         "the overview")
+    _tls_arguments(p, serves=True, reaches="--receiver")
 
     p = command("prune-inbox", "delete inbox rows first seen more than AGE ago (see the "
                 "trade-off in its --help)", _prune_inbox, PRUNE_INBOX_HELP)
@@ -753,13 +775,34 @@ def read_secret_file(path: str) -> tuple[bytes, ...]:
 
     _check_small_file("--secret-file", path, MAX_SECRETS_FILE_BYTES)
     try:
-        return read_secrets(path)
+        keys = read_secrets(path)
     except UnicodeDecodeError:
         raise UsageError(f"--secret-file: {path} is not UTF-8 text") from None
     except ValueError as exc:
         raise UsageError(f"--secret-file: {exc}") from None
     except OSError as exc:
         raise UsageError(f"--secret-file: cannot read {path}: {exc.strerror or exc}") from None
+    check_private_file("--secret-file", path)
+    return keys
+
+
+def check_private_file(flag: str, path: str) -> None:
+    """A secret's file (--secret-file, --token-file), once read: one every user may
+    write is refused (anyone could have put their own secret in it); one others
+    may read or write is used, with one warning line on stderr."""
+    try:
+        mode = os.stat(path).st_mode & 0o777
+    except OSError as exc:  # gone since it was read
+        raise UsageError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
+    if mode & 0o002:
+        raise UsageError(f"{flag}: {path} is writable by every user (mode {mode:04o}): anyone "
+                         f"could have replaced the secret; chmod 600 it and check its content")
+    if mode & 0o077:
+        import logging
+
+        logging.getLogger("asyncworker.cli").warning(
+            f"{flag}: {path} is open to other users (mode {mode:04o}): chmod 600 it, so that "
+            f"only its owner reads it")
 
 
 def check_ca_file(path: str) -> None:
@@ -810,21 +853,43 @@ def check_tls_files(cert: Optional[str], key: Optional[str]) -> None:
                          ) from None
 
 
-def _destination(args: argparse.Namespace) -> Destination:
-    """run's --url and its flags, as the destination the senders check once more:
-    every fault here is a usage error, before the queue is opened."""
+def served_tls(args: argparse.Namespace) -> bool:
+    """--tls-cert and --tls-key (``_tls_arguments(serves=True)``) checked: https or not."""
+    check_tls_files(args.tls_cert, args.tls_key)
+    return args.tls_cert is not None
+
+
+def reached(args: argparse.Namespace, flag: str, url: Optional[str], *, ack: str = "echo-id",
+            secrets: tuple[bytes, ...] = (), serves: bool = False) -> Optional[Destination]:
+    """The receiver ``url`` (given as ``flag``) names, with --ca-file and
+    --insecure-plain-http (``_tls_arguments(reaches=flag)``), as the destination
+    the senders check once more; None when no URL is given. Every fault is a
+    one-line usage error, before the queue is opened. ``serves``: the command
+    serves too, so --insecure-plain-http means something without the URL."""
     from lease.http import Destination
 
-    secrets = () if args.secret_file is None else read_secret_file(args.secret_file)
+    if url is None:
+        if args.ca_file is not None or (args.insecure_plain_http and not serves):
+            raise UsageError(f"--ca-file{'' if serves else ' and --insecure-plain-http'} "
+                             f"go{'es' if serves else ''} with {flag}")
+        return None
     if args.ca_file is not None:
-        if not args.url.startswith("https://"):
-            raise UsageError("--ca-file goes with an https:// --url")
+        if not url.startswith("https://"):
+            raise UsageError(f"--ca-file goes with an https:// {flag}")
         check_ca_file(args.ca_file)
     try:
-        return Destination(args.url, ack=args.ack, ca_file=args.ca_file, secrets=secrets,
+        return Destination(url, ack=ack, ca_file=args.ca_file, secrets=secrets,
                            insecure_http=args.insecure_plain_http)
     except ValueError as exc:
-        raise UsageError(f"--url: {exc}") from None
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def _destination(args: argparse.Namespace) -> Destination:
+    """run's --url and its flags: every fault a usage error, before the queue is opened."""
+    secrets = () if args.secret_file is None else read_secret_file(args.secret_file)
+    destination = reached(args, "--url", args.url, ack=args.ack, secrets=secrets)
+    assert destination is not None  # --url is required
+    return destination
 
 
 def _print_table(rows: list[tuple], out: TextIO = sys.stdout) -> None:
@@ -1273,7 +1338,7 @@ async def _progress(stats: DispatcherStats) -> None:
 def _serve(args: argparse.Namespace) -> int:
     # The flags' files first, before aiohttp is even imported; serve checks the
     # rest (the host with the secrets, the path, the inbox) before it binds.
-    check_tls_files(args.tls_cert, args.tls_key)
+    served_tls(args)
     secrets = None if args.secret_file is None else read_secret_file(args.secret_file)
     if args.signature_tolerance_s is not None and secrets is None:
         raise UsageError("--signature-tolerance-s goes with --secret-file")
@@ -1343,15 +1408,7 @@ def receiver_stats(url: str, ca_file: Optional[str] = None, insecure_http: bool 
 
 
 def _stats(args: argparse.Namespace) -> int:
-    if args.receiver is not None:  # checked before the queue is opened
-        if args.ca_file is not None:
-            check_ca_file(args.ca_file)
-        try:
-            _stats_url(args.receiver, args.ca_file, args.insecure_plain_http)
-        except ValueError as exc:
-            raise UsageError(f"--receiver: {exc}") from None
-    elif args.ca_file is not None or args.insecure_plain_http:
-        raise UsageError("--ca-file and --insecure-plain-http go with --receiver")
+    reached(args, "--receiver", args.receiver)  # checked before the queue is opened
     with closing(open_queue_store(args.queue, read_only=True)) as store:
         snap = store.snapshot()  # at the store's clock: a database's is its server's
     if args.receiver:

@@ -189,3 +189,16 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
+
+
+def stop_process(proc: subprocess.Popen, signum: int = signal.SIGTERM,
+                 timeout: float = 30) -> tuple[str, str]:
+    """Signal a child (unless it has ended), wait for it, kill it if it hangs:
+    what it printed on stdout and stderr."""
+    if proc.poll() is None:
+        proc.send_signal(signum)
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate(timeout=timeout)

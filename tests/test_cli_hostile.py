@@ -866,3 +866,56 @@ def test_a_fifo_named_as_a_secret_or_ca_file_is_refused_without_waiting(work: Pa
     out = run_cli(["run", str(work / "queue.db"), "--url", HTTPS, flag, str(work / "fifo")])
     assert_one_line_error(out, 2, f"{flag}: not a file")
     assert changes(before, state(work)) == []
+
+
+# ------------------------------------------------------------------ a secret's file mode
+
+SECRET_USERS: list[list[Arg]] = [
+    ["run", "{w}/empty.db", "--until-idle", "--url", HTTPS, "--secret-file", "{w}/k/secrets"],
+    ["serve", "--inbox", "{w}/new-inbox.db", "--port", "0", "--secret-file", "{w}/k/secrets"],
+]
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o602, 0o777], ids=oct)
+@pytest.mark.parametrize("args", SECRET_USERS, ids=["run", "serve"])
+def test_a_secret_file_every_user_may_write_is_refused(armed: Path, args: list[Arg],
+                                                      mode: int):
+    """Anyone could have put their own secret in it: refused before anything
+    runs, in one line that names the file and its mode."""
+    assert run_cli(["init", str(armed / "empty.db")]).returncode == 0
+    (armed / "k" / "secrets").chmod(mode)
+    before = state(armed)
+    out = run_cli(expand(args, armed))
+    assert_one_line_error(out, 2, f"{armed}/k/secrets is writable by every user "
+                                  f"(mode 0{mode:o})")
+    assert out.stdout == b"" and SECRET.encode() not in out.stderr
+    assert changes(before, state(armed)) == []
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o604, 0o660], ids=oct)
+@pytest.mark.parametrize("args", SECRET_USERS, ids=["run", "serve"])
+def test_a_secret_file_others_may_read_is_used_with_one_warning(armed: Path, args: list[Arg],
+                                                                mode: int):
+    assert run_cli(["init", str(armed / "empty.db")]).returncode == 0
+    (armed / "k" / "secrets").chmod(mode)
+    proc = subprocess.Popen([sys.executable, "-m", "asyncworker", *expand(args, armed)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        if args[0] == "serve":
+            assert proc.stdout is not None
+            assert proc.stdout.readline().startswith(b"http://127.0.0.1:")  # it serves
+            proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    warned = [line for line in err.decode().splitlines() if "WARNING" in line]
+    if mode == 0o600:
+        assert warned == []
+        return
+    [line] = warned
+    assert f"--secret-file: {armed}/k/secrets is open to other users (mode 0{mode:o})" in line
+    assert SECRET not in err.decode()

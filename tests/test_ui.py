@@ -5,17 +5,21 @@ JSON of every page against what the CLI prints for the same queue."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import urllib.request
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator, Optional
+from urllib.parse import urlencode
 
 import pytest
+import trustme
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -24,7 +28,7 @@ from asyncworker.ui.bulk import BulkRequest, Member, fingerprint, outcome
 from asyncworker.ui.safety import SECURITY_HEADERS, parse_token_line
 from lease.policy import RetryPolicy
 from lease.store import Attempt, Store, open_store
-from tests.servers import ReceiverProcess
+from tests.servers import ReceiverProcess, stop_process
 
 XSS_ID = "<script>alert(1)</script>"
 XSS_ATTR = "\"'><img src=x onerror=alert(1)>"
@@ -570,12 +574,26 @@ def test_the_command_refuses_before_it_binds(sqlite_target: str, tmp_path: Path)
     short.write_text("abc\n")
     good = tmp_path / "token"
     good.write_text(f"ops:{TOKEN}\n")
+    good.chmod(0o600)
     cases = [
         (["ui", sqlite_target, "--host", "0.0.0.0"], "not a loopback address"),
         (["ui", sqlite_target, "--token-file", str(short)], "shorter than 16"),
         (["ui", sqlite_target, "--token-file", str(tmp_path / "none")], "file not found"),
         (["ui", str(tmp_path / "none.db")], "queue file not found"),
         (["ui", sqlite_target, "--receiver", "ftp://x"], "--receiver"),
+        (["ui", sqlite_target, "--receiver", "http://orders.example/events"],
+         "--insecure-plain-http"),
+        (["ui", sqlite_target, "--ca-file", str(good)], "--ca-file goes with --receiver"),
+        (["ui", sqlite_target, "--receiver", "http://127.0.0.1:9/events", "--ca-file",
+          str(good)], "--ca-file goes with an https:// --receiver"),
+        (["ui", sqlite_target, "--receiver", "https://127.0.0.1:9/events", "--ca-file",
+          str(good)], "cannot load CA certificates"),
+        (["ui", sqlite_target, "--tls-cert", str(good)], "--tls-cert and --tls-key go together"),
+        (["ui", sqlite_target, "--tls-cert", str(good), "--tls-key", str(good)],
+         "holds no PEM certificate"),
+        (["ui", sqlite_target, "--host", "0.0.0.0", "--token-file", str(good)], "in the clear"),
+        (["ui", sqlite_target, "--allowed-host", "ops example"], "--allowed-host"),
+        (["ui", sqlite_target, "--allowed-host", "https://ops.example"], "--allowed-host"),
     ]
     for args, words in cases:
         done = cli(*args)
@@ -625,3 +643,239 @@ async def test_a_dead_head_shows_its_blocked_key_and_the_jobs_behind_it(target: 
     assert (shown["blocked_keys"], shown["blocked_jobs"]) == ("1", "2")
     assert (figures["blocked_keys"], figures["blocked_jobs"]) == (1, 2)
     assert '<code id="ordering-key">ann</code> (waiting behind an earlier job of its key)' in behind
+
+
+# ------------------------------------------------------------------ the hosts it answers to
+
+
+class UiProcess:
+    """A real ``asyncworker ui QUEUE ARGS --port 0``: its URL (the first line it
+    prints); stopped by SIGTERM, its stderr kept."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "asyncworker", "ui", *args,
+                                      "--port", "0"], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.line = self.proc.stdout.readline()
+        found = re.search(r"(https?)://(\S+):(\d+)/ \(", self.line)
+        if found is None:
+            self.stop()
+            pytest.fail(f"asyncworker ui did not start: {self.line!r} {self.stderr}")
+        self.scheme, self.port = found.group(1), int(found.group(3))
+        self.stderr = ""
+
+    def request(self, method: str, path: str, host: Optional[str], *,
+                form: Optional[dict] = None, headers: Optional[dict] = None,
+                tls: Optional[ssl.SSLContext] = None) -> tuple[int, str]:
+        """One request to 127.0.0.1 naming ``host`` as its Host (None: no Host at all)."""
+        connection: http.client.HTTPConnection
+        if self.scheme == "https":
+            connection = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=10,
+                                                     context=tls)
+        else:
+            connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+            body = None if form is None else urlencode(form).encode()
+            sent = {**({} if host is None else {"Host": host}), **(headers or {})}
+            if body is not None:
+                sent.update({"Content-Type": "application/x-www-form-urlencoded",
+                             "Content-Length": str(len(body))})
+            for name, value in sent.items():
+                connection.putheader(name, value)
+            connection.endheaders(body)
+            answer = connection.getresponse()
+            return answer.status, answer.read().decode()
+        finally:
+            connection.close()
+
+    def stop(self) -> int:
+        _, self.stderr = stop_process(self.proc)
+        return self.proc.returncode
+
+    def __enter__(self) -> UiProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def csrf_in(text: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]{64})"', text)
+    assert found, text[:500]
+    return found.group(1)
+
+
+def test_a_page_of_another_site_on_a_rebound_name_changes_nothing(sqlite_target: str) -> None:
+    """DNS rebinding: evil.example made to resolve to 127.0.0.1. Its page's requests
+    reach the port with Host and Origin evil.example:PORT, Sec-Fetch-Site
+    same-origin (for the browser it is evil.example's own page): each one is
+    refused before anything is read, the CSRF token never shown."""
+    ids = dead_letters(sqlite_target, 10)
+    with UiProcess(sqlite_target, "--allow-changes") as ui:
+        own = f"127.0.0.1:{ui.port}"
+        status, text = ui.request("GET", "/dead", own)
+        assert status == 200
+        csrf = csrf_in(text)
+        form = {"csrf": csrf, "action": "cancel", "note": "by another site"}
+        evil = f"evil.example:{ui.port}"
+        browser = {"Origin": f"http://{evil}", "Sec-Fetch-Site": "same-origin"}
+        for host in (evil, "evil.example", f"127.0.0.1:{ui.port + 1}", f"localhost.:{ui.port}",
+                     f"127.0.0.1:{ui.port}.evil.example", "", "@", f"127.0.0.1:{ui.port}:1"):
+            status, text = ui.request("GET", "/dead", host)
+            assert status in (400, 421), (host, status)
+            assert csrf not in text and "dead:0" not in text, host
+            status, text = ui.request("GET", "/ui.css", host)
+            assert status in (400, 421), (host, status)
+        assert ui.request("GET", "/", None)[0] == 400  # no Host at all
+        status, text = ui.request("POST", "/dead/preview?format=json", evil, form=form,
+                                  headers=browser)
+        assert status == 421 and "evil.example" in text and "count" not in text
+        # the fingerprint of the very set, as the attacker could not even learn it
+        _, dry = ui.request("POST", "/dead/preview?format=json", own, form=form)
+        form["fingerprint"] = json.loads(dry)["fingerprint"]
+        status, text = ui.request("POST", "/dead/apply?format=json", evil, form=form,
+                                  headers=browser)
+        assert status == 421 and "cancelled" not in text
+        assert {statuses(sqlite_target)[i][0] for i in ids} == {"dead"}
+        # an Origin is compared with the page's own names, not with the request's Host
+        status, _ = ui.request("POST", "/dead/apply?format=json", own, form=form,
+                               headers={"Origin": f"http://{evil}"})
+        assert status == 403
+        assert {statuses(sqlite_target)[i] for i in ids} == {("dead", "permanent")}
+        for name in (own, f"localhost:{ui.port}", f"[::1]:{ui.port}", f"LOCALHOST:{ui.port}"):
+            assert ui.request("GET", "/?format=json", name)[0] == 200, name
+        status, text = ui.request("POST", "/dead/apply?format=json", own, form=form, headers={
+            "Origin": f"http://localhost:{ui.port}", "Sec-Fetch-Site": "same-origin"})
+        assert status == 200 and json.loads(text)["counts"] == {"cancelled": 10}
+
+
+@pytest.mark.parametrize("mode", ["read-only", "changes", "token"])
+async def test_a_foreign_host_is_refused_in_every_mode(sqlite_target: str, mode: str) -> None:
+    dead_letters(sqlite_target, 1)
+    settings: dict[str, object] = {"allow_changes": mode != "read-only"}
+    bearer = {}
+    if mode == "token":
+        settings["token"] = TOKEN
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+    async with page(sqlite_target, **settings) as client:
+        for path in ("/", "/dead", "/jobs", "/job?id=dead:0", "/login", "/ui.css"):
+            answer = await client.get(path, headers={"Host": "evil.example", **bearer},
+                                      allow_redirects=False)
+            assert answer.status == 421, (path, answer.status)
+            assert "csrf" not in await answer.text()
+            assert answer.headers["X-Content-Type-Options"] == "nosniff"
+        for path in ("/dead/preview", "/dead/apply", "/login", "/logout"):
+            answer = await client.post(path, data={"token": TOKEN}, headers={
+                "Host": "evil.example", **bearer}, allow_redirects=False)
+            assert answer.status == 421, (path, answer.status)
+            assert "Set-Cookie" not in answer.headers
+        assert (await client.get("/?format=json", headers=bearer)).status == 200
+
+
+async def test_the_names_it_answers_to_are_the_ones_allowed(sqlite_target: str) -> None:
+    dead_letters(sqlite_target, 1)
+    async with page(sqlite_target, allow_changes=True,
+                    allowed_hosts=["ops.example", "127.0.0.1:1"]) as client:
+        assert (await client.get("/")).status == 421  # 127.0.0.1 at the test's port: not listed
+        text = await (await client.get("/dead", headers={"Host": "ops.example:8443"})).text()
+        form = {"csrf": csrf_in(text), "action": "redrive", "note": "n"}
+        host = {"Host": "ops.example"}
+        for origin in ("http://ops.example", "https://ops.example", "http://ops.example:8443"):
+            answer = await client.post("/dead/preview?format=json", data=form,
+                                       headers={**host, "Origin": origin})
+            assert answer.status == 200, origin
+        for origin in ("http://evil.example", "http://127.0.0.1:2", "http://ops.example/x",
+                       "ftp://ops.example", "ops.example"):
+            answer = await client.post("/dead/preview?format=json", data=form,
+                                       headers={**host, "Origin": origin})
+            assert answer.status == 403, origin
+    for bad in (["ops example"], ["ops.example:99999"], [], ["http://ops.example"]):
+        with pytest.raises(ValueError):
+            ui_app(sqlite_target, allowed_hosts=bad)
+
+
+# ------------------------------------------------------------------ TLS, and the secret's file
+
+
+def private_token(tmp_path: Path, mode: int = 0o600) -> Path:
+    token = tmp_path / f"token-{mode:o}"
+    token.write_text(f"ops:{TOKEN}\n")
+    token.chmod(mode)
+    return token
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> dict[str, str]:
+    """A private CA's file, and a certificate it issued for 127.0.0.1 with its key."""
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1", "localhost")
+    files = {"ca": tmp_path / "ca.pem", "cert": tmp_path / "cert.pem", "key": tmp_path / "key.pem"}
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    leaf.private_key_and_cert_chain_pem.write_to_path(str(files["cert"]))
+    leaf.private_key_pem.write_to_path(str(files["key"]))
+    files["key"].chmod(0o600)
+    return {name: str(path) for name, path in files.items()}
+
+
+def test_the_page_over_https_and_a_receiver_behind_a_private_ca(
+        sqlite_target: str, tmp_path: Path, pki: dict[str, str]) -> None:
+    """ui serves https with --tls-cert/--tls-key, and reaches a receiver whose
+    certificate a private CA issued with --ca-file, as run does."""
+    dead_letters(sqlite_target, 1)
+    tls = ssl.create_default_context(cafile=pki["ca"])
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    with ReceiverProcess(tmp_path / "inbox.db", "--tls-cert", pki["cert"], "--tls-key",
+                         pki["key"], cafile=pki["ca"]) as receiver:
+        assert receiver.url.startswith("https://127.0.0.1:")
+        with UiProcess(sqlite_target, "--token-file", str(private_token(tmp_path)),
+                       "--tls-cert", pki["cert"], "--tls-key", pki["key"],
+                       "--receiver", receiver.url, "--ca-file", pki["ca"]) as ui:
+            assert ui.scheme == "https", ui.line
+            status, text = ui.request("GET", "/?format=json", f"127.0.0.1:{ui.port}",
+                                      headers=bearer, tls=tls)
+            assert status == 200, text
+            figures = json.loads(text)
+            assert "receiver_error" not in figures, figures
+            stats = receiver.stats()
+            assert {key: figures["receiver"][key] for key in ("applied", "duplicates")} == {
+                key: stats[key] for key in ("applied", "duplicates")}
+        assert ui.stop() == 0 and ui.stderr == "", ui.stderr
+        # without --ca-file the system's store is asked, and it does not know this CA
+        with UiProcess(sqlite_target, "--receiver", receiver.url) as ui:
+            status, text = ui.request("GET", "/?format=json", f"127.0.0.1:{ui.port}")
+            assert "CERTIFICATE_VERIFY_FAILED" in json.loads(text)["receiver_error"]
+
+
+def test_a_token_never_crosses_a_network_in_the_clear_unasked(sqlite_target: str,
+                                                              tmp_path: Path) -> None:
+    token = str(private_token(tmp_path))
+    refused = cli("ui", sqlite_target, "--host", "0.0.0.0", "--token-file", token)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "in the clear" in refused.stderr and "--tls-cert" in refused.stderr
+    with UiProcess(sqlite_target, "--host", "0.0.0.0", "--token-file", token,
+                   "--insecure-plain-http", "--allowed-host", "ops.example") as ui:
+        assert ui.line.startswith("asyncworker ui: ") and "http://0.0.0.0:" in ui.line
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        for host in (f"127.0.0.1:{ui.port}", "ops.example", f"ops.example:{ui.port}"):
+            assert ui.request("GET", "/?format=json", host, headers=bearer)[0] == 200, host
+        assert ui.request("GET", "/?format=json", "evil.example", headers=bearer)[0] == 421
+
+
+def test_a_token_file_others_may_read_warns_and_one_all_may_write_is_refused(
+        sqlite_target: str, tmp_path: Path) -> None:
+    with UiProcess(sqlite_target, "--token-file", str(private_token(tmp_path))) as ui:
+        pass
+    assert ui.stderr == ""
+    for mode in (0o640, 0o644, 0o660):
+        token = private_token(tmp_path, mode)
+        with UiProcess(sqlite_target, "--token-file", str(token)) as ui:
+            pass
+        [line] = ui.stderr.splitlines()
+        assert "WARNING" in line and str(token) in line and f"mode 0{mode:o}" in line, line
+        assert "chmod 600" in line and TOKEN not in line
+    for mode in (0o666, 0o602, 0o777):
+        done = cli("ui", sqlite_target, "--token-file", str(private_token(tmp_path, mode)))
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert "writable by every user" in done.stderr and TOKEN not in done.stderr

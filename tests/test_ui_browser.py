@@ -12,12 +12,15 @@ dead letters' page is also saved there (``docs/operator-ui.png`` for the README)
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -57,14 +60,21 @@ def queue(tmp_path: Path) -> str:
 
 @pytest.fixture
 def ui_process(queue: str) -> Iterator[str]:
-    """A real ``asyncworker ui`` on a free loopback port: its URL; stopped by
+    """A real ``asyncworker ui`` on a free loopback port: its URL."""
+    with _ui(queue, 0) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _ui(queue: str, port: int) -> Iterator[str]:
+    """``asyncworker ui QUEUE --allow-changes --port PORT``: its URL; stopped by
     SIGTERM (killed if it hangs) and waited for. Started in the queue's folder,
     so the page (and its screenshot) names it by its short name."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "asyncworker", "ui", Path(queue).name,
-                             "--allow-changes", "--port", "0"], cwd=Path(queue).parent, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--allow-changes", "--port", str(port)], cwd=Path(queue).parent,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -91,6 +101,96 @@ def _browser_or_fail() -> None:
     except ImportError:
         pytest.fail("the browser test needs Playwright for Python: pip install playwright "
                     "(never `playwright install`: it drives the system Chromium)")
+
+
+class AttackersServer:
+    """The attacker's own server, on 127.0.0.1 here: one page, until it is closed."""
+
+    PAGE = b"<!doctype html><title>cute cats</title><p>cats</p>"
+
+    def __init__(self) -> None:
+        page = self.PAGE
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(page)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(page)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        if not self.thread.is_alive():
+            return
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=30)
+
+
+def test_a_site_whose_name_was_rebound_to_the_page_changes_nothing(
+        queue: str, tmp_path: Path) -> None:
+    """DNS rebinding in a real browser. Chromium resolves evil.example to 127.0.0.1
+    (--host-resolver-rules); the attacker's page comes from the attacker's server
+    at evil.example:PORT, which then gives the port to ``asyncworker ui`` (as the
+    name's address changes in the real attack, the origin staying the same). The
+    page's script reads /dead for the CSRF token and posts the dry run and the
+    cancel, same-origin for the browser: every request is refused (421), nothing
+    read, nothing changed. The operator's own page on that port still works."""
+    _browser_or_fail()
+    from playwright.sync_api import sync_playwright
+
+    attacker = AttackersServer()
+    evil = f"http://evil.example:{attacker.port}"
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
+            args=[*CHROMIUM_ARGS, "--host-resolver-rules=MAP evil.example 127.0.0.1"])
+        try:
+            page = context.new_page()
+            page.goto(f"{evil}/cats")
+            assert page.title() == "cute cats"
+            attacker.close()
+            with _ui(queue, attacker.port) as url:
+                seen = page.evaluate("""async () => {
+                    const out = {};
+                    const dead = await fetch("/dead");
+                    const text = await dead.text();
+                    out.dead = dead.status;
+                    const found = text.match(/name="csrf" value="([0-9a-f]{64})"/);
+                    out.csrf = found ? found[1] : null;
+                    const form = {action: "cancel", note: "by another site",
+                                  csrf: out.csrf || "none"};
+                    const dry = await fetch("/dead/preview?format=json",
+                                            {method: "POST", body: new URLSearchParams(form)});
+                    out.preview = dry.status;
+                    if (dry.ok) form.fingerprint = (await dry.json()).fingerprint;
+                    const done = await fetch("/dead/apply?format=json",
+                                             {method: "POST", body: new URLSearchParams(form)});
+                    out.apply = done.status;
+                    out.applied = await done.text();
+                    return out;
+                }""")
+                assert seen["csrf"] is None, seen
+                assert (seen["dead"], seen["preview"], seen["apply"]) == (421, 421, 421), seen
+                own = context.new_page()
+                own.goto(url + "dead")
+                assert own.locator('input[name="csrf"]').count() >= 1
+        finally:
+            context.close()
+            attacker.close()
+    with open_store(queue, read_only=True) as store:
+        assert len(store.jobs_with_status("dead")) == 10
+        history = store.job_history("order:0")
+    assert history is not None and history["cancels"] == []
 
 
 def test_a_bulk_redrive_in_a_real_browser(queue: str, ui_process: str, tmp_path: Path) -> None:

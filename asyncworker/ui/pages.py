@@ -13,10 +13,21 @@ import asyncio
 import hmac
 import json
 import shlex
+import ssl
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, TypeVar
+from typing import (
+    Any,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Optional,
+    TypeVar,
+    Union,
+)
 
 import aiohttp
 import jinja2
@@ -36,13 +47,16 @@ from asyncworker.ui.bulk import (
     parse_filter,
 )
 from asyncworker.ui.safety import (
+    LOOPBACK_NAMES,
     SECURITY_HEADERS,
     SESSION_COOKIE,
     Access,
     Guard,
+    Hosts,
     check_token,
     cross_site,
 )
+from lease.http import Destination
 from lease.observe import MAX_PAGE, STATUSES
 from lease.policy import PRODUCT, check_actor
 from lease.store import PATIENT, Store, StoreError, is_postgres_url, open_store
@@ -152,6 +166,8 @@ class Settings:
     guard: Guard
     operator: Optional[str]  # who the audit rows name
     stats_url: Optional[str]  # the receiver's /stats
+    hosts: Hosts  # the names it answers to
+    receiver_tls: Optional[ssl.SSLContext]  # how the receiver's certificate is verified
 
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -161,20 +177,29 @@ HTTP = web.AppKey("http", aiohttp.ClientSession)
 
 
 def ui_app(queue: str, *, allow_changes: bool = False, token: Optional[str] = None,
-           receiver_url: Optional[str] = None, operator: Optional[str] = None
-           ) -> web.Application:
+           receiver_url: Union[str, Destination, None] = None, operator: Optional[str] = None,
+           allowed_hosts: Iterable[str] = LOOPBACK_NAMES) -> web.Application:
     """The page for ``queue`` (a file's path or a ``postgresql://`` URL), to serve
     or to mount: ``app.add_subapp("/ops", ui_app(...))``. ``token``: every request
     must show it (Bearer, or the login form's cookie). ``operator``: the name
-    the audit rows of its changes carry. The queue opens when the app starts."""
+    the audit rows of its changes carry. ``receiver_url``: the receiver's URL,
+    or a ``lease.http.Destination`` (its ``ca_file``, its ``insecure_http``).
+    ``allowed_hosts``: the names a request's ``Host`` may carry, each ``NAME``
+    (any port) or ``NAME:PORT`` (by default loopback's names: mounted in a
+    service reached by another name, list that one); any other is refused
+    (421) before anything is read. The queue opens when the app starts."""
     if token is not None:
         check_token(token)
     check_actor(operator)
-    stats_url = None if receiver_url is None else _stats_url(receiver_url)
+    hosts = Hosts(allowed_hosts)
+    receiver = None if receiver_url is None else (
+        receiver_url if isinstance(receiver_url, Destination) else Destination(receiver_url))
+    stats_url = None if receiver is None else _stats_url(
+        receiver.url, insecure_http=receiver.insecure_http)
     access = None if token is None else Access(token, operator)
     app = web.Application(middlewares=[_refusals, _guarded])
     app[SETTINGS] = Settings(shown(str(queue)), allow_changes, Guard(access), operator,
-                             stats_url)
+                             stats_url, hosts, None if receiver is None else receiver.ssl_context)
     app[QUEUE] = Queue(str(queue), allow_changes=allow_changes)
     app[TEMPLATES] = _templates()
     app.cleanup_ctx.append(_open_queue)
@@ -215,8 +240,11 @@ async def _open_queue(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _http_session(app: web.Application) -> AsyncIterator[None]:
-    # no proxy from the environment, no cookies kept: a GET of the receiver's figures
-    async with aiohttp.ClientSession(trust_env=False,
+    # no proxy from the environment, no cookies kept: a GET of the receiver's figures,
+    # its certificate verified as the senders verify it (against --ca-file alone if given)
+    context = app[SETTINGS].receiver_tls
+    connector = aiohttp.TCPConnector(ssl=True if context is None else context)
+    async with aiohttp.ClientSession(trust_env=False, connector=connector,
                                      cookie_jar=aiohttp.DummyCookieJar()) as session:
         app[HTTP] = session
         yield
@@ -270,9 +298,19 @@ def _accepts_html(request: web.Request) -> bool:
 
 @web.middleware
 async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Cross-site posts refused first, then the token asked for."""
+    """A host it does not answer to refused first, then cross-site posts, then
+    the token asked for."""
     settings = request.app[SETTINGS]
-    if request.method == "POST" and cross_site(request.headers, _origin(request)):
+    host = request.headers.get("Host")
+    if not settings.hosts.admits(host, 443 if request.secure else 80):
+        # plain text, no page: a page carries the CSRF token, which such a request
+        # (another site's, by a name rebound to this address) must never read
+        status = 400 if host is None else 421
+        why = ("names no Host" if host is None else
+               f"names the host {host!r:.80}, not one this page answers to (asyncworker ui "
+               f"--allowed-host names the others)")
+        return web.Response(status=status, text=f"refused: the request {why}\n")
+    if request.method == "POST" and cross_site(request.headers, settings.hosts):
         raise Refused(403, "refused: a change must be posted by this page itself "
                            "(a cross-site request)")
     route = request.match_info.route.name
@@ -285,10 +323,6 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
         raise web.HTTPSeeOther(login_url)
     raise Refused(401, "the access token is missing or wrong",
                   {"WWW-Authenticate": 'Bearer realm="asyncworker ui"'})
-
-
-def _origin(request: web.Request) -> str:
-    return f"{request.scheme}://{request.host}"
 
 
 def _url(request: web.Request, name: str, **query: Any) -> str:

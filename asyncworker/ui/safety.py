@@ -3,10 +3,16 @@
 Safe by default. Without a token the page binds loopback only (anyone who can
 reach a loopback port is already on this host); with one, every request shows
 it, as ``Authorization: Bearer TOKEN`` or as the session cookie the login form
-sets. A change is a POST that carries a CSRF token (an HMAC of the session
-under a key this process draws at start) and comes from the page itself: a
-browser's ``Sec-Fetch-Site`` or ``Origin`` that names another site is refused
-before anything else is looked at. Secrets are compared in constant time.
+sets. Every request names a host this page answers to (``Hosts``: the bound
+address's names, and those the operator allows), else it is refused before
+anything is read: a page of another site whose name was made to resolve to
+this address (DNS rebinding) names its own host, never one of these. A change
+is a POST that carries a CSRF token (an HMAC of the session under a key this
+process draws at start) and comes from the page itself: a browser's
+``Sec-Fetch-Site`` that names another site, or an ``Origin`` that is not one
+of the page's own (by ``Hosts``, never by the request's own ``Host``), is
+refused before anything else is looked at. Secrets are compared in constant
+time.
 """
 
 from __future__ import annotations
@@ -17,12 +23,12 @@ import ipaddress
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Iterable, Iterator, Mapping, Optional
 
 from lease.policy import check_actor
 
-__all__ = ["Access", "Guard", "SECURITY_HEADERS", "SESSION_COOKIE", "MIN_TOKEN_CHARS",
-           "check_token", "cross_site", "is_loopback", "parse_token_line"]
+__all__ = ["Access", "Guard", "Hosts", "LOOPBACK_NAMES", "SECURITY_HEADERS", "SESSION_COOKIE",
+           "MIN_TOKEN_CHARS", "check_token", "cross_site", "is_loopback", "parse_token_line"]
 
 # No inline script or style anywhere: only the page's own stylesheet and images.
 SECURITY_HEADERS = {
@@ -35,6 +41,10 @@ SECURITY_HEADERS = {
 SESSION_COOKIE = "asyncworker_ui"
 MIN_TOKEN_CHARS = 16  # a token short enough to guess protects nothing
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # visible ASCII: no space to lose when pasted
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")  # what a browser on this host calls it
+# a Host header's authority: a DNS name or IPv4 address, or an IPv6 literal in brackets
+_AUTHORITY = re.compile(r"(?P<name>[a-z0-9](?:[a-z0-9.-]{0,252})|\[[0-9a-f:.]{2,45}\])"
+                        r"(?::(?P<port>[0-9]{1,5}))?")
 
 
 @dataclass(frozen=True)
@@ -79,18 +89,74 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def cross_site(headers: Mapping[str, str], own_origin: str) -> bool:
+def _authority(text: str) -> Optional[tuple[str, Optional[int]]]:
+    """``name[:port]`` lowercased, as (name, port or None); None when malformed."""
+    found = _AUTHORITY.fullmatch(text.strip().lower())
+    if found is None:
+        return None
+    port = found.group("port")
+    if port is not None and not 1 <= int(port) <= 65535:
+        return None
+    return found.group("name"), None if port is None else int(port)
+
+
+class Hosts:
+    """The names this page answers to: each ``NAME`` (at any port) or
+    ``NAME:PORT``, an IPv6 address in brackets (``[::1]:8080``). A request's
+    ``Host`` must be one of them, and so must a posting page's ``Origin``."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        rules = []
+        for name in names:
+            rule = _authority(name) if isinstance(name, str) else None
+            if rule is None:
+                raise ValueError(f"not a host name, an IP address or NAME:PORT: {name!r:.80}")
+            rules.append(rule)
+        if not rules:
+            raise ValueError("no host to answer to")
+        self.rules: tuple[tuple[str, Optional[int]], ...] = tuple(dict.fromkeys(rules))
+
+    def __repr__(self) -> str:
+        return f"Hosts({list(self.shown())!r})"
+
+    def shown(self) -> Iterator[str]:
+        return (name if port is None else f"{name}:{port}" for name, port in self.rules)
+
+    def admits(self, host: Optional[str], default_port: int) -> bool:
+        """A ``Host`` header (or an origin's host) this page answers to."""
+        found = None if host is None else _authority(host)
+        if found is None:
+            return False
+        name, port = found
+        port = default_port if port is None else port
+        return any(name == rule and (want is None or want == port) for rule, want in self.rules)
+
+    def admits_origin(self, origin: str) -> bool:
+        """``Origin: scheme://host[:port]`` of a page this process serves."""
+        scheme, sep, host = origin.partition("://")
+        if not sep or scheme not in ("http", "https"):
+            return False
+        return self.admits(host, 443 if scheme == "https" else 80)
+
+
+def cross_site(headers: Mapping[str, str], hosts: Hosts) -> bool:
     """A browser's request sent by another site's page (a form that posts here).
 
-    ``Sec-Fetch-Site`` decides when the browser sends it (no page can set it).
-    Only without it is ``Origin`` read: under ``Referrer-Policy: no-referrer``
-    Chromium posts this page's own forms with ``Origin: null``. A client that
-    is not a browser sends neither: the CSRF and access tokens stop it instead."""
+    ``Sec-Fetch-Site`` that names another site decides (no page can set it).
+    An ``Origin`` must be one of ``hosts``' (never compared with the request's
+    own ``Host``, which a rebound name makes the attacker's); ``Origin: null``
+    passes only beside ``Sec-Fetch-Site``: under ``Referrer-Policy: no-referrer``
+    Chromium posts this page's own forms so. A client that is not a browser
+    sends neither: the CSRF and access tokens stop it instead."""
     fetch_site = headers.get("Sec-Fetch-Site")
-    if fetch_site is not None:
-        return fetch_site not in ("same-origin", "none")
+    if fetch_site is not None and fetch_site not in ("same-origin", "none"):
+        return True
     origin = headers.get("Origin")
-    return origin is not None and origin != own_origin
+    if origin is None:
+        return False
+    if origin == "null":
+        return fetch_site is None
+    return not hosts.admits_origin(origin)
 
 
 class Guard:

@@ -1,9 +1,13 @@
 """``asyncworker ui QUEUE``: the page served until SIGINT or SIGTERM.
 
 Everything is checked before the port is bound: the token file, the host
-(not loopback: a token is required), the receiver's URL and the queue itself
+(not loopback: a token is required, and https or --insecure-plain-http, so the
+token never crosses a network in the clear unasked), the names it answers to,
+the TLS files, the receiver's URL with its TLS options and the queue itself
 (opened once, read-only unless --allow-changes), so a refusal is one line and
-the CLI's exit code (2: bad usage or not a queue; 1: a store that fails).
+the CLI's exit code (2: bad usage or not a queue; 1: a store that fails). The
+port is bound before the app is made, so that the names the page answers to
+carry the port it got.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import argparse
 import asyncio
 import getpass
 import signal
+import socket
+import ssl
 from contextlib import closing
 from typing import Optional
 
@@ -21,12 +27,15 @@ from asyncworker.cli import (
     EXIT_OK,
     UsageError,
     _check_small_file,
-    _stats_url,
+    check_private_file,
     open_queue_store,
+    reached,
+    served_tls,
     shown,
 )
+from asyncworker.receiver import server_tls_context
 from asyncworker.ui.pages import ui_app
-from asyncworker.ui.safety import Access, is_loopback, parse_token_line
+from asyncworker.ui.safety import LOOPBACK_NAMES, Access, Hosts, is_loopback, parse_token_line
 from lease.policy import check_actor
 
 __all__ = ["serve_ui"]
@@ -36,21 +45,59 @@ MAX_TOKEN_FILE_BYTES = 64 * 1024  # a token file holds a line; a larger one is a
 
 def serve_ui(args: argparse.Namespace) -> int:
     access = None if args.token_file is None else read_token_file(args.token_file)
-    if access is None and not is_loopback(args.host):
-        raise UsageError(f"--host {args.host} is not a loopback address: anyone who can "
-                         f"reach it could use the page; give --token-file (or bind 127.0.0.1)")
-    if args.receiver is not None:
+    https = served_tls(args)
+    if not is_loopback(args.host):
+        if access is None:
+            raise UsageError(f"--host {args.host} is not a loopback address: anyone who can "
+                             f"reach it could use the page; give --token-file (or bind "
+                             f"127.0.0.1)")
+        if not https and not args.insecure_plain_http:
+            raise UsageError(f"--host {args.host} is not a loopback address: over plain http "
+                             f"the token crosses the network in the clear; give --tls-cert "
+                             f"and --tls-key (or --insecure-plain-http)")
+    if args.allowed_host:
         try:
-            _stats_url(args.receiver)
+            Hosts(args.allowed_host)  # each one's form, before anything binds
         except ValueError as exc:
-            raise UsageError(f"--receiver: {exc}") from None
+            raise UsageError(f"--allowed-host: {exc}") from None
+    receiver = reached(args, "--receiver", args.receiver, serves=True)
     with closing(open_queue_store(args.queue, read_only=not args.allow_changes)):
         pass  # a queue, of a version this page reads: checked before anything binds
-    app = ui_app(args.queue, allow_changes=args.allow_changes,
-                 token=None if access is None else access.token,
-                 receiver_url=args.receiver, operator=_operator(access))
-    asyncio.run(_serve(app, args))
+    try:
+        tls = server_tls_context(args.tls_cert, args.tls_key) if https else None
+    except ValueError as exc:  # changed since it was checked
+        raise UsageError(str(exc)) from None
+    sock = _bind(args.host, args.port)
+    with closing(sock):
+        port = sock.getsockname()[1]
+        app = ui_app(args.queue, allow_changes=args.allow_changes,
+                     token=None if access is None else access.token,
+                     receiver_url=receiver, operator=_operator(access),
+                     allowed_hosts=answers_to(args.host, port, args.allowed_host))
+        asyncio.run(_serve(app, args, sock, tls))
     return EXIT_OK
+
+
+def answers_to(host: str, port: int, allowed: list[str]) -> list[str]:
+    """The names the page answers to: the bound address's (loopback's three when
+    it is loopback or every address, else the address itself) at the bound port,
+    and each --allowed-host as given."""
+    literal = f"[{host.strip('[]')}]" if ":" in host else host
+    names = [] if host in ("0.0.0.0", "::", "[::]") else [literal]
+    if is_loopback(host) or not names:
+        names += LOOPBACK_NAMES
+    return [f"{name}:{port}" for name in names] + list(allowed)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the app is made (its port is in the names
+    the page answers to); a port it cannot bind is a usage error, exit 2."""
+    try:
+        family = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM,
+                                    flags=socket.AI_PASSIVE)[0][0]
+        return socket.create_server((host.strip("[]"), port), family=family)
+    except OSError as exc:  # socket.gaierror included: a name that does not resolve
+        raise UsageError(f"{host} port {port}: {exc.strerror or exc}") from None
 
 
 def read_token_file(path: str) -> Access:
@@ -65,9 +112,11 @@ def read_token_file(path: str) -> Access:
     except OSError as exc:
         raise UsageError(f"--token-file: cannot read {path}: {exc.strerror or exc}") from None
     try:
-        return parse_token_line(text)
+        access = parse_token_line(text)
     except ValueError as exc:
         raise UsageError(f"--token-file: {path}: {exc}") from None
+    check_private_file("--token-file", path)
+    return access
 
 
 def _operator(access: Optional[Access]) -> Optional[str]:
@@ -80,19 +129,17 @@ def _operator(access: Optional[Access]) -> Optional[str]:
         return None
 
 
-async def _serve(app: web.Application, args: argparse.Namespace) -> None:
+async def _serve(app: web.Application, args: argparse.Namespace, sock: socket.socket,
+                 tls: Optional[ssl.SSLContext]) -> None:
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()  # opens the queue
     try:
-        site = web.TCPSite(runner, args.host, args.port)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise UsageError(f"{args.host} port {args.port}: {exc.strerror or exc}") from None
-        port = runner.addresses[0][1]
-        host = f"[{args.host}]" if ":" in args.host else args.host
+        await web.SockSite(runner, sock, ssl_context=tls).start()
+        port = sock.getsockname()[1]
+        host = f"[{args.host.strip('[]')}]" if ":" in args.host else args.host
         mode = "changes allowed" if args.allow_changes else "read-only"
-        print(f"asyncworker ui: {shown(args.queue)} at http://{host}:{port}/ ({mode})",
+        scheme = "http" if tls is None else "https"
+        print(f"asyncworker ui: {shown(args.queue)} at {scheme}://{host}:{port}/ ({mode})",
               flush=True)
         await _until_signalled()
     finally:
