@@ -82,6 +82,7 @@ def dump(store: Store, now_ms: int) -> dict[str, Any]:
         "dead_jobs": dead,
         "counts": store.counts(),
         "is_drained": store.is_drained(),
+        "is_idle": store.is_idle(),
         "stale_finishes": store.stale_finishes(),
         "snapshot": store.snapshot(now_ms),
     }
