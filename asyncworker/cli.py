@@ -27,8 +27,11 @@ Exit codes (the same text is in ``--help`` and in the README):
   an inbox it cannot open or a port it cannot bind; for ``run``, a ``--metrics`` port it
   cannot bind.
 - 3: ``run`` only: some jobs went dead in this run (its summary counts them
-  by reason).
-- 130: interrupted by Ctrl-C (``run`` and ``serve`` stop gracefully instead).
+  by reason); also ``run --until-idle`` that ended idle with ordering keys
+  blocked behind a dead job (its summary names each key and its dead head).
+- 130: interrupted: Ctrl-C (``run`` and ``serve`` stop gracefully on the first
+  signal instead); ``run`` aborted by a second signal (its summary names the
+  leases it left to run out).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from typing import (
     BinaryIO,
     Callable,
     Iterator,
+    NamedTuple,
     NoReturn,
     Optional,
     Sequence,
@@ -98,8 +102,11 @@ exit codes:
   2    bad usage, or a missing, foreign, damaged or newer-version file or folder,
        or a database without a queue (serve: also an inbox it cannot open or a
        port it cannot bind; run: a --metrics port it cannot bind)
-  3    run: some jobs went dead in this run (the summary counts them by reason)
-  130  interrupted (run and serve stop gracefully on SIGINT/SIGTERM instead)"""
+  3    run: some jobs went dead in this run (the summary counts them by reason);
+       also run --until-idle ending idle with ordering keys blocked behind a
+       dead job (the summary names each key and its dead head)
+  130  interrupted (run and serve stop gracefully on SIGINT/SIGTERM instead;
+       run aborted by a second signal: the summary names the leases left)"""
 
 DEAD_REASONS = ("deadline", "exhausted", "permanent", "cancelled")
 ACK_POLICIES = ("echo-id", "status")
@@ -508,7 +515,10 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--owner", metavar="NAME", type=_identifier, default=None,
                    help="this dispatcher's name (default HOST-PID)")
     p.add_argument("--until-idle", action="store_true",
-                   help="stop once every job is done or dead")
+                   help="stop once the queue is idle: nothing to claim now or later without "
+                        "an operator (every job done or dead, or waiting behind a dead first "
+                        "job of its ordering key; retry delays and leases are waited for); "
+                        "keys left blocked are named, and exit 3")
     p.add_argument("--batch-size", metavar="N", type=_int_in(1, 10_000), default=64,
                    help="most jobs per claim transaction; a finish group records what up to "
                         "four claims sent (default 64; 1: a claim per job)")
@@ -1093,11 +1103,20 @@ def _run(args: argparse.Namespace) -> int:
     loop = _usable_loop(args.loop)
     eventloop.tune_gc()  # this process is the dispatcher's own
     try:
-        stats = eventloop.run(_dispatch(dispatcher, args.until_idle, banner, args.metrics), loop)
+        end = eventloop.run(_dispatch(dispatcher, args.until_idle, banner, args.metrics), loop)
     except StoreError as exc:  # the queue failed under the run: its summary is not printed
         raise WorkFailed(about(args.queue, exc)) from None
-    print(json.dumps({"owner": owner, **stats.as_dict()}))
-    return EXIT_DEAD if stats.dead else EXIT_OK
+    stats = dispatcher.stats
+    summary = {"owner": owner, **stats.as_dict(), "seconds": round(end.seconds, 3),
+               "rate": round(end.rate, 1)}
+    if dispatcher.aborted:
+        summary["leases_left"] = dispatcher.left_leased
+    if end.blocked is not None:
+        summary["blocked_heads"] = end.blocked
+    print(json.dumps(summary))
+    if dispatcher.aborted:  # interrupted: what it left runs out by its leases
+        return EXIT_INTERRUPTED
+    return EXIT_DEAD if stats.dead or end.blocked else EXIT_OK
 
 
 def _usable_loop(loop: str) -> str:
@@ -1130,28 +1149,74 @@ def _crashing_sender(destination: Destination, lease_ms: int, after: int) -> Any
     return send
 
 
+class RunEnd(NamedTuple):
+    """How a run ended: its length and rate (jobs done a second), and, for a run
+    that ended idle (--until-idle, no signal), the keys blocked by a dead first
+    job (``Store.blocked_heads``; None when not asked)."""
+
+    seconds: float
+    rate: float
+    blocked: Optional[list[dict]]
+
+
 async def _dispatch(dispatcher: Dispatcher, until_idle: bool, banner: str,
-                    metrics: Optional[tuple[str, int]] = None) -> DispatcherStats:
+                    metrics: Optional[tuple[str, int]] = None) -> RunEnd:
     import asyncio
 
     from asyncworker.dispatcher import run_until_signalled
 
     # Bound before the queue is opened: a port taken is exit 2 with nothing claimed.
     served = None if metrics is None else await _serve_metrics(dispatcher, *metrics)
+    signalled: list[str] = []
+    started = time.monotonic()
+
+    def on_stop(line: str) -> None:
+        signalled.append(line)
+        _say(line)
+
     try:
         async with dispatcher:
             progress = asyncio.create_task(_progress(dispatcher.stats), name="progress")
+            blocked = None
             try:
-                return await run_until_signalled(
-                    dispatcher, until_idle=until_idle, on_stop=_say,
+                await run_until_signalled(
+                    dispatcher, until_idle=until_idle, on_stop=on_stop,
                     # printed once a signal means a graceful stop: a supervisor may wait for it
                     on_ready=lambda: _say(banner, owner=dispatcher.owner))
+                if until_idle and not signalled:  # idle: is anything blocked?
+                    blocked = await dispatcher.queue.call(lambda store: store.blocked_heads())
             finally:
                 progress.cancel()
-                _show_progress(dispatcher.stats, 0.0, final=True)
+                seconds = time.monotonic() - started
+                rate = dispatcher.stats.ok / seconds if seconds > 0 else 0.0
+                _show_progress(dispatcher.stats, rate, final=True)
+            if dispatcher.aborted:
+                _say_left_leased(dispatcher.left_leased)
+            if blocked:
+                _say_blocked(blocked)
+            return RunEnd(seconds, rate, blocked)
     finally:
         if served is not None:
             await served.cleanup()
+
+
+def _say_left_leased(left: list[dict]) -> None:
+    """An aborted run's last line: the leases it left to run out, by id/token."""
+    last = max((one["lease_until"] for one in left), default=None)
+    named = " ".join(f"{one['id']}/{one['token']}" for one in left[:SHOW_EACH])
+    more = f" and {len(left) - SHOW_EACH} more" if len(left) > SHOW_EACH else ""
+    until = f" (the last at {_when(last)})" if left else ""
+    _say(f"aborted: {len(left)} jobs left leased, to be claimed again once their leases run "
+         f"out{until}{': ' if left else ''}{named}{more}", leases_left=left)
+
+
+def _say_blocked(blocked: list[dict]) -> None:
+    """An idle run's last line: each key blocked by a dead first job, and that job."""
+    named = ", ".join(f"{one['key']} (dead head {one['id']}, {one['reason']}; "
+                      f"{one['waiting']} waiting)" for one in blocked[:SHOW_EACH])
+    more = f" and {len(blocked) - SHOW_EACH} more" if len(blocked) > SHOW_EACH else ""
+    _say(f"idle: {len(blocked)} ordering keys blocked by a dead job, nothing to claim until "
+         f"it is redriven or cancelled: {named}{more}", blocked_heads=blocked)
 
 
 async def _serve_metrics(dispatcher: Dispatcher, host: str, port: int) -> Any:
@@ -1193,8 +1258,10 @@ def progress_line(stats: DispatcherStats, rate: float) -> str:
                        if n)
     return (f"done {stats.ok}  retried {stats.retried}  dead {stats.dead}"
             f"{f' ({reasons})' if reasons else ''}  stale {stats.stale}  "
+            f"unrecorded-busy {stats.unrecorded_busy}  "
             f"bad-acks {stats.bad_acks}  errors {stats.errors}  in flight {stats.in_flight}  "
-            f"sending {stats.sending}  rate {rate:.0f}/s")
+            f"sending {stats.sending}  rate {rate:.0f}/s"
+            f"{f'  left leased {stats.left_leased}' if stats.left_leased else ''}")
 
 
 def _show_progress(stats: DispatcherStats, rate: float, *, final: bool = False) -> None:
