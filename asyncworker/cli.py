@@ -109,6 +109,7 @@ exit codes:
        run aborted by a second signal: the summary names the leases left)"""
 
 DEAD_REASONS = ("deadline", "exhausted", "permanent", "cancelled")
+INSECURE_FLAG = "--insecure-plain-http"
 ACK_POLICIES = ("echo-id", "status")
 # A JSON line's cap: a body's canonical text is at most MAX_BODY_BYTES, but the
 # line may spell it with spaces and \u escapes (an astral character is 12 bytes
@@ -810,7 +811,7 @@ def check_tls_files(cert: Optional[str], key: Optional[str]) -> None:
 def _destination(args: argparse.Namespace) -> Destination:
     """run's --url and its flags, as the destination the senders check once more:
     every fault here is a usage error, before the queue is opened."""
-    from lease.http import Destination
+    from lease.http import Destination, PlainHttpRefused
 
     secrets = () if args.secret_file is None else read_secret_file(args.secret_file)
     if args.ca_file is not None:
@@ -820,6 +821,8 @@ def _destination(args: argparse.Namespace) -> Destination:
     try:
         return Destination(args.url, ack=args.ack, ca_file=args.ca_file, secrets=secrets,
                            insecure_http=args.insecure_plain_http)
+    except PlainHttpRefused as exc:  # the flag that allows it, not the argument
+        raise UsageError(f"--url: {PlainHttpRefused(exc.host, INSECURE_FLAG)}") from None
     except ValueError as exc:
         raise UsageError(f"--url: {exc}") from None
 
@@ -1327,14 +1330,19 @@ def _serve(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ looking
 
 
-def _stats_url(url: str, ca_file: Optional[str] = None, insecure_http: bool = False) -> str:
+def _stats_url(url: str, ca_file: Optional[str] = None, insecure_http: bool = False,
+               allow: Optional[str] = None) -> str:
     """The /stats beside a receiver's POST URL, by the senders' rule for the URL
-    (https anywhere, plain http to loopback unless insecure_http); else ValueError."""
+    (https anywhere, plain http to loopback unless insecure_http); else ValueError,
+    naming ``allow`` (a command's flag) as what allows plain http, if any does."""
     from urllib.parse import urlsplit
 
-    from lease.http import Destination
+    from lease.http import Destination, PlainHttpRefused
 
-    Destination(url, ca_file=ca_file, insecure_http=insecure_http)
+    try:
+        Destination(url, ca_file=ca_file, insecure_http=insecure_http)
+    except PlainHttpRefused as exc:
+        raise PlainHttpRefused(exc.host, allow) from None
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}/stats"
 
@@ -1368,7 +1376,7 @@ def _stats(args: argparse.Namespace) -> int:
         if args.ca_file is not None:
             check_ca_file(args.ca_file)
         try:
-            _stats_url(args.receiver, args.ca_file, args.insecure_plain_http)
+            _stats_url(args.receiver, args.ca_file, args.insecure_plain_http, INSECURE_FLAG)
         except ValueError as exc:
             raise UsageError(f"--receiver: {exc}") from None
     elif args.ca_file is not None or args.insecure_plain_http:

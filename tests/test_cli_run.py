@@ -134,3 +134,15 @@ def test_the_summary_says_the_runs_real_rate(queue: Path, tmp_path: Path):
     assert abs(summary["rate"] - 300 / summary["seconds"]) <= 0.1 + 0.01 * summary["rate"]
     found = re.search(r"summary: .* rate ([0-9]+)/s", out.stderr)
     assert found and int(found.group(1)) == round(summary["rate"]) > 0, out.stderr
+
+
+def test_plain_http_refused_names_the_flag_not_the_argument(queue: Path):
+    """The command line says what the command line allows: its flag, where it
+    has one, never the Python argument."""
+    for args, flag in ((["run", str(queue), "--url"], True), (["stats", str(queue),
+                                                                 "--receiver"], True),
+                       (["ui", str(queue), "--port", "0", "--receiver"], False)):
+        out = cli(*args, "http://orders.example/hooks", timeout=30)
+        assert out.returncode == 2 and "plain http only to a loopback host" in out.stderr
+        assert "insecure_http" not in out.stderr, out.stderr
+        assert ("or --insecure-plain-http to send in the clear" in out.stderr) == flag
