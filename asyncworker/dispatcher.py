@@ -55,7 +55,7 @@ from aiohttp import web
 from asyncworker.finisher import BUSY, GroupFinisher, Judged, Recorded
 from asyncworker.leases import Held, LeaseKeeper, StoreTime, half_way
 from asyncworker.metrics import DispatcherMetrics
-from asyncworker.sender import send_http
+from asyncworker.sender import deliver
 from asyncworker.store import AsyncStore, Target
 from asyncworker.wire import WireClient
 from lease.http import Destination
@@ -254,8 +254,9 @@ class Dispatcher:
     ``lease.store.Store`` of the caller's. Exactly one of ``url``, ``destination`` and ``send``.
     ``url`` is a ``lease.http.Destination`` with the defaults (https to any host, plain http to
     loopback, the echo-id ACK, unsigned); ``destination`` a whole one (an ACK policy, a CA file,
-    secrets). Both send with ``send_http`` and the claim token, over one session whose
-    connections are kept alive, signed (with secrets) at this host's clock in seconds. ``send``
+    secrets). Both send with ``deliver`` (``send_http`` answering the delivered status, which
+    the attempt records) and the claim token, over one session whose connections are kept
+    alive, signed (with secrets) at this host's clock in seconds. ``send``
     is a coroutine function ``send(event, token)``. The event is the job as enqueued, {"id",
     "qty"} or {"id", "body"} with the body as its canonical JSON text. ``policy`` spaces the
     retries (``policy.judge``: a receiver's Retry-After is honoured up to its backoff cap);
@@ -747,7 +748,7 @@ class Dispatcher:
             self._keeper.unwatch(held)
             self._give_back(held)
         self.metrics.observe_send(took)  # a send that ended: not one a shutdown cancelled
-        seen = Attempt.of(held.first_ms, round(took * 1000), error)
+        seen = Attempt.of(held.first_ms, round(took * 1000), error, held.http_status)
         if error is None:
             return Judged("ok", 0, seen)
         return self._judge_error(held, error, seen)
@@ -788,9 +789,10 @@ class Dispatcher:
         # A signature's time is this host's (or the injected clock's): the
         # receiver checks it against its own clock, not the store's.
         stamp = (self._time.given() or wall_clock_ms()) // 1000 if destination.secrets else None
-        return await send_http(destination, held.event, timeout=self.lease_ms / 1000,
-                               token=token, session=self._session, timestamp=stamp,
-                               digest=held.digest)
+        held.http_status = await deliver(destination, held.event, timeout=self.lease_ms / 1000,
+                                         token=token, session=self._session, timestamp=stamp,
+                                         digest=held.digest)
+        return True  # delivered: its status is the attempt's evidence
 
     def _draw(self) -> float:
         return check_jitter(self._jitter())

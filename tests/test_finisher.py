@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -265,3 +266,25 @@ async def test_a_store_busy_past_every_lease_records_nothing_and_is_no_stale_fin
     assert "asyncworker_stale_completions_refused_total 0.0" in exposed
     with open_store(path) as store:
         assert store.snapshot(T0 + 20)["stale_finishes"] == 0  # no fence refused it
+
+
+async def test_a_delivered_attempt_records_the_http_status_of_its_answer(queue_target: str):
+    """The answer taken as delivered (here 202 with the ACK) is the attempt's
+    evidence, on the done job's row and in its history, on both stores."""
+    from .servers import HostileServer, answer
+
+    def accept(request, sock) -> None:
+        job_id = request.headers["webhook-id"]
+        answer(202, json.dumps({"id": job_id}).encode(),
+               {"Content-Type": "application/json"})(request, sock)
+
+    with open_store(queue_target, create=True) as store:
+        store.enqueue_events([{"id": "j0", "qty": 1}])
+    with HostileServer(accept) as server:
+        async with Dispatcher(queue_target, "d1", url=server.url, poll_interval=0.01) as d:
+            stats = await asyncio.wait_for(d.run(until_idle=True), 60)
+    assert stats.ok == 1
+    with open_store(queue_target) as store:
+        history = store.job_history("j0")
+    assert history is not None and history["job"]["done_http_status"] == 202
+    assert [(a["result"], a["http_status"]) for a in history["attempts"]] == [("done", 202)]
