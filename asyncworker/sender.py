@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import ssl
 import time
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import aiohttp
 from yarl import URL
@@ -40,16 +40,8 @@ def new_session(limit: int = 100, *,
     return aiohttp.ClientSession(connector=connector, trust_env=False, auto_decompress=False)
 
 
-async def send_http(
-    url: Union[str, Destination],
-    event: dict,
-    *,
-    timeout: float,
-    token: Optional[int] = None,
-    session: Union[WireClient, aiohttp.ClientSession, None] = None,
-    timestamp: Optional[int] = None,
-    digest: Optional[str] = None,
-) -> bool:
+async def send_http(url: Union[str, Destination], event: dict, *, timeout: float,
+                    **options: Any) -> bool:
     """POST one event, lab or payload; True only for what the destination's
     ACK policy takes as delivered (the table in ``lease.http``, which also
     says when an error has ``http_status`` and ``retry_after_ms``).
@@ -65,9 +57,9 @@ async def send_http(
     (``lease.http.request_parts``). One request, no retries. ``session``: a
     ``WireClient`` whose connections are kept alive, or a caller's aiohttp
     session; without one, a short-lived ``WireClient`` is opened and closed.
+    ``options`` are ``deliver``'s (token, session, timestamp, digest).
     """
-    await deliver(url, event, timeout=timeout, token=token, session=session,
-                  timestamp=timestamp, digest=digest)
+    await deliver(url, event, timeout=timeout, **options)
     return True
 
 
@@ -81,7 +73,7 @@ async def deliver(
     timestamp: Optional[int] = None,
     digest: Optional[str] = None,
 ) -> int:
-    """``send_http``, answering the HTTP status of the answer taken as delivered
+    """``send_http`` answering the HTTP status of the answer taken as delivered
     (an attempt's evidence); anything else is raised as ``send_http`` raises it."""
     destination = as_destination(url)
     seconds = check_timeout(timeout)
