@@ -378,12 +378,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure-plain-http", action="store_true",
                    help="--receiver over plain http to a host that is not loopback")
 
-    p = command("dead", "list dead jobs and each one's last error (reads only)", _dead)
+    p = command("dead", "list dead jobs, each one's ordering key and last error (reads only)",
+                _dead)
     _queue_argument(p)
     p.add_argument("--reason", metavar="REASON", type=_reason, default=None,
                    help=f"only this reason ({', '.join(DEAD_REASONS)})")
     p.add_argument("--limit", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="at most N jobs")
+    p.add_argument("--json", action="store_true",
+                   help="the dead jobs as a JSON array of their rows (each with its ordering "
+                        "key and last error)")
 
     p = command("inspect", "a job's row, every attempt, its redrives and cancels (reads only)",
                 _inspect)
@@ -460,7 +464,8 @@ def _log_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-format", choices=FORMATS, default="text",
                    help="text (default): timestamp, level, logger, message, then key=value "
                         "facts; json: one object a line with ts, level, logger, msg and the "
-                        "facts as keys (run's banner, progress and summary lines too)")
+                        "facts as keys (run's banner, progress and summary lines, serve's "
+                        "last line and a command's error line too)")
 
 
 def _loop_argument(p: argparse.ArgumentParser) -> None:
@@ -1239,12 +1244,9 @@ async def _serve_metrics(dispatcher: Dispatcher, host: str, port: int) -> Any:
 def _say(line: str, **fields: Any) -> None:
     """One of run's own lines (banner, metrics URL, stop notices, progress): as it
     is, or with --log-format json one object with its facts as keys."""
-    from asyncworker.logs import current_format, json_line
+    from asyncworker.logs import say
 
-    if current_format() == "json":
-        _log(json_line(line, "asyncworker.run", **fields) + "\n")
-    else:
-        _log(line + "\n")
+    say(line, "asyncworker.run", **fields)
 
 
 def _log(line: str) -> None:
@@ -1432,11 +1434,15 @@ def _event_cell(job: dict) -> object:
 def _dead(args: argparse.Namespace) -> int:
     with closing(open_queue_store(args.queue, read_only=True)) as store:
         jobs = store.dead_jobs(args.reason, args.limit)
-    columns = _JOB_COLUMNS + (("last_error",) if jobs and "last_error" in jobs[0] else ())
-    if jobs:
+    if args.json:  # every column of each row, as stored (a key and a last error included)
+        print(json.dumps(jobs, indent=2, ensure_ascii=False))
+    elif jobs:
+        has = jobs[0].keys()
+        columns = (_JOB_COLUMNS[:1] + (("key",) if "ordering_key" in has else ())
+                   + _JOB_COLUMNS[1:] + (("last_error",) if "last_error" in has else ()))
         _print_table([columns] + [
-            tuple(_event_cell(j) if c == "qty" else _cell(j[c]) for c in columns)
-            for j in jobs])
+            tuple(_event_cell(j) if c == "qty" else _cell(j["ordering_key" if c == "key" else c])
+                  for c in columns) for j in jobs])
     sys.stdout.flush()  # the table first, then its count, in a terminal too
     print(f"{len(jobs)} dead", file=sys.stderr)
     return EXIT_OK
@@ -1459,6 +1465,7 @@ def _print_history(history: dict) -> None:
     job = history["job"]
     rows: list[tuple] = [
         ("id", job["id"]),
+        *((("key", _cell(job["ordering_key"])),) if "ordering_key" in job else ()),
         ("event", _event_cell(job)),
         ("status", job["status"] if job["reason"] is None else f"{job['status']} "
                                                               f"({job['reason']})"),
@@ -1485,11 +1492,17 @@ def _print_history(history: dict) -> None:
             ("http or error", _seen),
             ("latency", lambda a: "-" if a["latency_ms"] is None else f"{a['latency_ms']} ms")))
     _print_records("redrives", history["redrives"], (
-        ("token", "token"), ("at", lambda r: _when(r["at_ms"])), ("note", "note")))
+        ("token", "token"), ("at", lambda r: _when(r["at_ms"])), ("note", "note"),
+        *_actor_column(history["redrives"])))
     if "cancels" in history:
         _print_records("cancels", history["cancels"], (
             ("token", "token"), ("at", lambda r: _when(r["at_ms"])), ("was", "was"),
-            ("note", "note")))
+            ("note", "note"), *_actor_column(history["cancels"])))
+
+
+def _actor_column(records: list[dict]) -> tuple:
+    """Who made each audit row (the page's operator; '-' for a command), where recorded."""
+    return (("actor", "actor"),) if records and "actor" in records[0] else ()
 
 
 def _seen(attempt: dict) -> str:
@@ -1736,5 +1749,10 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
     name = _named(args)
     for password in _passwords(name) if name else ():  # whatever a driver's message quoted
         message = message.replace(password, "***")
-    _log(f"asyncworker {args.command}: {one_line(message)}\n")
+    from asyncworker.logs import current_format, say
+
+    if current_format() == "json":  # the error as the object of a record, its facts as keys
+        say(one_line(message), f"asyncworker.{args.command}", "error", exit_code=code)
+    else:
+        _log(f"asyncworker {args.command}: {one_line(message)}\n")
     return code

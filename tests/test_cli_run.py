@@ -146,3 +146,37 @@ def test_plain_http_refused_names_the_flag_not_the_argument(queue: Path):
         assert out.returncode == 2 and "plain http only to a loopback host" in out.stderr
         assert "insecure_http" not in out.stderr, out.stderr
         assert ("or --insecure-plain-http to send in the clear" in out.stderr) == flag
+
+
+def test_inspect_and_dead_show_the_ordering_key_and_the_actor(queue: Path):
+    """What the JSON has, the text shows: a job's ordering key, who made each
+    audit row; dead lists the key as a column and gives JSON too."""
+    from lease.store import Attempt, open_store
+
+    from .conftest import T0
+
+    with open_store(queue) as store:
+        store.enqueue_events([{"id": "a-1", "body": {}, "key": "custA"},
+                              {"id": "a-2", "body": {}, "key": "custA"}], now_ms=T0)
+        for n, actor in enumerate(("alice", None)):
+            ticket = store.claim_jobs("w", 1000, 1, now_ms=T0 + 10 * n).leased[0].ticket
+            store.finish_jobs([(ticket, "permanent", 0, Attempt(T0, 3, 422, None))],
+                              now_ms=T0 + 10 * n + 1)
+            if actor:
+                assert store.redrive_jobs(["a-1"], 60_000, "try again", actor=actor,
+                                          now_ms=T0 + 5) == [True]
+    out = cli("inspect", str(queue), "a-1")
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"^key +custA$", out.stdout, re.M), out.stdout
+    redrives = out.stdout.split("redrives: 1\n")[1]
+    assert re.search(r"^token +at +note +actor$", redrives, re.M)
+    assert re.search(r"try again +alice$", redrives, re.M), redrives
+
+    out = cli("dead", str(queue))
+    header, row = out.stdout.splitlines()
+    assert header.split()[:3] == ["id", "key", "qty"] and row.split()[:2] == ["a-1", "custA"]
+    assert row.split()[-2:] == ["HTTP", "422"]
+    out = cli("dead", str(queue), "--json")
+    assert out.returncode == 0, out.stderr
+    [dead] = json.loads(out.stdout)
+    assert (dead["id"], dead["ordering_key"], dead["last_error"]) == ("a-1", "custA", "HTTP 422")
