@@ -1210,12 +1210,18 @@ async def _dispatch(dispatcher: Dispatcher, until_idle: bool, banner: str,
 
 def _say_left_leased(left: list[dict]) -> None:
     """An aborted run's last line: the leases it left to run out, by id/token."""
-    last = max((one["lease_until"] for one in left), default=None)
+    if not left:
+        _say("aborted: no job left leased", leases_left=left)
+        return
+    last = max(one["lease_until"] for one in left)
     named = " ".join(f"{one['id']}/{one['token']}" for one in left[:SHOW_EACH])
     more = f" and {len(left) - SHOW_EACH} more" if len(left) > SHOW_EACH else ""
-    until = f" (the last at {_when(last)})" if left else ""
-    _say(f"aborted: {len(left)} jobs left leased, to be claimed again once their leases run "
-         f"out{until}{': ' if left else ''}{named}{more}", leases_left=left)
+    _say(f"aborted: {_count(len(left), 'job')} left leased, to be claimed again once their "
+         f"leases run out (the last at {_when(last)}): {named}{more}", leases_left=left)
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
 def _say_blocked(blocked: list[dict]) -> None:
@@ -1223,8 +1229,8 @@ def _say_blocked(blocked: list[dict]) -> None:
     named = ", ".join(f"{one['key']} (dead head {one['id']}, {one['reason']}; "
                       f"{one['waiting']} waiting)" for one in blocked[:SHOW_EACH])
     more = f" and {len(blocked) - SHOW_EACH} more" if len(blocked) > SHOW_EACH else ""
-    _say(f"idle: {len(blocked)} ordering keys blocked by a dead job, nothing to claim until "
-         f"it is redriven or cancelled: {named}{more}", blocked_heads=blocked)
+    _say(f"idle: {_count(len(blocked), 'ordering key')} blocked by a dead job, nothing to "
+         f"claim until it is redriven or cancelled: {named}{more}", blocked_heads=blocked)
 
 
 async def _serve_metrics(dispatcher: Dispatcher, host: str, port: int) -> Any:

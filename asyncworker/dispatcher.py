@@ -497,7 +497,8 @@ class Dispatcher:
     def abort(self) -> None:
         """Stop at once: cancel the sends in flight, leaving leases that expire.
         A claim that commits after the abort sends nothing: its jobs are left
-        leased too."""
+        leased too. Each job left so is in ``left_leased`` (and counted in
+        ``stats.left_leased``); queued finishes are still written."""
         self._stop.set()
         self._aborted = True
         self._interrupted = self._interrupted or self._running

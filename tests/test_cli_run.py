@@ -47,7 +47,7 @@ def test_until_idle_ends_when_all_that_is_left_waits_behind_a_dead_head(queue: P
     assert summary["blocked_heads"] == [{"key": "custA", "id": "a-1", "reason": "permanent",
                                          "waiting": 2}]
     assert (summary["ok"], summary["dead"]) == (1, 1)
-    assert "idle: 1 ordering keys blocked by a dead job" in out.stderr
+    assert "idle: 1 ordering key blocked by a dead job" in out.stderr
     assert "custA (dead head a-1, permanent; 2 waiting)" in out.stderr
     rows = job_rows(queue)
     assert [rows[i]["status"] for i in ("a-1", "a-2", "a-3", "free-1")] == [
