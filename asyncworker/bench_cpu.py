@@ -228,6 +228,12 @@ class MemoryStore:
     def is_drained(self) -> bool:
         return self._next >= len(self._ids)
 
+    def is_idle(self) -> bool:  # no ordering keys here: idle is drained
+        return self.is_drained()
+
+    def blocked_heads(self, limit: int = 0) -> list:
+        return []
+
     def close(self) -> None:
         pass
 

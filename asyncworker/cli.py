@@ -27,8 +27,11 @@ Exit codes (the same text is in ``--help`` and in the README):
   an inbox it cannot open or a port it cannot bind; for ``run``, a ``--metrics`` port it
   cannot bind.
 - 3: ``run`` only: some jobs went dead in this run (its summary counts them
-  by reason).
-- 130: interrupted by Ctrl-C (``run`` and ``serve`` stop gracefully instead).
+  by reason); also ``run --until-idle`` that ended idle with ordering keys
+  blocked behind a dead job (its summary names each key and its dead head).
+- 130: interrupted: Ctrl-C (``run`` and ``serve`` stop gracefully on the first
+  signal instead); ``run`` aborted by a second signal (its summary names the
+  leases it left to run out).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from typing import (
     BinaryIO,
     Callable,
     Iterator,
+    NamedTuple,
     NoReturn,
     Optional,
     Sequence,
@@ -98,10 +102,14 @@ exit codes:
   2    bad usage, or a missing, foreign, damaged or newer-version file or folder,
        or a database without a queue (serve: also an inbox it cannot open or a
        port it cannot bind; run: a --metrics port it cannot bind)
-  3    run: some jobs went dead in this run (the summary counts them by reason)
-  130  interrupted (run and serve stop gracefully on SIGINT/SIGTERM instead)"""
+  3    run: some jobs went dead in this run (the summary counts them by reason);
+       also run --until-idle ending idle with ordering keys blocked behind a
+       dead job (the summary names each key and its dead head)
+  130  interrupted (run and serve stop gracefully on SIGINT/SIGTERM instead;
+       run aborted by a second signal: the summary names the leases left)"""
 
 DEAD_REASONS = ("deadline", "exhausted", "permanent", "cancelled")
+INSECURE_FLAG = "--insecure-plain-http"
 ACK_POLICIES = ("echo-id", "status")
 # A JSON line's cap: a body's canonical text is at most MAX_BODY_BYTES, but the
 # line may spell it with spaces and \u escapes (an astral character is 12 bytes
@@ -363,12 +371,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "or http to loopback)")
     _tls_arguments(p, reaches="--receiver")
 
-    p = command("dead", "list dead jobs and each one's last error (reads only)", _dead)
+    p = command("dead", "list dead jobs, each one's ordering key and last error (reads only)",
+                _dead)
     _queue_argument(p)
     p.add_argument("--reason", metavar="REASON", type=_reason, default=None,
                    help=f"only this reason ({', '.join(DEAD_REASONS)})")
     p.add_argument("--limit", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="at most N jobs")
+    p.add_argument("--json", action="store_true",
+                   help="the dead jobs as a JSON array of their rows (each with its ordering "
+                        "key and last error)")
 
     p = command("inspect", "a job's row, every attempt, its redrives and cancels (reads only)",
                 _inspect)
@@ -450,7 +462,8 @@ def _log_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-format", choices=FORMATS, default="text",
                    help="text (default): timestamp, level, logger, message, then key=value "
                         "facts; json: one object a line with ts, level, logger, msg and the "
-                        "facts as keys (run's banner, progress and summary lines too)")
+                        "facts as keys (run's banner, progress and summary lines, serve's "
+                        "last line and a command's error line too)")
 
 
 def _loop_argument(p: argparse.ArgumentParser) -> None:
@@ -514,7 +527,10 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--owner", metavar="NAME", type=_identifier, default=None,
                    help="this dispatcher's name (default HOST-PID)")
     p.add_argument("--until-idle", action="store_true",
-                   help="stop once every job is done or dead")
+                   help="stop once the queue is idle: nothing to claim now or later without "
+                        "an operator (every job done or dead, or waiting behind a dead first "
+                        "job of its ordering key; retry delays and leases are waited for); "
+                        "keys left blocked are named, and exit 3")
     p.add_argument("--batch-size", metavar="N", type=_int_in(1, 10_000), default=64,
                    help="most jobs per claim transaction; a finish group records what up to "
                         "four claims sent (default 64; 1: a claim per job)")
@@ -866,7 +882,7 @@ def reached(args: argparse.Namespace, flag: str, url: Optional[str], *, ack: str
     the senders check once more; None when no URL is given. Every fault is a
     one-line usage error, before the queue is opened. ``serves``: the command
     serves too, so --insecure-plain-http means something without the URL."""
-    from lease.http import Destination
+    from lease.http import Destination, PlainHttpRefused
 
     if url is None:
         if args.ca_file is not None or (args.insecure_plain_http and not serves):
@@ -880,6 +896,8 @@ def reached(args: argparse.Namespace, flag: str, url: Optional[str], *, ack: str
     try:
         return Destination(url, ack=ack, ca_file=args.ca_file, secrets=secrets,
                            insecure_http=args.insecure_plain_http)
+    except PlainHttpRefused as exc:  # the flag that allows it, not the argument
+        raise UsageError(f"{flag}: {PlainHttpRefused(exc.host, INSECURE_FLAG)}") from None
     except ValueError as exc:
         raise UsageError(f"{flag}: {exc}") from None
 
@@ -1187,11 +1205,20 @@ def _run(args: argparse.Namespace) -> int:
     loop = _usable_loop(args.loop)
     eventloop.tune_gc()  # this process is the dispatcher's own
     try:
-        stats = eventloop.run(_dispatch(dispatcher, args.until_idle, banner, args.metrics), loop)
+        end = eventloop.run(_dispatch(dispatcher, args.until_idle, banner, args.metrics), loop)
     except StoreError as exc:  # the queue failed under the run: its summary is not printed
         raise WorkFailed(about(args.queue, exc)) from None
-    print(json.dumps({"owner": owner, **stats.as_dict()}))
-    return EXIT_DEAD if stats.dead else EXIT_OK
+    stats = dispatcher.stats
+    summary = {"owner": owner, **stats.as_dict(), "seconds": round(end.seconds, 3),
+               "rate": round(end.rate, 1)}
+    if dispatcher.aborted:
+        summary["leases_left"] = dispatcher.left_leased
+    if end.blocked is not None:
+        summary["blocked_heads"] = end.blocked
+    print(json.dumps(summary))
+    if dispatcher.aborted:  # interrupted: what it left runs out by its leases
+        return EXIT_INTERRUPTED
+    return EXIT_DEAD if stats.dead or end.blocked else EXIT_OK
 
 
 def _send_timeout_ms(args: argparse.Namespace, policy: RetryPolicy) -> Optional[int]:
@@ -1241,28 +1268,80 @@ def _crashing_sender(destination: Destination, timeout_ms: int, after: int) -> A
     return send
 
 
+class RunEnd(NamedTuple):
+    """How a run ended: its length and rate (jobs done a second), and, for a run
+    that ended idle (--until-idle, no signal), the keys blocked by a dead first
+    job (``Store.blocked_heads``; None when not asked)."""
+
+    seconds: float
+    rate: float
+    blocked: Optional[list[dict]]
+
+
 async def _dispatch(dispatcher: Dispatcher, until_idle: bool, banner: str,
-                    metrics: Optional[tuple[str, int]] = None) -> DispatcherStats:
+                    metrics: Optional[tuple[str, int]] = None) -> RunEnd:
     import asyncio
 
     from asyncworker.dispatcher import run_until_signalled
 
     # Bound before the queue is opened: a port taken is exit 2 with nothing claimed.
     served = None if metrics is None else await _serve_metrics(dispatcher, *metrics)
+    signalled: list[str] = []
+    started = time.monotonic()
+
+    def on_stop(line: str) -> None:
+        signalled.append(line)
+        _say(line)
+
     try:
         async with dispatcher:
             progress = asyncio.create_task(_progress(dispatcher.stats), name="progress")
+            blocked = None
             try:
-                return await run_until_signalled(
-                    dispatcher, until_idle=until_idle, on_stop=_say,
+                await run_until_signalled(
+                    dispatcher, until_idle=until_idle, on_stop=on_stop,
                     # printed once a signal means a graceful stop: a supervisor may wait for it
                     on_ready=lambda: _say(banner, owner=dispatcher.owner))
+                if until_idle and not signalled:  # idle: is anything blocked?
+                    blocked = await dispatcher.queue.call(lambda store: store.blocked_heads())
             finally:
                 progress.cancel()
-                _show_progress(dispatcher.stats, 0.0, final=True)
+                seconds = time.monotonic() - started
+                rate = dispatcher.stats.ok / seconds if seconds > 0 else 0.0
+                _show_progress(dispatcher.stats, rate, final=True)
+            if dispatcher.aborted:
+                _say_left_leased(dispatcher.left_leased)
+            if blocked:
+                _say_blocked(blocked)
+            return RunEnd(seconds, rate, blocked)
     finally:
         if served is not None:
             await served.cleanup()
+
+
+def _say_left_leased(left: list[dict]) -> None:
+    """An aborted run's last line: the leases it left to run out, by id/token."""
+    if not left:
+        _say("aborted: no job left leased", leases_left=left)
+        return
+    last = max(one["lease_until"] for one in left)
+    named = " ".join(f"{one['id']}/{one['token']}" for one in left[:SHOW_EACH])
+    more = f" and {len(left) - SHOW_EACH} more" if len(left) > SHOW_EACH else ""
+    _say(f"aborted: {_count(len(left), 'job')} left leased, to be claimed again once their "
+         f"leases run out (the last at {_when(last)}): {named}{more}", leases_left=left)
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"
+
+
+def _say_blocked(blocked: list[dict]) -> None:
+    """An idle run's last line: each key blocked by a dead first job, and that job."""
+    named = ", ".join(f"{one['key']} (dead head {one['id']}, {one['reason']}; "
+                      f"{one['waiting']} waiting)" for one in blocked[:SHOW_EACH])
+    more = f" and {len(blocked) - SHOW_EACH} more" if len(blocked) > SHOW_EACH else ""
+    _say(f"idle: {_count(len(blocked), 'ordering key')} blocked by a dead job, nothing to "
+         f"claim until it is redriven or cancelled: {named}{more}", blocked_heads=blocked)
 
 
 async def _serve_metrics(dispatcher: Dispatcher, host: str, port: int) -> Any:
@@ -1282,12 +1361,9 @@ async def _serve_metrics(dispatcher: Dispatcher, host: str, port: int) -> Any:
 def _say(line: str, **fields: Any) -> None:
     """One of run's own lines (banner, metrics URL, stop notices, progress): as it
     is, or with --log-format json one object with its facts as keys."""
-    from asyncworker.logs import current_format, json_line
+    from asyncworker.logs import say
 
-    if current_format() == "json":
-        _log(json_line(line, "asyncworker.run", **fields) + "\n")
-    else:
-        _log(line + "\n")
+    say(line, "asyncworker.run", **fields)
 
 
 def _log(line: str) -> None:
@@ -1304,8 +1380,10 @@ def progress_line(stats: DispatcherStats, rate: float) -> str:
                        if n)
     return (f"done {stats.ok}  retried {stats.retried}  dead {stats.dead}"
             f"{f' ({reasons})' if reasons else ''}  stale {stats.stale}  "
+            f"unrecorded-busy {stats.unrecorded_busy}  "
             f"bad-acks {stats.bad_acks}  errors {stats.errors}  in flight {stats.in_flight}  "
-            f"sending {stats.sending}  rate {rate:.0f}/s")
+            f"sending {stats.sending}  rate {rate:.0f}/s"
+            f"{f'  left leased {stats.left_leased}' if stats.left_leased else ''}")
 
 
 def _show_progress(stats: DispatcherStats, rate: float, *, final: bool = False) -> None:
@@ -1371,14 +1449,19 @@ def _serve(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ looking
 
 
-def _stats_url(url: str, ca_file: Optional[str] = None, insecure_http: bool = False) -> str:
+def _stats_url(url: str, ca_file: Optional[str] = None, insecure_http: bool = False,
+               allow: Optional[str] = None) -> str:
     """The /stats beside a receiver's POST URL, by the senders' rule for the URL
-    (https anywhere, plain http to loopback unless insecure_http); else ValueError."""
+    (https anywhere, plain http to loopback unless insecure_http); else ValueError,
+    naming ``allow`` (a command's flag) as what allows plain http, if any does."""
     from urllib.parse import urlsplit
 
-    from lease.http import Destination
+    from lease.http import Destination, PlainHttpRefused
 
-    Destination(url, ca_file=ca_file, insecure_http=insecure_http)
+    try:
+        Destination(url, ca_file=ca_file, insecure_http=insecure_http)
+    except PlainHttpRefused as exc:
+        raise PlainHttpRefused(exc.host, allow) from None
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}/stats"
 
@@ -1460,11 +1543,15 @@ def _event_cell(job: dict) -> object:
 def _dead(args: argparse.Namespace) -> int:
     with closing(open_queue_store(args.queue, read_only=True)) as store:
         jobs = store.dead_jobs(args.reason, args.limit)
-    columns = _JOB_COLUMNS + (("last_error",) if jobs and "last_error" in jobs[0] else ())
-    if jobs:
+    if args.json:  # every column of each row, as stored (a key and a last error included)
+        print(json.dumps(jobs, indent=2, ensure_ascii=False))
+    elif jobs:
+        has = jobs[0].keys()
+        columns = (_JOB_COLUMNS[:1] + (("key",) if "ordering_key" in has else ())
+                   + _JOB_COLUMNS[1:] + (("last_error",) if "last_error" in has else ()))
         _print_table([columns] + [
-            tuple(_event_cell(j) if c == "qty" else _cell(j[c]) for c in columns)
-            for j in jobs])
+            tuple(_event_cell(j) if c == "qty" else _cell(j["ordering_key" if c == "key" else c])
+                  for c in columns) for j in jobs])
     sys.stdout.flush()  # the table first, then its count, in a terminal too
     print(f"{len(jobs)} dead", file=sys.stderr)
     return EXIT_OK
@@ -1487,6 +1574,7 @@ def _print_history(history: dict) -> None:
     job = history["job"]
     rows: list[tuple] = [
         ("id", job["id"]),
+        *((("key", _cell(job["ordering_key"])),) if "ordering_key" in job else ()),
         ("event", _event_cell(job)),
         ("status", job["status"] if job["reason"] is None else f"{job['status']} "
                                                               f"({job['reason']})"),
@@ -1513,11 +1601,17 @@ def _print_history(history: dict) -> None:
             ("http or error", _seen),
             ("latency", lambda a: "-" if a["latency_ms"] is None else f"{a['latency_ms']} ms")))
     _print_records("redrives", history["redrives"], (
-        ("token", "token"), ("at", lambda r: _when(r["at_ms"])), ("note", "note")))
+        ("token", "token"), ("at", lambda r: _when(r["at_ms"])), ("note", "note"),
+        *_actor_column(history["redrives"])))
     if "cancels" in history:
         _print_records("cancels", history["cancels"], (
             ("token", "token"), ("at", lambda r: _when(r["at_ms"])), ("was", "was"),
-            ("note", "note")))
+            ("note", "note"), *_actor_column(history["cancels"])))
+
+
+def _actor_column(records: list[dict]) -> tuple:
+    """Who made each audit row (the page's operator; '-' for a command), where recorded."""
+    return (("actor", "actor"),) if records and "actor" in records[0] else ()
 
 
 def _seen(attempt: dict) -> str:
@@ -1764,5 +1858,10 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
     name = _named(args)
     for password in _passwords(name) if name else ():  # whatever a driver's message quoted
         message = message.replace(password, "***")
-    _log(f"asyncworker {args.command}: {one_line(message)}\n")
+    from asyncworker.logs import current_format, say
+
+    if current_format() == "json":  # the error as the object of a record, its facts as keys
+        say(one_line(message), f"asyncworker.{args.command}", "error", exit_code=code)
+    else:
+        _log(f"asyncworker {args.command}: {one_line(message)}\n")
     return code

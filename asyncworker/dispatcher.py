@@ -52,7 +52,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 from aiohttp import web
 
-from asyncworker.finisher import GroupFinisher, Judged, Recorded
+from asyncworker.finisher import BUSY, GroupFinisher, Judged, Recorded
 from asyncworker.leases import (
     Held,
     LeaseKeeper,
@@ -61,7 +61,7 @@ from asyncworker.leases import (
     half_way,
 )
 from asyncworker.metrics import DispatcherMetrics
-from asyncworker.sender import send_http
+from asyncworker.sender import deliver
 from asyncworker.store import AsyncStore, Target
 from asyncworker.wire import WireClient
 from lease.http import Destination
@@ -135,6 +135,9 @@ class DispatcherStats:
     dead_by_reason: dict[str, int] = field(default_factory=_no_deaths)  # all three keys
     quarantined: int = 0  # the moves to dead made by this dispatcher's claims (part of dead)
     stale: int = 0  # a finish (or an extension) that found the lease gone
+    # outcomes not recorded: the store stayed busy past every lease of their group (the
+    # job stays leased, its lease runs out); no fence judged them, so not stale
+    unrecorded_busy: int = 0
     bad_acks: int = 0  # answers that were no evidence: the job stays leased
     errors: int = 0  # jobs that failed (send or finish unclassified): the job stays leased
     lock_retries: int = 0  # the store was busy (a write lock, a lost connection): retried
@@ -143,6 +146,7 @@ class DispatcherStats:
     sending: int = 0  # send slots in use: claimed jobs whose send has not ended (<= concurrency)
     peak_sending: int = 0  # the most send slots in use at once (<= concurrency)
     waiting: int = 0  # claimed jobs waiting for a send slot (<= prefetch)
+    left_leased: int = 0  # jobs an abort left leased, never finished: their leases run out
 
     def as_dict(self) -> dict[str, Any]:
         """Every counter, JSON-serialisable (``dead_by_reason`` a nested dict)."""
@@ -256,8 +260,9 @@ class Dispatcher:
     ``lease.store.Store`` of the caller's. Exactly one of ``url``, ``destination`` and ``send``.
     ``url`` is a ``lease.http.Destination`` with the defaults (https to any host, plain http to
     loopback, the echo-id ACK, unsigned); ``destination`` a whole one (an ACK policy, a CA file,
-    secrets). Both send with ``send_http`` and the claim token, over one session whose
-    connections are kept alive, signed (with secrets) at this host's clock in seconds. ``send``
+    secrets). Both send with ``deliver`` (``send_http`` answering the delivered status, which
+    the attempt records) and the claim token, over one session whose connections are kept
+    alive, signed (with secrets) at this host's clock in seconds. ``send``
     is a coroutine function ``send(event, token)``. The event is the job as enqueued, {"id",
     "qty"} or {"id", "body"} with the body as its canonical JSON text. ``policy`` spaces the
     retries (``policy.judge``: a receiver's Retry-After is honoured up to its backoff cap);
@@ -376,6 +381,8 @@ class Dispatcher:
             claim_in_flight=lambda: self._claim_in_flight)
         self._stop = asyncio.Event()  # set once, never cleared: a stop is final
         self._aborted = False
+        self._interrupted = False  # an abort came while run() was dispatching
+        self._left_leased: list[dict] = []  # what an abort left leased: id, token, lease_until
         self._running = False
         self._failure: Optional[BaseException] = None
         self._last_claim_ms: Optional[int] = None
@@ -424,6 +431,24 @@ class Dispatcher:
     def failure(self) -> Optional[BaseException]:
         """What made run() fail, or None."""
         return self._failure
+
+    @property
+    def aborted(self) -> bool:
+        """abort() came while run() was dispatching (a second signal, say): the
+        run was interrupted, and ``left_leased`` names what it left."""
+        return self._interrupted
+
+    @property
+    def left_leased(self) -> list[dict]:
+        """The jobs an abort left leased, never finished, each as {"id", "token",
+        "lease_until"} (its latest ticket's): they wait for their leases to run
+        out, then any dispatcher claims them again."""
+        return list(self._left_leased)
+
+    def _leave_leased(self, tickets: list[dict]) -> None:
+        self.stats.left_leased += len(tickets)
+        self._left_leased += [{"id": t["id"], "token": t["token"],
+                               "lease_until": t["lease_until"]} for t in tickets]
 
     @property
     def last_claim_ms(self) -> Optional[int]:
@@ -488,20 +513,26 @@ class Dispatcher:
     def abort(self) -> None:
         """Stop at once: cancel the sends in flight, leaving leases that expire.
         A claim that commits after the abort sends nothing: its jobs are left
-        leased too."""
+        leased too. Each job left so is in ``left_leased`` (and counted in
+        ``stats.left_leased``); queued finishes are still written."""
         self._stop.set()
         self._aborted = True
-        for held in self._slots.drop_waiting():  # never sent: left leased, to expire
+        self._interrupted = self._interrupted or self._running
+        dropped = self._slots.drop_waiting()
+        for held in dropped:  # never sent: left leased, to expire
             self._keeper.unwatch(held)
             self.stats.in_flight -= 1
+        self._leave_leased([held.ticket for held in dropped])
         for task in self._tasks:
             task.cancel()
 
     async def run(self, *, until_idle: bool = False) -> DispatcherStats:
-        """Dispatch until stop() (or, with until_idle, until every job is done or dead).
+        """Dispatch until stop() (or, with until_idle, until the queue is idle).
 
-        Drained means nothing pending and nothing leased: retry delays and the
-        leases of a dispatcher that died are waited out, not skipped. Once only:
+        Idle means nothing a claim may take now or later without an operator:
+        every job done or dead, or waiting behind a dead first job of its
+        ordering key (``Store.blocked_heads`` names those keys). Retry delays
+        and the leases of a dispatcher that died are waited out, not skipped. Once only:
         after a stop (even one before this call) or a previous run it returns
         the stats at once; after a failure it raises RuntimeError. Whatever
         makes it fail (the lease keeper's death included) is raised, once every
@@ -541,7 +572,7 @@ class Dispatcher:
                     continue
                 if until_idle and not self._tasks:
                     await self._finisher.settle()  # the last outcomes written first
-                    if await self._queue.is_drained():
+                    if await self._queue.is_idle():
                         break
                 await self._wait(stop_wait, self.poll_interval, work=True)
             await self._all_sent()  # graceful: claimed jobs are sent, within their leases
@@ -643,6 +674,7 @@ class Dispatcher:
         stats.claimed += len(claimed.leased)
         stats.claim_batches += 1
         if self._aborted:  # it committed while the abort came: nothing more is sent
+            self._leave_leased([job.ticket for job in claimed.leased])
             log.warning("claimed during an abort, left leased to expire: %s",
                         _some_ids([job.ticket for job in claimed.leased]),
                         extra={"owner": self.owner, "jobs": len(claimed.leased),
@@ -682,6 +714,8 @@ class Dispatcher:
         self._give_back(held)
         if not held.handed_over:  # no finish queued: the job ends here, left leased
             self.stats.in_flight -= 1
+            if task.cancelled():  # an abort cut it off: its lease runs out
+                self._leave_leased([held.ticket])
         if not self._tasks:  # the last one ended: the dispatch loop looks again (drained?)
             self._slots.freed.set()
 
@@ -736,7 +770,7 @@ class Dispatcher:
             self._keeper.unwatch(held)
             self._give_back(held)
         self.metrics.observe_send(took)  # a send that ended: not one a shutdown cancelled
-        seen = Attempt.of(held.first_ms, round(took * 1000), error)
+        seen = Attempt.of(held.first_ms, round(took * 1000), error, held.http_status)
         if error is None:
             return Judged("ok", 0, seen)
         return self._judge_error(held, error, seen)
@@ -780,9 +814,10 @@ class Dispatcher:
         # A signature's time is this host's (or the injected clock's): the
         # receiver checks it against its own clock, not the store's.
         stamp = (self._time.given() or wall_clock_ms()) // 1000 if destination.secrets else None
-        return await send_http(destination, held.event, timeout=window_ms / 1000,
-                               token=token, session=self._session, timestamp=stamp,
-                               digest=held.digest)
+        held.http_status = await deliver(destination, held.event, timeout=window_ms / 1000,
+                                         token=token, session=self._session, timestamp=stamp,
+                                         digest=held.digest)
+        return True  # delivered: its status is the attempt's evidence
 
     def _draw(self) -> float:
         return check_jitter(self._jitter())
@@ -810,6 +845,11 @@ class Dispatcher:
             if log.isEnabledFor(logging.DEBUG):  # never built per job at info
                 log.debug("done", extra=self._facts(held, judged.seen, status="done",
                                                     latency_ms=judged.seen.latency_ms))
+        elif recorded == BUSY:  # no fence judged it: left leased, its lease runs out
+            stats.unrecorded_busy += 1
+            log.warning("outcome not recorded: the store was busy", extra=self._facts(
+                held, judged.seen, outcome=judged.outcome, status="leased", reason="busy"))
+            return
         elif status is False:
             stats.stale += 1
             log.warning("stale finish refused", extra=self._facts(

@@ -26,13 +26,15 @@ from asyncworker.store import AsyncStore
 from lease.store import Attempt, Store
 from lease.worker import MAX_BATCH, Busy, check_second_clock
 
-__all__ = ["Judged", "Recorded", "GroupFinisher"]
+__all__ = ["BUSY", "Judged", "Recorded", "GroupFinisher"]
 
 log = logging.getLogger("asyncworker.finisher")
 
-# (status or False for stale, reason: the cause if dead); ("leased", None) for evidence only
+# (status or False for stale, reason: the cause if dead); ("leased", None) for evidence only;
+# BUSY when nothing was recorded: the store stayed busy past every lease of the group
 Recorded = tuple[Union[str, bool], Optional[str]]
 STALE: Recorded = (False, None)
+BUSY: Recorded = ("unrecorded", "busy")
 HOLD_CLAIMS = 4  # the most claims a finish group waits for; its size is that many batches
 NO_WAIT = float("inf")  # no group waits for a claim
 
@@ -179,7 +181,7 @@ class GroupFinisher:
             found, seconds = await self._queue.call(finish, keep_trying=live,
                                                     on_busy=lambda _: self._on_busy())
         except Busy:
-            return [STALE] * len(helds)
+            return [BUSY] * len(helds)
         self._on_committed(seconds)
         return [one or STALE for one in found]
 

@@ -78,7 +78,7 @@ class Held:
     is made per job, so it stays small."""
 
     __slots__ = ("ticket", "event", "digest", "first_ms", "extend_at", "claimed_at", "task",
-                 "cut", "can_extend", "extension", "handed_over", "has_slot")
+                 "cut", "can_extend", "extension", "handed_over", "has_slot", "http_status")
 
     def __init__(self, ticket: dict, event: dict, first_ms: int, extend_at: int,
                  digest: Optional[str] = None) -> None:
@@ -94,6 +94,7 @@ class Held:
         self.extension: Optional[asyncio.Task] = None
         self.handed_over = False  # its outcome is the finisher's: counted there
         self.has_slot = False  # it holds a send slot (from its claim to the end of its send)
+        self.http_status: Optional[int] = None  # the status of the answer taken as delivered
 
     async def settled(self) -> None:
         """Wait for an extension in flight: after it, ``ticket`` is the store's."""

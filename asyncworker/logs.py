@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any, Optional, TextIO
 
 __all__ = ["FORMATS", "LEVELS", "JsonFormatter", "TextFormatter", "configure", "fields_of",
-           "json_line", "current_format"]
+           "json_line", "current_format", "say"]
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")
@@ -122,12 +122,25 @@ def current_format() -> str:
     return _format
 
 
-def json_line(msg: str, logger: str, **fields: Any) -> str:
-    """A line the JSON format would write for an info record: for a command's
-    own lines (a banner, a progress line), shown whatever the level."""
-    record = logging.LogRecord(logger, logging.INFO, "", 0, msg, (), None)
+def json_line(msg: str, logger: str, level: str = "info", **fields: Any) -> str:
+    """A line the JSON format would write for a record at ``level``: for a
+    command's own lines (a banner, a progress line, its error), shown whatever
+    the level."""
+    record = logging.LogRecord(logger, getattr(logging, level.upper()), "", 0, msg, (), None)
     record.__dict__.update(fields)
     return JsonFormatter().format(record)
+
+
+def say(line: str, logger: str, level: str = "info", **fields: Any) -> None:
+    """One of a command's own lines on stderr, whatever the log level: as it
+    is, or with the JSON format one object (``json_line``) with its facts as
+    keys. A closed stderr (its reader gone) does not stop the work."""
+    text = json_line(line, logger, level, **fields) if _format == "json" else line
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):
+        pass
 
 
 def configure(level: str = "warning", fmt: str = "text",

@@ -18,7 +18,9 @@ Metric names (prefix ``asyncworker_``), each the figure of ``d.stats`` named:
   ``jobs_retried_total`` (retried), ``jobs_dead_total{reason}``
   (dead_by_reason: deadline, exhausted, permanent; they sum to dead),
   ``jobs_quarantined_total`` (quarantined), ``stale_completions_refused_total``
-  (stale), ``bad_acks_total`` (bad_acks), ``errors_total`` (errors),
+  (stale), ``outcomes_unrecorded_busy_total`` (unrecorded_busy: the store
+  stayed busy past every lease of their group, nothing recorded),
+  ``bad_acks_total`` (bad_acks), ``errors_total`` (errors),
   ``store_busy_retries_total`` (lock_retries), ``lease_extensions_total``
   (extended), ``claim_transactions_leasing_total`` (claim_batches);
 - gauges: ``jobs_in_flight`` (in_flight), ``sends_in_flight`` (sending),
@@ -66,6 +68,9 @@ COUNTERS = (
      "Jobs this dispatcher's claims moved to dead (past their deadline or out of attempts)."),
     ("stale_completions_refused", "stale",
      "Finishes (or extensions) refused because the lease was gone: the job is someone else's."),
+    ("outcomes_unrecorded_busy", "unrecorded_busy",
+     "Outcomes not recorded: the store stayed busy past every lease of their group (the "
+     "job stays leased until its lease runs out; no fence judged it, so not stale)."),
     ("bad_acks", "bad_acks", "Answers that were no evidence of delivery: the job stays leased."),
     ("errors", "errors", "Jobs whose send or finish failed unclassified: the job stays leased."),
     ("store_busy_retries", "lock_retries",

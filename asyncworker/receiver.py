@@ -53,7 +53,6 @@ import random
 import signal
 import socket
 import ssl
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
@@ -75,6 +74,7 @@ from asyncworker.inbox import (
     check_max_group,
     probe_inbox,
 )
+from asyncworker.logs import say
 from lease.http import ID_HEADER, TOKEN_HEADER
 from lease.policy import MAX_BODY_BYTES, PRODUCT, canonical_body
 from lease.signing import TOLERANCE_S, SignatureError
@@ -650,7 +650,7 @@ async def serve(inbox_path: Union[str, os.PathLike], host: str = "127.0.0.1", po
     # The figures of this run, as the last line: the inbox's are durable, and a
     # supervisor that restarts the receiver can add up the process_* ones.
     print(json.dumps(stats(app)), flush=True)
-    print("receiver stopped", file=sys.stderr, flush=True)
+    say("receiver stopped", "asyncworker.receiver")  # a JSON object with --log-format json
 
 
 def check_host(host: object, secrets: Optional[Sequence[bytes]]) -> str:

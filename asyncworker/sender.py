@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import ssl
 import time
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import aiohttp
 from yarl import URL
@@ -28,7 +28,7 @@ from lease.http import (
 )
 from lease.worker import BadAck, Retryable
 
-__all__ = ["Destination", "WireClient", "send_http", "new_session"]
+__all__ = ["Destination", "WireClient", "deliver", "send_http", "new_session"]
 
 
 def new_session(limit: int = 100, *,
@@ -40,16 +40,8 @@ def new_session(limit: int = 100, *,
     return aiohttp.ClientSession(connector=connector, trust_env=False, auto_decompress=False)
 
 
-async def send_http(
-    url: Union[str, Destination],
-    event: dict,
-    *,
-    timeout: float,
-    token: Optional[int] = None,
-    session: Union[WireClient, aiohttp.ClientSession, None] = None,
-    timestamp: Optional[int] = None,
-    digest: Optional[str] = None,
-) -> bool:
+async def send_http(url: Union[str, Destination], event: dict, *, timeout: float,
+                    **options: Any) -> bool:
     """POST one event, lab or payload; True only for what the destination's
     ACK policy takes as delivered (the table in ``lease.http``, which also
     says when an error has ``http_status`` and ``retry_after_ms``).
@@ -65,7 +57,24 @@ async def send_http(
     (``lease.http.request_parts``). One request, no retries. ``session``: a
     ``WireClient`` whose connections are kept alive, or a caller's aiohttp
     session; without one, a short-lived ``WireClient`` is opened and closed.
+    ``options`` are ``deliver``'s (token, session, timestamp, digest).
     """
+    await deliver(url, event, timeout=timeout, **options)
+    return True
+
+
+async def deliver(
+    url: Union[str, Destination],
+    event: dict,
+    *,
+    timeout: float,
+    token: Optional[int] = None,
+    session: Union[WireClient, aiohttp.ClientSession, None] = None,
+    timestamp: Optional[int] = None,
+    digest: Optional[str] = None,
+) -> int:
+    """``send_http`` answering the HTTP status of the answer taken as delivered
+    (an attempt's evidence); anything else is raised as ``send_http`` raises it."""
     destination = as_destination(url)
     seconds = check_timeout(timeout)
     outgoing = signed_parts(destination, event, token, timestamp, digest)
@@ -80,14 +89,15 @@ async def send_http(
 
 
 async def _wire_exchange(client: WireClient, destination: Destination,
-                         outgoing: Outgoing, seconds: float) -> bool:
+                         outgoing: Outgoing, seconds: float) -> int:
     status, answer, retry_after = await client.post(destination, outgoing, seconds)
-    return answer_verdict(destination, status, answer, outgoing.event_id, retry_after,
-                          int(time.time() * 1000))
+    answer_verdict(destination, status, answer, outgoing.event_id, retry_after,
+                   int(time.time() * 1000))
+    return status
 
 
 async def _exchange(session: aiohttp.ClientSession, destination: Destination,
-                    outgoing: Outgoing, seconds: float) -> bool:
+                    outgoing: Outgoing, seconds: float) -> int:
     route = destination.route
     try:
         # aiohttp's total timeout runs from the wait for a pooled connection to
@@ -102,8 +112,9 @@ async def _exchange(session: aiohttp.ClientSession, destination: Destination,
         raise Retryable(f"connection failed: {exc!r:.200}") from exc
     except aiohttp.ClientResponseError as exc:  # a malformed HTTP answer
         raise BadAck(f"malformed answer: {exc!r:.200}") from exc
-    return answer_verdict(destination, status, answer, outgoing.event_id, retry_after,
-                          int(time.time() * 1000))
+    answer_verdict(destination, status, answer, outgoing.event_id, retry_after,
+                   int(time.time() * 1000))
+    return status
 
 
 @functools.lru_cache(maxsize=256)

@@ -246,6 +246,9 @@ class AsyncStore:
     async def is_drained(self) -> bool:
         return await self.call(lambda s: s.is_drained())
 
+    async def is_idle(self) -> bool:
+        return await self.call(lambda s: s.is_idle())
+
     # ------------------------------------------------------------ the contract's functions
 
     async def call_contract(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -136,6 +136,7 @@ __all__ = [
     "TOKEN_HEADER",
     "Destination",
     "Outgoing",
+    "PlainHttpRefused",
     "ack_verdict",
     "answer_verdict",
     "as_destination",
@@ -200,6 +201,17 @@ def _is_loopback(host: str) -> bool:
 
 
 # --------------------------------------------------------------- destinations
+
+
+class PlainHttpRefused(ValueError):
+    """Plain http to a host that is not loopback, not allowed. ``allow`` names
+    what allows it where the refusal is read: the argument (``insecure_http``)
+    here, a command's flag in the command line, nothing where none does."""
+
+    def __init__(self, host: str, allow: Optional[str] = "insecure_http=True") -> None:
+        self.host = host
+        way = f"use https://, or {allow} to send in the clear" if allow else "use https://"
+        super().__init__(f"plain http only to a loopback host, got {host!r}: {way}")
 
 
 class _Route(NamedTuple):
@@ -287,8 +299,7 @@ def _check_route(url: object, insecure_http: bool) -> _Route:
         raise ValueError(f"url port is invalid: {url!r:.100}")
     tls = parts.scheme == "https"
     if not tls and not insecure_http and not _is_loopback(host):
-        raise ValueError(f"plain http only to a loopback host, got {host!r}: use https://, or "
-                         "insecure_http (--insecure-plain-http) to send in the clear")
+        raise PlainHttpRefused(host)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return _Route(tls, host, port or (443 if tls else 80), target)
 

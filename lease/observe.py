@@ -24,7 +24,8 @@ from lease.worker import (
     check_now,
 )
 
-__all__ = ["open_readonly", "snapshot", "counts", "is_drained", "job_history", "dead_jobs",
+__all__ = ["open_readonly", "snapshot", "counts", "is_drained", "is_idle", "blocked_heads",
+           "job_history", "dead_jobs",
            "jobs_with_status", "list_jobs", "stale_finishes"]
 
 STATUSES = ("pending", "leased", "done", "dead")
@@ -123,6 +124,31 @@ def is_drained(con: sqlite3.Connection) -> bool:
     return not row[0]
 
 
+# Idle: no job a claim may take now or later without an operator. A key's first
+# (held = 0) is the only job of its line a claim takes; with none pending or
+# leased, every job left waits behind a dead first job of its key.
+IDLE = ("SELECT NOT EXISTS (SELECT 1 FROM {jobs} WHERE status IN ('pending', 'leased')"
+        " AND held = 0)")
+
+
+def is_idle(con: sqlite3.Connection) -> bool:
+    """True when nothing is claimable now or later without an operator: every
+    job done or dead, or waiting behind a dead first job of its key (a retry
+    delay or a lease still to run out is work to come, not idle)."""
+    if "held" not in _columns(con, "jobs"):  # no ordering keys: idle is drained
+        return is_drained(con)
+    return bool(con.execute(IDLE.format(jobs="jobs")).fetchone()[0])
+
+
+def blocked_heads(con: sqlite3.Connection, limit: int) -> list[dict[str, Any]]:
+    """The keys blocked by a dead first job, in key order (at most ``limit``):
+    each as {"key", "id", "reason", "waiting"}, the dead head's id and reason
+    and how many pending jobs wait behind it."""
+    if "held" not in _columns(con, "jobs"):
+        return []
+    return _dicts(con, BLOCKED_HEADS.format(jobs="jobs", limit=int(limit)))
+
+
 def snapshot(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
     """Everything `stats` shows, read in one transaction so the figures agree."""
     check_now(now_ms)
@@ -196,6 +222,11 @@ JOIN {{jobs}} w ON w.ordering_key = h.ordering_key AND w.held = 1 AND w.status =
   AND w.ordering_key IS NOT NULL AND (w.status IN ('pending', 'leased')
     OR (w.status = 'dead' AND w.reason <> 'cancelled'))
 WHERE {_DEAD_FIRST}"""
+
+
+BLOCKED_HEADS = f"""SELECT h.ordering_key AS key, h.id, h.reason, (SELECT COUNT(*) FROM {{jobs}} w
+  WHERE w.ordering_key = h.ordering_key AND w.held = 1 AND w.status = 'pending') AS waiting
+FROM {{jobs}} h WHERE {_DEAD_FIRST} ORDER BY h.ordering_key LIMIT {{limit}}"""
 
 
 def _blocked(con: sqlite3.Connection) -> dict[str, int]:

@@ -54,7 +54,15 @@ import psycopg_pool
 from psycopg import errors, pq
 from psycopg.rows import dict_row, tuple_row
 
-from lease.observe import BLOCKED_JOBS, BLOCKED_KEYS, DAY_MS, STATUSES, _job_filter
+from lease.observe import (
+    BLOCKED_HEADS,
+    BLOCKED_JOBS,
+    BLOCKED_KEYS,
+    DAY_MS,
+    IDLE,
+    STATUSES,
+    _job_filter,
+)
 from lease.policy import (
     DEFAULT_POLICY,
     PRODUCT,
@@ -805,6 +813,22 @@ class PostgresStore:
             row = conn.execute("SELECT EXISTS (SELECT 1 FROM lease.jobs"
                                " WHERE status IN ('pending', 'leased'))").fetchone()
         return not (row and row[0])
+
+    def is_idle(self) -> bool:
+        """lease.observe.is_idle: nothing claimable now or later without an operator."""
+        if not self._keys:
+            return self.is_drained()
+        with self._tx(read_only=True) as conn:
+            row = conn.execute(IDLE.format(jobs="lease.jobs")).fetchone()
+        return bool(row and row[0])
+
+    def blocked_heads(self, limit: int = MAX_BATCH) -> list[dict[str, Any]]:
+        """lease.observe.blocked_heads: each blocked key's dead first job."""
+        _check_int("limit", limit, 1, MAX_BATCH)
+        if not self._keys:
+            return []
+        with self._tx(read_only=True) as conn:
+            return _dicts(conn, BLOCKED_HEADS.format(jobs="lease.jobs", limit=limit))
 
     def snapshot(self, now_ms: Optional[int] = None) -> dict[str, Any]:
         """What lease.observe.snapshot gives for a product queue, read in one

@@ -1334,6 +1334,15 @@ class SQLiteStore:
         with _store_errors():
             return observe.is_drained(self.connection)
 
+    def is_idle(self) -> bool:
+        with _store_errors():
+            return observe.is_idle(self.connection)
+
+    def blocked_heads(self, limit: int = MAX_BATCH) -> list[dict[str, Any]]:
+        _check_int("limit", limit, 1, MAX_BATCH)
+        with _store_errors():
+            return observe.blocked_heads(self.connection, limit)
+
     def snapshot(self, now_ms: Optional[int] = None) -> dict[str, Any]:
         with _store_errors():
             return observe.snapshot(self.connection, self._now(now_ms))

@@ -134,11 +134,13 @@ class Attempt(NamedTuple):
     error: Optional[str] = None
 
     @classmethod
-    def of(cls, started_ms: int, latency_ms: int, error: Optional[BaseException]) -> Attempt:
-        """The evidence of a send that returned (error None) or raised ``error``:
+    def of(cls, started_ms: int, latency_ms: int, error: Optional[BaseException],
+           delivered_status: Optional[int] = None) -> Attempt:
+        """The evidence of a send that returned (error None: the HTTP status of
+        its answer, ``delivered_status``, when it had one) or raised ``error``:
         the HTTP status the sender put on it, its class and message, capped."""
         if error is None:
-            return cls(started_ms, latency_ms)
+            return cls(started_ms, latency_ms, delivered_status)
         return cls(started_ms, latency_ms, _http_status(error), _error_text(error))
 
 
@@ -259,6 +261,10 @@ class Store(Protocol):
     def counts(self) -> dict[str, int]: ...
 
     def is_drained(self) -> bool: ...
+
+    def is_idle(self) -> bool: ...
+
+    def blocked_heads(self, limit: int = MAX_BATCH) -> list[dict[str, Any]]: ...
 
     def snapshot(self, now_ms: Optional[int] = None) -> dict[str, Any]: ...
 

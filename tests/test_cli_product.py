@@ -281,7 +281,7 @@ def test_run_takes_the_policy_and_the_evidence_shows_in_dead_and_inspect(queue: 
     out = cli("dead", str(queue))
     header, *lines = out.stdout.splitlines()
     assert header.split()[-1] == "last_error" and len(lines) == 1
-    assert "503" in lines[0] and lines[0].startswith("order:1  body 7 B  dead    deadline")
+    assert "503" in lines[0] and lines[0].startswith("order:1  -    body 7 B  dead    deadline")
     out = cli("inspect", str(queue), "order:1")
     assert out.returncode == 0 and "status        dead (deadline)" in out.stdout
     assert "body          {\"a\":1}" in out.stdout

@@ -68,7 +68,7 @@ def test_destinations_accepted(url, host, port, target):
 
 REFUSED = [
     ({"url": "http://orders.example/hooks"}, "plain http only to a loopback host"),
-    ({"url": "http://10.0.0.1:80/events"}, "--insecure-plain-http"),
+    ({"url": "http://10.0.0.1:80/events"}, "use https://, or insecure_http=True"),
     ({"url": "http://0.0.0.0:80/events"}, "plain http only to a loopback host"),
     ({"url": "ftp://127.0.0.1/x"}, "must start with https://"),
     ({"url": "127.0.0.1:8080/events"}, "must start with https://"),
@@ -378,7 +378,7 @@ async def test_a_dns_failure_is_named_and_fast(send):
 
 
 async def test_the_insecure_flag_lets_plain_http_leave_loopback(send):
-    with pytest.raises(ValueError, match="--insecure-plain-http"):
+    with pytest.raises(ValueError, match="insecure_http=True"):
         Destination("http://orders.invalid/hooks")
     # With the flag, the sender goes as far as the name (and no farther: .invalid).
     with pytest.raises(Retryable, match="^DNS: cannot resolve 'orders.invalid'"):

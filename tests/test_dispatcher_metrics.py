@@ -172,6 +172,7 @@ async def test_metrics_equal_the_stats_figure_by_figure(target: str):
         "asyncworker_jobs_retried_total": stats.retried,
         "asyncworker_jobs_quarantined_total": stats.quarantined,
         "asyncworker_stale_completions_refused_total": stats.stale,
+        "asyncworker_outcomes_unrecorded_busy_total": stats.unrecorded_busy,
         "asyncworker_bad_acks_total": stats.bad_acks,
         "asyncworker_errors_total": stats.errors,
         "asyncworker_store_busy_retries_total": stats.lock_retries,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,3 +230,61 @@ async def test_a_dispatcher_records_several_claims_in_one_finish(queue_target: s
     assert stats.finish_batches <= stats.claim_batches // 2, stats.as_dict()
     with open_store(queue_target) as store:
         assert store.counts()["done"] == 1280
+
+
+async def test_a_store_busy_past_every_lease_records_nothing_and_is_no_stale_finish(
+        tmp_path: Path):
+    """The store stays busy (another process's write lock) until the group's
+    lease is over: nothing was recorded and no fence judged the finish. It is
+    counted as an outcome not recorded, in stats and metrics, not as stale."""
+    path = tmp_path / "queue.db"
+    with open_store(path, create=True) as store:
+        store.enqueue_events([{"id": "j0", "qty": 1}], now_ms=T0)
+    clock = [T0 + 10]
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+    async def send(event: dict, token: int) -> bool:
+        if clock[0] == T0 + 10:  # the first send: a write lock held past the lease's end
+            holder.execute("BEGIN IMMEDIATE")
+            clock[0] = T0 + 10 + SHORT_LEASE_MS + 1
+        return True
+
+    try:
+        async with Dispatcher(path, "d1", send=send, clock=lambda: clock[0],
+                              lease_ms=SHORT_LEASE_MS, poll_interval=0.01) as d:
+            run = asyncio.create_task(d.run())
+            while not d.stats.unrecorded_busy and not run.done():
+                await asyncio.sleep(0.01)
+            d.stop()
+            holder.execute("ROLLBACK")
+            stats = await asyncio.wait_for(run, 30)
+            exposed = d.metrics.exposition()[0].decode()
+    finally:
+        holder.close()
+    assert (stats.unrecorded_busy, stats.stale, stats.in_flight) == (1, 0, 0)
+    assert "asyncworker_outcomes_unrecorded_busy_total 1.0" in exposed
+    assert "asyncworker_stale_completions_refused_total 0.0" in exposed
+    with open_store(path) as store:
+        assert store.snapshot(T0 + 20)["stale_finishes"] == 0  # no fence refused it
+
+
+async def test_a_delivered_attempt_records_the_http_status_of_its_answer(queue_target: str):
+    """The answer taken as delivered (here 202 with the ACK) is the attempt's
+    evidence, on the done job's row and in its history, on both stores."""
+    from .servers import HostileServer, answer
+
+    def accept(request, sock) -> None:
+        job_id = request.headers["webhook-id"]
+        answer(202, json.dumps({"id": job_id}).encode(),
+               {"Content-Type": "application/json"})(request, sock)
+
+    with open_store(queue_target, create=True) as store:
+        store.enqueue_events([{"id": "j0", "qty": 1}])
+    with HostileServer(accept) as server:
+        async with Dispatcher(queue_target, "d1", url=server.url, poll_interval=0.01) as d:
+            stats = await asyncio.wait_for(d.run(until_idle=True), 60)
+    assert stats.ok == 1
+    with open_store(queue_target) as store:
+        history = store.job_history("j0")
+    assert history is not None and history["job"]["done_http_status"] == 202
+    assert [(a["result"], a["http_status"]) for a in history["attempts"]] == [("done", 202)]

@@ -279,3 +279,29 @@ def test_unprintable_characters_are_escaped_in_both_formats(captured: io.StringI
     logging.getLogger("asyncworker.test").warning(hostile, extra={"error": hostile})
     last = captured.getvalue().splitlines()[-1]
     assert last.isascii() and json.loads(last)["error"] == hostile
+
+
+def test_with_json_logs_an_error_and_serves_last_line_are_json_objects(tmp_path: Path):
+    """--log-format json: a command's error line and serve's "receiver stopped"
+    are objects like every other line; the text format is unchanged."""
+    from .servers import ReceiverProcess
+    from .test_cli import cli
+
+    missing = str(tmp_path / "missing.db")
+    out = cli("stats", missing, "--log-format", "json")
+    assert out.returncode == 2
+    [line] = out.stderr.splitlines()
+    entry = json.loads(line)
+    assert (entry["level"], entry["logger"], entry["exit_code"]) == ("error", "asyncworker.stats",
+                                                                     2)
+    assert entry["msg"] == f"error: queue file not found: {missing}"
+    assert cli("stats", missing).stderr == (
+        f"asyncworker stats: error: queue file not found: {missing}\n")
+
+    rx = ReceiverProcess(tmp_path / "inbox.db", "--log-format", "json")
+    assert rx.stop() == 0
+    stopped = json.loads(rx.stderr.splitlines()[-1])
+    assert (stopped["msg"], stopped["level"], stopped["logger"]) == (
+        "receiver stopped", "info", "asyncworker.receiver")
+    rx = ReceiverProcess(tmp_path / "inbox.db")
+    assert rx.stop() == 0 and rx.stderr == "receiver stopped\n"

@@ -82,6 +82,8 @@ def dump(store: Store, now_ms: int) -> dict[str, Any]:
         "dead_jobs": dead,
         "counts": store.counts(),
         "is_drained": store.is_drained(),
+        "is_idle": store.is_idle(),
+        "blocked_heads": store.blocked_heads(),
         "stale_finishes": store.stale_finishes(),
         "snapshot": store.snapshot(now_ms),
     }

@@ -99,6 +99,29 @@ def test_a_dead_first_blocks_its_key_until_redriven_first_in_line(store):
     assert (snap["blocked_keys"], snap["blocked_jobs"]) == (1, 0)
 
 
+def test_idle_is_nothing_claimable_now_or_later_and_names_the_dead_heads(store):
+    """Idle: no job a claim may take now or later without an operator. A retry's
+    wait or a lease is work to come; jobs behind a dead head are not."""
+    enqueue(store, keyed("k-1", "k"), keyed("k-2", "k"), keyed("k-3", "k"), keyed("m-1", "m"),
+            keyed("o-1", None))
+    assert not store.is_idle() and store.blocked_heads() == []
+    tickets = claim_tickets(store, T0)
+    assert sorted(tickets) == ["k-1", "m-1", "o-1"] and not store.is_idle()  # leased
+    finish(store, tickets["k-1"], "permanent", T0 + 1)
+    finish(store, tickets["m-1"], "retry", T0 + 1, delay=60_000)
+    finish(store, tickets["o-1"], "ok", T0 + 1)
+    assert not store.is_idle()  # m-1 waits out its retry delay: claimable later
+    assert store.blocked_heads() == [{"key": "k", "id": "k-1", "reason": "permanent",
+                                      "waiting": 2}]
+    finish(store, claim_tickets(store, T0 + 70_000)["m-1"], "ok", T0 + 70_001)
+    assert store.is_idle() and not store.is_drained()  # only k-2 and k-3 left, behind k-1
+    assert store.blocked_heads(1) == store.blocked_heads()
+    assert store.cancel_jobs(["k-1"], "give up", now_ms=T0 + 70_002) == [True]
+    assert not store.is_idle() and store.blocked_heads() == []  # k-2 is first now
+    with pytest.raises(ValueError):
+        store.blocked_heads(0)
+
+
 def test_cancelling_a_dead_first_lets_the_next_go(store):
     enqueue(store, keyed("k-1", "k"), keyed("k-2", "k"))
     tickets = claim_tickets(store, T0)
