@@ -133,19 +133,20 @@ def test_the_summary_says_the_runs_real_rate(queue: Path, tmp_path: Path):
     assert summary["ok"] == 300 and summary["seconds"] > 0
     assert abs(summary["rate"] - 300 / summary["seconds"]) <= 0.1 + 0.01 * summary["rate"]
     found = re.search(r"summary: .* rate ([0-9]+)/s", out.stderr)
-    assert found and int(found.group(1)) == round(summary["rate"]) > 0, out.stderr
+    # the line shows the rate to the unit, the JSON to a tenth: 3792.54 reads 3793 and 3792.5
+    assert found and abs(int(found.group(1)) - summary["rate"]) <= 0.55, out.stderr
+    assert int(found.group(1)) > 0
 
 
 def test_plain_http_refused_names_the_flag_not_the_argument(queue: Path):
     """The command line says what the command line allows: its flag, where it
     has one, never the Python argument."""
-    for args, flag in ((["run", str(queue), "--url"], True), (["stats", str(queue),
-                                                                 "--receiver"], True),
-                       (["ui", str(queue), "--port", "0", "--receiver"], False)):
+    for args in (["run", str(queue), "--url"], ["stats", str(queue), "--receiver"],
+                 ["ui", str(queue), "--port", "0", "--receiver"]):
         out = cli(*args, "http://orders.example/hooks", timeout=30)
         assert out.returncode == 2 and "plain http only to a loopback host" in out.stderr
         assert "insecure_http" not in out.stderr, out.stderr
-        assert ("or --insecure-plain-http to send in the clear" in out.stderr) == flag
+        assert "or --insecure-plain-http to send in the clear" in out.stderr, out.stderr
 
 
 def test_inspect_and_dead_show_the_ordering_key_and_the_actor(queue: Path):
