@@ -9,6 +9,7 @@ redrives.
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import time
 from pathlib import Path
@@ -89,11 +90,12 @@ def open_readonly(path: Union[str, os.PathLike[str]]) -> sqlite3.Connection:
 def _first_read(con: sqlite3.Connection, text: str) -> None:
     """The schema check; a foreign file is ValueError.
 
-    A process killed inside a transaction leaves a hot journal, which only a
-    writer can roll back; a reader is refused ("attempt to write a readonly
-    database") until one does. A live dispatcher does it at its next
-    transaction, so wait for that a while; with no writer left, say what
-    recovers the file rather than recovering it here."""
+    A writer that ended inside a transaction (killed, or failed on an I/O error
+    such as a full disk) leaves a hot journal, which only a writer can roll
+    back; a reader is refused ("attempt to write a readonly database") until
+    one does. A live dispatcher does it at its next transaction, so wait for
+    that a while; with no writer left, say what is known and what recovers the
+    file rather than recovering it here."""
     give_up = time.monotonic() + READ_PATIENCE_S
     while True:
         try:
@@ -103,11 +105,22 @@ def _first_read(con: sqlite3.Connection, text: str) -> None:
             if "readonly" not in str(exc):
                 raise
             if time.monotonic() >= give_up:
-                raise sqlite3.OperationalError(
-                    f"{text} holds an unfinished transaction of a process that was killed; "
-                    "any command that writes (asyncworker init, a dispatcher) rolls it back"
-                ) from None
+                raise sqlite3.OperationalError(_unfinished(text)) from None
         time.sleep(0.02)
+
+
+def _unfinished(text: str) -> str:
+    """What a hot journal tells: a writer did not finish its transaction, and
+    none holds it now. Whether it was killed or failed is not known; the room
+    left on the file's disk is, and a full disk is one cause worth naming."""
+    try:
+        free = f"{shutil.disk_usage(os.path.dirname(os.path.abspath(text))).free:,} bytes"
+    except OSError:
+        free = "unknown"
+    return (f"{text} holds a transaction its writer did not finish: the writer ended "
+            f"inside it (killed, or failed, for example on a full disk; free space on its "
+            f"disk: {free}). Any command that writes (asyncworker init, a dispatcher) "
+            f"rolls it back, once the disk has room")
 
 
 def counts(con: sqlite3.Connection) -> dict[str, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -114,8 +115,16 @@ os._exit(9)  # killed mid-transaction: the rollback journal stays, hot
     before = listing(queue_path.parent)
     observe.READ_PATIENCE_S, saved = 0.2, observe.READ_PATIENCE_S
     try:
-        with pytest.raises(sqlite3.OperationalError, match="unfinished transaction"):
+        with pytest.raises(sqlite3.OperationalError) as refused:
             observe.open_readonly(queue_path)
+        # what is known, not a guess: no writer finished it, killed or failed on a full
+        # disk, and the room left where the file lives
+        said = str(refused.value)
+        assert "its writer did not finish" in said and "full disk" in said
+        assert "was killed" not in said
+        free = int(said.split("free space on its disk: ")[1].split(" bytes")[0].replace(",", ""))
+        assert abs(free - shutil.disk_usage(queue_path.parent).free) < 64 << 20
+        assert "rolls it back" in said
     finally:
         observe.READ_PATIENCE_S = saved
     assert listing(queue_path.parent) == before
