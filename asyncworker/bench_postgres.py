@@ -11,7 +11,7 @@ enqueue-then-consume-with-ack work on the same server in the same run.
 Every scenario gets a database of its own (``CREATE DATABASE``, dropped
 after), so no figure pays for another's rows. ``--store postgres`` starts a
 server for the run with durable settings (fsync and synchronous_commit on)
-through the test suite's ``tests/postgres_server.py``: from a checkout.
+through the test suite's ``tests/support/postgres_server.py``: from a checkout.
 
 Two measurements write SQL of their own, on purpose: the raw commit (which
 by definition does not go through the queue's API) and the bulk load of
@@ -363,10 +363,10 @@ def server_for(store: str) -> Iterator[str]:
     if (Path(checkout) / "tests" / "postgres_server.py").is_file() and checkout not in sys.path:
         sys.path.append(checkout)
     try:
-        from tests.postgres_server import PostgresServer
+        from tests.support.postgres_server import PostgresServer
     except ImportError:
         raise RuntimeError("--store postgres starts a server with the test suite's "
-                           "tests/postgres_server.py: run from a checkout, or give a "
+                           "tests/support/postgres_server.py: run from a checkout, or give a "
                            "postgresql:// URL") from None
     # durable: every commit waits for its WAL flush (fsync and synchronous_commit on)
     with PostgresServer(fsync=True, settings={"synchronous_commit": "on",

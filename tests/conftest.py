@@ -1,55 +1,27 @@
-"""Shared fixtures: real queue files in tmp_path, an injected clock, row snapshots."""
+"""Shared fixtures: real queue files in tmp_path, an injected clock, row snapshots.
+
+The tests are in tiers, a folder each: unit/ (in-process, no server: seconds),
+properties/ (random programs against a model, hypothesis),
+conformance/ (one suite, every store), runtime/ (the dispatcher and the senders
+against real servers on loopback, in-process), processes/ (real child processes,
+killed for real), postgres/ (a real PostgreSQL server), soak/ (long chaos runs,
+short by default) and browser/ (headless Chromium). Helpers two modules share
+live in tests/support/, never imported from another test module."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import pty
-import sqlite3
-import subprocess
 from pathlib import Path
 from typing import Awaitable, Callable
 
 import pytest
 
-from lease import observe, worker
+from lease import worker
 from lease.sqlite import open_store
 
 # A real PostgreSQL server, started lazily by the suite (or TEST_DATABASE_URL):
 # the fixtures postgres_server, postgres_url and make_postgres_server.
-pytest_plugins = ["tests.postgres_server"]
-
-T0 = 1_000_000  # a clock value well inside the contract's range
-
-
-class Clock:
-    """An injected millisecond clock: returns its values in order, then repeats the last."""
-
-    def __init__(self, *values: object) -> None:
-        self.values = list(values)
-        self.calls = 0
-
-    def __call__(self) -> object:
-        self.calls += 1
-        return self.values.pop(0) if len(self.values) > 1 else self.values[0]
-
-
-def _named(con: sqlite3.Connection, sql: str, args: tuple = ()) -> list[dict]:
-    cursor = con.execute(sql, args)
-    names = [column[0] for column in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-
-
-def rows(con: sqlite3.Connection, table: str = "jobs") -> list[dict]:
-    """A table's rows in seq order; jobs whole, with their bodies."""
-    source = observe._jobs(con) if table == "jobs" else table
-    return _named(con, f"SELECT * FROM {source} ORDER BY seq")
-
-
-def job(con: sqlite3.Connection, job_id: str) -> dict:
-    found = _named(con, f"SELECT * FROM {observe._jobs(con)} WHERE id = ?", (job_id,))
-    assert found, job_id
-    return found[0]
+pytest_plugins = ["tests.support.postgres_server"]
 
 
 @pytest.fixture
@@ -70,15 +42,6 @@ def queue(tmp_path: Path) -> Path:
     path = tmp_path / "queue.db"
     open_store(path).close()
     return path
-
-
-def job_rows(path: Path) -> dict[str, dict]:
-    """Every job of a queue file, by id, read through a fresh connection."""
-    con = worker.open_queue(path, create=False)
-    try:
-        return {r["id"]: r for r in rows(con)}
-    finally:
-        con.close()
 
 
 @pytest.fixture(params=["sync", "async", "aiohttp"])
@@ -106,39 +69,37 @@ def send(request: pytest.FixtureRequest) -> Callable[..., Awaitable[object]]:
     return via_thread
 
 
-def run_on_a_terminal(args: list[str]) -> tuple[subprocess.CompletedProcess, str]:
-    """Run a command with its stderr on a pseudo-terminal (stdout piped):
-    what it did, and everything it drew on the terminal."""
-    master, slave = pty.openpty()
-    try:
-        try:
-            proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=slave, text=True,
-                                  timeout=120)
-        finally:
-            os.close(slave)
-        screen = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the terminal's other end is closed: all read
-                break
-            if not chunk:
-                break
-            screen += chunk
-    finally:
-        os.close(master)
-    return proc, screen.decode()
-
-
-def add(con: sqlite3.Connection, job_id: str = "snack-1", qty: int = 7, *, now: int = T0,
-        ttl: int = 60_000, max_attempts: int = 3) -> None:
-    assert worker.enqueue(con, {"id": job_id, "qty": qty}, now, ttl, max_attempts) is True
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("soak", "the chaos soak (tests/test_soak.py)")
+    group = parser.getgroup("soak", "the chaos soak (tests/soak/test_soak.py)")
     group.addoption("--soak-jobs", type=int, default=1000,
                     help="jobs in the chaos soak (default 1000: the short CI run)")
     group.addoption("--soak-seconds", type=float, default=None,
                     help="seconds of chaos in the PostgreSQL soak (default 25: the short run)")
     group.addoption("--soak-seed", type=int, default=20261129, help="seed of the chaos")
+
+
+_SERVER_FIXTURES = {"postgres_server", "postgres_url", "make_postgres_server"}
+
+
+def _needs_postgres(item: pytest.Item) -> bool:
+    """A test that starts or uses a PostgreSQL server: by its fixtures, or by a
+    store parameter that names PostgreSQL (fixtures that ask for the server only
+    when their parameter says so)."""
+    if _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(isinstance(v, str) and v.startswith("postgres") for v in params.values())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The markers follow what a test needs: ``-m 'not postgres'`` leaves out
+    every test that needs a PostgreSQL server, ``-m browser`` keeps only
+    Chromium's, ``-m soak`` only the chaos runs (by their folder)."""
+    for item in items:
+        parts = Path(str(item.path)).parts
+        if _needs_postgres(item) or "postgres" in parts:
+            item.add_marker(pytest.mark.postgres)
+        if "soak" in parts:
+            item.add_marker(pytest.mark.soak)
+        if "browser" in parts:
+            item.add_marker(pytest.mark.browser)

@@ -24,9 +24,8 @@ from hypothesis import settings
 from lease.postgres import PostgresStore
 from lease.sqlite import SQLiteStore
 from lease.store import Store
-from tests.postgres_server import drop_database, fresh_database
-
-from ..conftest import T0
+from tests.support.postgres_server import drop_database, fresh_database
+from tests.support.queues import T0
 
 KINDS = ("sqlite", "sqlite-wal", "postgresql")
 

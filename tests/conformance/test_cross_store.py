@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from ..conftest import T0
+from tests.support.queues import T0
+
 from .conftest import Queues
 from .helpers import Player, dump, programs
 

@@ -27,8 +27,8 @@ from hypothesis.stateful import (
 from lease.policy import RetryPolicy, canonical_body
 from lease.store import Attempt
 from lease.worker import Conflict
+from tests.support.model import Model
 
-from ..test_model import Model
 from .conftest import Queues
 from .helpers import history, job_rows
 

@@ -11,8 +11,8 @@ import pytest
 from lease.policy import RetryPolicy
 from lease.store import open_store, run_once, run_queue
 from lease.worker import BadAck, Permanent, Retryable
+from tests.support.queues import T0
 
-from ..conftest import T0
 from .helpers import history, job
 
 POLICY = RetryPolicy(max_attempts=3, ttl_ms=600_000, backoff_base_ms=100, backoff_cap_ms=100,

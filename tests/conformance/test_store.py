@@ -14,8 +14,8 @@ import pytest
 from lease.policy import DEFAULT_POLICY, MAX_BODY_BYTES, PRODUCT, RetryPolicy, canonical_body
 from lease.store import MAX_ERROR_CHARS, Attempt
 from lease.worker import MAX_NOW_MS, Conflict
+from tests.support.queues import T0
 
-from ..conftest import T0
 from .helpers import (
     body_event,
     claim_one,

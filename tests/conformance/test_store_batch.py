@@ -12,7 +12,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ..conftest import T0
+from tests.support.queues import T0
+
 from .conftest import Queues
 from .helpers import IDS, OWNERS, Player, dump, evidence, plain, programs, stale_variant
 

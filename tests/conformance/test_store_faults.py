@@ -13,8 +13,8 @@ import pytest
 from lease.policy import PRODUCT, RetryPolicy
 from lease.store import Attempt, Store
 from lease.worker import MAX_BATCH, MAX_NOW_MS
+from tests.support.queues import T0
 
-from ..conftest import T0
 from .conftest import Queues
 from .helpers import Boom, dump, fault_at, tickets_of
 

@@ -10,8 +10,7 @@ import pytest
 from lease.policy import DEFAULT_POLICY
 from lease.store import Conflicts, Store
 from lease.worker import Conflict
-
-from ..conftest import T0
+from tests.support.queues import T0
 
 EVENTS = [{"id": "d-1", "body": {"v": 1}}, {"id": "d-2", "qty": 2},
           {"id": "d-1", "body": {"v": 3}}, {"id": "old", "qty": 1},

@@ -8,8 +8,8 @@ import pytest
 
 from lease.policy import RetryPolicy
 from lease.store import Attempt
+from tests.support.queues import T0
 
-from ..conftest import T0
 from .helpers import claim_one, history
 
 DAY = 86_400_000

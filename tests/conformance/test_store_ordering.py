@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from lease.policy import RetryPolicy
 from lease.store import Attempt, Store
 from lease.worker import Conflict
+from tests.support.queues import T0
 
-from ..conftest import T0
 from .helpers import claim_one, job, tickets_of
 
 POLICY = RetryPolicy(max_attempts=5, ttl_ms=600_000)

@@ -1,0 +1,253 @@
+"""A real browser on the operator's page: headless Chromium from Debian's package
+(``apt-get install chromium``; ``.ci/run`` installs it), driven by Playwright for
+Python, against a real ``asyncworker ui QUEUE --allow-changes`` process on
+127.0.0.1. It filters the dead letters, runs a dry run, confirms a bulk
+redrive and checks the result, page by page and in the queue; a screenshot of
+each step is saved in the test's tmp_path.
+
+``pytest -m browser`` runs it (CI does). Without Chromium it fails, naming the
+package: it is never skipped. With ``ASYNCWORKER_UI_SCREENSHOT=PATH`` the
+dead letters' page is also saved there (``docs/operator-ui.png`` for the README).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from lease.policy import RetryPolicy
+from lease.store import Attempt, open_store
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+SCREENSHOT_ENV = "ASYNCWORKER_UI_SCREENSHOT"
+
+
+def dead_letters(target: str, ids: list[str], outcome: str, error: str) -> None:
+    with open_store(target) as store:
+        store.enqueue_events([{"id": job_id, "body": {"order": job_id}} for job_id in ids],
+                             RetryPolicy(max_attempts=1))
+        claimed = store.claim_jobs("worker-1", 10_000, len(ids))
+        assert len(claimed.leased) == len(ids)
+        store.finish_jobs([(job.ticket, outcome, 0, Attempt(claimed.now_ms, 12, None, error))
+                           for job in claimed.leased])
+
+
+@pytest.fixture
+def queue(tmp_path: Path) -> str:
+    name = str(tmp_path / "queue.db")
+    open_store(name, create=True).close()
+    dead_letters(name, [f"order:{i}" for i in range(5)], "permanent", "HTTPError: 410 Gone")
+    dead_letters(name, [f"order:{i}" for i in range(5, 7)], "retry", "TimeoutError: timed out")
+    dead_letters(name, [f"invoice:{i}" for i in range(3)], "permanent", "HTTPError: 400")
+    return name
+
+
+@pytest.fixture
+def ui_process(queue: str) -> Iterator[str]:
+    """A real ``asyncworker ui`` on a free loopback port: its URL."""
+    with _ui(queue, 0) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _ui(queue: str, port: int) -> Iterator[str]:
+    """``asyncworker ui QUEUE --allow-changes --port PORT``: its URL; stopped by
+    SIGTERM (killed if it hangs) and waited for. Started in the queue's folder,
+    so the page (and its screenshot) names it by its short name."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "asyncworker", "ui", Path(queue).name,
+                             "--allow-changes", "--port", str(port)], cwd=Path(queue).parent,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        found = re.search(r"(http://127\.0\.0\.1:\d+/) \(changes allowed\)", line)
+        if found is None:
+            proc.kill()
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(f"asyncworker ui did not start: {line!r} {err}")
+        yield found.group(1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+
+
+def _browser_or_fail() -> None:
+    if not CHROMIUM.is_file():
+        pytest.fail(f"the browser test needs Chromium at {CHROMIUM}: apt-get install chromium "
+                    f"(Debian's package; .ci/run installs it)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.fail("the browser test needs Playwright for Python: pip install playwright "
+                    "(never `playwright install`: it drives the system Chromium)")
+
+
+class AttackersServer:
+    """The attacker's own server, on 127.0.0.1 here: one page, until it is closed."""
+
+    PAGE = b"<!doctype html><title>cute cats</title><p>cats</p>"
+
+    def __init__(self) -> None:
+        page = self.PAGE
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(page)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(page)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        if not self.thread.is_alive():
+            return
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=30)
+
+
+def test_a_site_whose_name_was_rebound_to_the_page_changes_nothing(
+        queue: str, tmp_path: Path) -> None:
+    """DNS rebinding in a real browser. Chromium resolves evil.example to 127.0.0.1
+    (--host-resolver-rules); the attacker's page comes from the attacker's server
+    at evil.example:PORT, which then gives the port to ``asyncworker ui`` (as the
+    name's address changes in the real attack, the origin staying the same). The
+    page's script reads /dead for the CSRF token and posts the dry run and the
+    cancel, same-origin for the browser: every request is refused (421), nothing
+    read, nothing changed. The operator's own page on that port still works."""
+    _browser_or_fail()
+    from playwright.sync_api import sync_playwright
+
+    attacker = AttackersServer()
+    evil = f"http://evil.example:{attacker.port}"
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
+            args=[*CHROMIUM_ARGS, "--host-resolver-rules=MAP evil.example 127.0.0.1"])
+        try:
+            page = context.new_page()
+            page.goto(f"{evil}/cats")
+            assert page.title() == "cute cats"
+            attacker.close()
+            with _ui(queue, attacker.port) as url:
+                seen = page.evaluate("""async () => {
+                    const out = {};
+                    const dead = await fetch("/dead");
+                    const text = await dead.text();
+                    out.dead = dead.status;
+                    const found = text.match(/name="csrf" value="([0-9a-f]{64})"/);
+                    out.csrf = found ? found[1] : null;
+                    const form = {action: "cancel", note: "by another site",
+                                  csrf: out.csrf || "none"};
+                    const dry = await fetch("/dead/preview?format=json",
+                                            {method: "POST", body: new URLSearchParams(form)});
+                    out.preview = dry.status;
+                    if (dry.ok) form.fingerprint = (await dry.json()).fingerprint;
+                    const done = await fetch("/dead/apply?format=json",
+                                             {method: "POST", body: new URLSearchParams(form)});
+                    out.apply = done.status;
+                    out.applied = await done.text();
+                    return out;
+                }""")
+                assert seen["csrf"] is None, seen
+                assert (seen["dead"], seen["preview"], seen["apply"]) == (421, 421, 421), seen
+                own = context.new_page()
+                own.goto(url + "dead")
+                assert own.locator('input[name="csrf"]').count() >= 1
+        finally:
+            context.close()
+            attacker.close()
+    with open_store(queue, read_only=True) as store:
+        assert len(store.jobs_with_status("dead")) == 10
+        history = store.job_history("order:0")
+    assert history is not None and history["cancels"] == []
+
+
+def test_a_bulk_redrive_in_a_real_browser(queue: str, ui_process: str, tmp_path: Path) -> None:
+    _browser_or_fail()
+    from playwright.sync_api import sync_playwright
+
+    refused: list[str] = []
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
+            args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 900})
+        try:
+            page = context.new_page()
+            page.on("console", lambda message: refused.append(message.text)
+                    if "Content Security Policy" in message.text else None)
+            page.goto(ui_process)
+            assert page.locator('[data-key="by_status.dead"]').inner_text() == "10"
+            assert page.locator('[data-key="dead_by_reason.exhausted"]').inner_text() == "2"
+            # the stylesheet loaded under the CSP: the header has its band
+            assert page.locator("header").evaluate(
+                "e => getComputedStyle(e).backgroundColor") == "rgb(244, 246, 249)"
+            page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
+
+            page.click("text=Dead letters")
+            page.select_option("#filter-reason", "permanent")
+            page.fill("#filter-prefix", "order:")
+            page.click("#filter")
+            page.wait_for_url(re.compile(r"/dead\?reason=permanent&id_prefix=order"))
+            listed = page.locator("a.job").all_inner_texts()
+            assert listed == [f"order:{i}" for i in range(5)]
+            assert page.locator("td.error").first.inner_text() == "HTTPError: 410 Gone"
+            page.fill("#note", "the receiver serves orders again")
+            dead_page = tmp_path / "dead-letters.png"
+            page.screenshot(path=str(dead_page), full_page=True)
+
+            page.click("#dry-run")
+            assert page.locator("#count strong").first.inner_text() == "5"
+            assert page.locator("#sample li").all_inner_texts() == listed
+            assert re.fullmatch(r"[0-9a-f]{64}", page.locator("#fingerprint").inner_text())
+            page.screenshot(path=str(tmp_path / "dry-run.png"), full_page=True)
+
+            page.click("#confirm")
+            assert page.locator("h1").inner_text() == "Result: redrive"
+            assert page.locator("td.result").all_inner_texts() == ["redriven"] * 5
+            assert page.locator("#counts").inner_text() == "5 redriven"
+            page.screenshot(path=str(tmp_path / "result.png"), full_page=True)
+        finally:
+            context.close()
+    assert not refused, refused  # nothing on the page broke the CSP
+    with open_store(queue, read_only=True) as store:
+        assert {job["id"] for job in store.jobs_with_status("pending")} == set(listed)
+        assert {job["id"] for job in store.jobs_with_status("dead")} == {
+            "order:5", "order:6", *(f"invoice:{i}" for i in range(3))}
+        history = store.job_history("order:0")
+    assert history is not None
+    assert [r["note"] for r in history["redrives"]] == ["the receiver serves orders again"]
+    for shot in ("overview", "dead-letters", "dry-run", "result"):
+        assert (tmp_path / f"{shot}.png").stat().st_size > 10_000, shot
+    if os.environ.get(SCREENSHOT_ENV):
+        shutil.copyfile(dead_page, os.environ[SCREENSHOT_ENV])

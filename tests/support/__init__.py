@@ -1,0 +1,1 @@
+"""Helpers the tests share: servers, child programs, clocks, queues."""

@@ -1,0 +1,82 @@
+"""Shared by several test modules."""
+
+from __future__ import annotations
+
+import os
+import pty
+import sqlite3
+import subprocess
+from pathlib import Path
+
+from lease import observe, worker
+
+T0 = 1_000_000  # a clock value well inside the contract's range
+
+
+class Clock:
+    """An injected millisecond clock: returns its values in order, then repeats the last."""
+
+    def __init__(self, *values: object) -> None:
+        self.values = list(values)
+        self.calls = 0
+
+    def __call__(self) -> object:
+        self.calls += 1
+        return self.values.pop(0) if len(self.values) > 1 else self.values[0]
+
+
+def _named(con: sqlite3.Connection, sql: str, args: tuple = ()) -> list[dict]:
+    cursor = con.execute(sql, args)
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def rows(con: sqlite3.Connection, table: str = "jobs") -> list[dict]:
+    """A table's rows in seq order; jobs whole, with their bodies."""
+    source = observe._jobs(con) if table == "jobs" else table
+    return _named(con, f"SELECT * FROM {source} ORDER BY seq")
+
+
+def job(con: sqlite3.Connection, job_id: str) -> dict:
+    found = _named(con, f"SELECT * FROM {observe._jobs(con)} WHERE id = ?", (job_id,))
+    assert found, job_id
+    return found[0]
+
+
+def job_rows(path: Path) -> dict[str, dict]:
+    """Every job of a queue file, by id, read through a fresh connection."""
+    con = worker.open_queue(path, create=False)
+    try:
+        return {r["id"]: r for r in rows(con)}
+    finally:
+        con.close()
+
+
+def run_on_a_terminal(args: list[str]) -> tuple[subprocess.CompletedProcess, str]:
+    """Run a command with its stderr on a pseudo-terminal (stdout piped):
+    what it did, and everything it drew on the terminal."""
+    master, slave = pty.openpty()
+    try:
+        try:
+            proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=slave, text=True,
+                                  timeout=120)
+        finally:
+            os.close(slave)
+        screen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal's other end is closed: all read
+                break
+            if not chunk:
+                break
+            screen += chunk
+    finally:
+        os.close(master)
+    return proc, screen.decode()
+
+
+def add(con: sqlite3.Connection, job_id: str = "snack-1", qty: int = 7, *, now: int = T0,
+        ttl: int = 60_000, max_attempts: int = 3) -> None:
+    assert worker.enqueue(con, {"id": job_id, "qty": qty}, now, ttl, max_attempts) is True
+

@@ -1,0 +1,288 @@
+"""What only the SQLite store has: a file, its bytes, its version in PRAGMA
+user_version, and migrations from the contract's own files. The rules every
+store shares are tested once for all stores in tests/conformance/."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from lease import sqlite as store
+from lease import worker
+from lease.sqlite import SQLiteStore
+from tests.support.queues import T0
+
+OLD_FILE = Path(__file__).parents[1] / "data" / "queue-v0.db"  # written by the contract-only code
+LAB_SCHEMA = """CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE, qty INTEGER NOT NULL,
+  status TEXT NOT NULL CHECK(status IN ('pending','leased','done','dead')),
+  attempts INTEGER NOT NULL, max_attempts INTEGER NOT NULL, token INTEGER NOT NULL,
+  available_at INTEGER NOT NULL, deadline INTEGER NOT NULL,
+  owner TEXT, lease_until INTEGER, reason TEXT);
+CREATE TABLE redrives (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL, token INTEGER NOT NULL, at_ms INTEGER NOT NULL, note TEXT NOT NULL);"""
+
+
+def lab_columns(con: sqlite3.Connection) -> list[tuple]:
+    names = ", ".join(worker._COLUMNS["jobs"])
+    return con.execute(f"SELECT {names} FROM jobs ORDER BY seq").fetchall()
+
+
+def body_event(job_id: str, **body: object) -> dict:
+    return {"id": job_id, "body": body}
+
+
+def test_a_file_written_by_the_contract_code_migrates_with_every_row_kept(tmp_path):
+    path = tmp_path / "old.db"
+    shutil.copy(OLD_FILE, path)
+    old = sqlite3.connect(path)
+    jobs_before = lab_columns(old)
+    redrives_before = old.execute("SELECT * FROM redrives ORDER BY seq").fetchall()
+    assert old.execute("PRAGMA user_version").fetchone()[0] == 0
+    old.close()
+    assert {row[3] for row in jobs_before} == {"pending", "leased", "done", "dead"}
+    assert {row[11] for row in jobs_before if row[3] == "dead"} == {
+        "permanent", "deadline", "exhausted"}
+
+    con = store.open_store(path)
+    assert store.schema_version(con) == store.SCHEMA_VERSION
+    assert lab_columns(con) == jobs_before
+    assert con.execute("SELECT seq, id, token, at_ms, note FROM redrives"
+                       " ORDER BY seq").fetchall() == redrives_before
+    # who made those redrives was never recorded: the new column says so
+    assert {row[0] for row in con.execute("SELECT actor FROM redrives")} == {None}
+    assert con.execute("SELECT COUNT(*) FROM jobs WHERE body IS NOT NULL"
+                       " OR digest IS NOT NULL").fetchone()[0] == 0
+    assert store.migrate(con) == store.SCHEMA_VERSION  # a second open changes nothing
+    con.close()
+
+
+def test_the_contract_functions_still_work_on_a_migrated_file(tmp_path):
+    path = tmp_path / "old.db"
+    shutil.copy(OLD_FILE, path)
+    store.open_store(path).close()
+    con = worker.open_queue(path)
+    assert worker.enqueue_many(con, [{"id": "lab-1", "qty": 3}, {"id": "lab-2", "qty": 4}],
+                               T0 + 500_000, 60_000) == [True, True]
+    ticket = worker.claim(con, "lab", T0 + 500_000)  # the old jobs are past their deadline
+    assert ticket is not None and ticket["id"] == "lab-1"
+    assert worker.finish(con, ticket, "ok", T0 + 500_001) == "done"
+    con.close()
+    run = worker.run_file(path, "lab", lambda: T0 + 500_002, lambda event: True, 0.5)
+    assert run == {"id": "lab-2", "token": 1, "status": "done"}
+
+
+def test_the_checkers_schema_without_indexes_migrates(tmp_path):
+    path = tmp_path / "checker.db"
+    raw = sqlite3.connect(path)
+    raw.executescript(LAB_SCHEMA)
+    raw.execute("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
+                " deadline) VALUES ('a', 1, 'pending', 0, 3, 0, 1, 99)")
+    raw.commit()
+    raw.close()
+    con = store.open_store(path)
+    assert lab_columns(con) == [(1, "a", 1, "pending", 0, 3, 0, 1, 99, None, None, None)]
+    con.close()
+
+
+def test_a_newer_file_is_refused_untouched(tmp_path):
+    path = tmp_path / "new.db"
+    store.open_store(path).close()
+    raw = sqlite3.connect(path)
+    raw.execute(f"PRAGMA user_version = {store.SCHEMA_VERSION + 1}")
+    raw.commit()
+    raw.close()
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="newer than this code"):
+        store.open_store(path)
+    with pytest.raises(ValueError, match="newer than this code"):
+        SQLiteStore(path)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "new.db"]
+
+
+def test_a_crash_inside_the_migration_leaves_the_old_version_whole(tmp_path, monkeypatch):
+    path = tmp_path / "old.db"
+    shutil.copy(OLD_FILE, path)
+    broken = store._MIGRATIONS[1] + ("CREATE TABLE attempts (x)",)  # fails: exists already
+    monkeypatch.setitem(store._MIGRATIONS, 1, broken)
+    with pytest.raises(sqlite3.OperationalError):
+        store.open_store(path)
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA user_version").fetchone()[0] == 0
+    assert [r[1] for r in con.execute("PRAGMA table_info(jobs)")] == worker._COLUMNS["jobs"]
+    con.close()
+
+
+def test_a_damaged_version_1_file_is_refused(tmp_path):
+    path = tmp_path / "q.db"
+    store.open_store(path).close()
+    raw = sqlite3.connect(path)
+    raw.execute("DROP TABLE cancels")
+    raw.commit()
+    raw.close()
+    with pytest.raises(ValueError, match="cancels"):
+        store.open_store(path)
+
+
+def test_an_intake_on_a_contract_file_migrates_it_in_its_own_transaction(tmp_path):
+    path = tmp_path / "old.db"
+    shutil.copy(OLD_FILE, path)
+    before = path.read_bytes()
+    con = worker.open_queue(path)  # the contract's open: no migration
+    with pytest.raises(ValueError):
+        store.enqueue_events(con, [body_event("fine"), {"id": "bad"}], T0)
+    assert path.read_bytes() == before  # refused halfway: the old version, whole
+    assert store.enqueue_events(con, [body_event("fine")], T0) == [True]
+    assert store.schema_version(con) == store.SCHEMA_VERSION
+    con.close()
+
+
+def test_a_store_that_leaves_the_migration_to_its_first_intake(tmp_path):
+    path = tmp_path / "old.db"
+    shutil.copy(OLD_FILE, path)
+    before = path.read_bytes()
+    with SQLiteStore(path, migrate=False) as queue:
+        assert queue.schema_version() == 0
+        with pytest.raises(ValueError):
+            queue.enqueue_events([body_event("fine"), {"id": "bad"}], now_ms=T0)
+        assert path.read_bytes() == before
+        assert queue.enqueue_events([body_event("fine")], now_ms=T0) == [True]
+        assert queue.schema_version() == store.SCHEMA_VERSION
+
+
+def test_a_refused_call_leaves_the_file_byte_for_byte(tmp_path):
+    """The conformance suite compares what the interface shows; here, the bytes."""
+    path = tmp_path / "q.db"
+    with SQLiteStore(path, create=True) as queue:
+        queue.enqueue_events([body_event("a"), {"id": "b", "qty": 2}], now_ms=T0)
+        [job] = queue.claim_jobs("d1", 1000, now_ms=T0).leased
+        before = path.read_bytes()
+        for call in (lambda: queue.enqueue_events([body_event("c"), {"id": "d"}], now_ms=T0),
+                     lambda: queue.claim_jobs("bad owner", 1000, now_ms=T0),
+                     lambda: queue.extend_lease({**job.ticket, "qty": -1}, 10, now_ms=T0),
+                     lambda: queue.finish_jobs([(job.ticket, "maybe", 0, None)], now_ms=T0),
+                     lambda: queue.redrive_jobs(["a"], 0, "n", now_ms=T0),
+                     lambda: queue.cancel_jobs(["a"], "bad\nnote", now_ms=T0),
+                     lambda: queue.prune_done(-1)):
+            with pytest.raises(ValueError):
+                call()
+            assert path.read_bytes() == before
+            assert not queue.connection.in_transaction
+
+
+def test_a_version_2_file_migrates_to_ordered_keys_with_every_row_kept(tmp_path):
+    path = tmp_path / "v2.db"
+    con = worker.open_queue(path)
+    with worker._immediate(con):
+        for version in (1, 2):
+            for statement in store._MIGRATIONS[version]:
+                con.execute(statement)
+        con.execute("PRAGMA user_version = 2")
+    worker.enqueue_many(con, [{"id": "old-1", "qty": 1}, {"id": "old-2", "qty": 2}], T0, 60_000)
+    con.close()
+    with SQLiteStore(path) as migrated:
+        assert migrated.schema_version() == store.SCHEMA_VERSION
+        rows = migrated.jobs_with_status("pending")
+        assert [(r["id"], r["ordering_key"], r["held"]) for r in rows] == [
+            ("old-1", None, 0), ("old-2", None, 0)]
+        assert migrated.enqueue_events([{"id": "new", "qty": 1, "key": "k"}],
+                                       now_ms=T0) == [True]
+        claimed = migrated.claim_jobs("w", 1000, 10, now_ms=T0)
+        assert [j.ticket["id"] for j in claimed.leased] == ["old-1", "old-2", "new"]
+    newer = sqlite3.connect(path)
+    newer.execute(f"PRAGMA user_version = {store.SCHEMA_VERSION + 1}")
+    newer.close()
+    with pytest.raises(worker.NotAQueue, match="newer"):
+        SQLiteStore(path)
+
+
+def version_3_file(path: Path) -> sqlite3.Connection:
+    """A queue as version 3 wrote it, its payloads on the jobs' rows; open."""
+    con = worker.open_queue(path)
+    with worker._immediate(con):
+        for version in (1, 2, 3):
+            for statement in store._MIGRATIONS[version]:
+                con.execute(statement)
+        con.execute("PRAGMA user_version = 3")
+        # as version 3 wrote them: the body on the job's row
+        for job_id, status, body in (("a", "pending", '{"n":1}'), ("b", "done", '{"n":2}'),
+                                     ("lab", "pending", None)):
+            con.execute("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
+                        " available_at, deadline, body, digest) VALUES (?, 0, ?, 0, 5, 0, ?, ?,"
+                        " ?, ?)", (job_id, status, T0, T0 + 60_000, body,
+                                   None if body is None else f"digest-{job_id}"))
+    return con
+
+
+def test_a_version_3_file_moves_its_bodies_to_their_table_with_every_row_kept(tmp_path):
+    path = tmp_path / "v3.db"
+    con = version_3_file(path)
+    before = con.execute("SELECT seq, body FROM jobs WHERE body IS NOT NULL"
+                         " ORDER BY seq").fetchall()
+    con.close()
+    assert len(before) == 2
+    with SQLiteStore(path) as migrated:
+        raw = migrated.connection
+        assert migrated.schema_version() == store.SCHEMA_VERSION
+        assert raw.execute("SELECT seq, body FROM bodies ORDER BY seq").fetchall() == before
+        assert raw.execute("SELECT COUNT(*) FROM jobs WHERE body IS NOT NULL").fetchone() == (0,)
+        assert [(r["id"], r["body"]) for r in migrated.list_jobs()] == [
+            ("a", '{"n":1}'), ("b", '{"n":2}'), ("lab", None)]
+        history = migrated.job_history("b")
+        assert history is not None and history["job"]["body"] == '{"n":2}'
+        claimed = migrated.claim_jobs("w", 1000, 10, now_ms=T0)
+        assert [job.event for job in claimed.leased] == [
+            {"id": "a", "body": '{"n":1}'}, {"id": "lab", "qty": 0}]
+        # a pruned job takes its body with it; the others keep theirs
+        assert migrated.prune_done(T0 + 1) == 1
+        assert raw.execute("SELECT seq, body FROM bodies").fetchall() == [before[0]]
+
+
+def test_an_intake_writes_each_body_once_in_its_table(tmp_path):
+    path = tmp_path / "q.db"
+    with SQLiteStore(path, create=True) as queue:
+        raw = queue.connection
+        assert queue.enqueue_events([body_event("a", n=1), {"id": "lab", "qty": 2},
+                                     body_event("b", n=2), body_event("a", n=1)],
+                                    now_ms=T0) == [True, True, True, False]
+        assert raw.execute("SELECT j.id, b.body FROM bodies b JOIN jobs j USING (seq)"
+                           " ORDER BY seq").fetchall() == [("a", '{"n":1}'), ("b", '{"n":2}')]
+        assert raw.execute("SELECT COUNT(*) FROM jobs WHERE body IS NOT NULL").fetchone() == (0,)
+        with pytest.raises(ValueError):  # a bad event: none of the batch is kept
+            queue.enqueue_events([body_event("c", n=3), {"id": "bad"}], now_ms=T0)
+        assert raw.execute("SELECT COUNT(*) FROM bodies").fetchone() == (2,)
+        claimed = queue.claim_jobs("w", 1000, 10, now_ms=T0)
+        assert [job.event for job in claimed.leased] == [
+            {"id": "a", "body": '{"n":1}'}, {"id": "lab", "qty": 2}, {"id": "b", "body": '{"n":2}'}]
+
+
+# The claim's pick of version 3, word for word: what an older dispatcher runs.
+V3_PICK = """
+SELECT seq, id, qty, attempts, token, deadline, body FROM jobs INDEXED BY jobs_ready
+WHERE status IN ('pending', 'leased') AND held = 0
+  AND ((status = 'pending' AND available_at <= :now)
+    OR (status = 'leased' AND lease_until <= :now))
+ORDER BY seq LIMIT :limit
+"""
+
+
+def test_an_older_dispatcher_still_running_claims_nothing_once_the_bodies_moved(tmp_path):
+    """Its pick would read NULL for every payload; it fails whole instead."""
+    path = tmp_path / "v3.db"
+    version_3_file(path).close()
+    older = worker.open_queue(path)  # open across the migration, as a running process's
+    try:
+        assert [row[-1] for row in older.execute(V3_PICK, {"now": T0, "limit": 10})] == [
+            '{"n":1}', None]
+        SQLiteStore(path).close()  # the migration, by a newer process
+        with pytest.raises(sqlite3.OperationalError, match="no such index: jobs_ready"):
+            older.execute(V3_PICK, {"now": T0, "limit": 10})
+    finally:
+        older.close()
+    with SQLiteStore(path) as queue:  # the newer code claims them, bodies and all
+        assert [job.event for job in queue.claim_jobs("w", 1000, 10, now_ms=T0).leased] == [
+            {"id": "a", "body": '{"n":1}'}, {"id": "lab", "qty": 0}]
