@@ -376,6 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     _queue_argument(p)
     p.add_argument("--reason", metavar="REASON", type=_reason, default=None,
                    help=f"only this reason ({', '.join(DEAD_REASONS)})")
+    p.add_argument("--key", metavar="KEY", type=_ordering_key, default=None,
+                   help="only dead jobs with this ordering key (exactly)")
     p.add_argument("--limit", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="at most N jobs")
     p.add_argument("--json", action="store_true",
@@ -596,9 +598,6 @@ def _operator_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
                    help=f"bulk: every dead job of this reason ({', '.join(DEAD_REASONS)})")
     p.add_argument("--note", metavar="NOTE", type=_note, required=True,
                    help="audit note: free text, 1-500 characters, no control characters")
-    p.add_argument("--key", metavar="KEY", type=_ordering_key,
-                   help="ordering key: jobs with the same key are delivered one at a time, in "
-                        "intake order (given to every event that has none of its own)")
     p.add_argument("--ttl-ms", metavar="MS", type=_int_in(1, PRODUCT.max_ttl_ms),
                    default=DEFAULT_POLICY.ttl_ms,
                    help=f"time to live from now, up to {_ms(PRODUCT.max_ttl_ms)} "
@@ -666,6 +665,9 @@ def _operator_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
 
 
 def _bulk_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--key", metavar="KEY", type=_ordering_key, default=None,
+                   help="bulk, with --reason: only dead jobs with this ordering key "
+                        "(exactly; not with a job ID)")
     p.add_argument("--limit", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="bulk: at most N jobs")
     p.add_argument("--dry-run", action="store_true", help="bulk: list, change nothing")
@@ -1542,7 +1544,7 @@ def _event_cell(job: dict) -> object:
 
 def _dead(args: argparse.Namespace) -> int:
     with closing(open_queue_store(args.queue, read_only=True)) as store:
-        jobs = store.dead_jobs(args.reason, args.limit)
+        jobs = store.dead_jobs(args.reason, args.limit, key=args.key)
     if args.json:  # every column of each row, as stored (a key and a last error included)
         print(json.dumps(jobs, indent=2, ensure_ascii=False))
     elif jobs:
@@ -1651,14 +1653,20 @@ def apply_in_chunks(ids: list[str], apply: Callable[[list[str]], list],
 
 
 def _bulk_ids(args: argparse.Namespace, store: Store, ids: list[str]) -> list[str]:
-    """The ids given, or every dead job of --reason (at most --limit)."""
+    """The ids given, or every dead job of --reason (of --key alone if given, at
+    most --limit), in the store's order."""
     if ids:
         return ids
-    return [job["id"] for job in store.dead_jobs(args.reason, args.limit)]
+    return [job["id"] for job in store.dead_jobs(args.reason, args.limit, key=args.key)]
 
 
 def _check_bulk(args: argparse.Namespace, ids: list[str]) -> None:
     what = "a job ID" if args.command == "redrive" else "job IDs"
+    if args.key is not None and args.reason is None:
+        # --key narrows the dead jobs a bulk picks: a job named by its id is that job
+        raise UsageError(f"--key goes with --reason: it narrows a bulk {args.command} to "
+                         "the dead jobs of one ordering key (a job given by ID is that job, "
+                         "whatever its key)")
     if bool(ids) == (args.reason is not None):
         raise UsageError(f"give either {what} or --reason")
     if ids and (args.limit is not None or args.dry_run):
@@ -1691,8 +1699,8 @@ def _print_outcome(done: list[str], refused: list[str], args: argparse.Namespace
 
 
 def _dry_run(args: argparse.Namespace, verb: str) -> int:
-    """The dead jobs of --reason, listed from a read-only look: nothing changes, not
-    even a migration."""
+    """The dead jobs of --reason (and --key), listed from a read-only look: nothing
+    changes, not even a migration."""
     with closing(open_queue_store(args.queue, read_only=True)) as store:
         ids = _bulk_ids(args, store, [])
     _print_bounded([f"would {verb} {job_id}" for job_id in ids], args.verbose, sys.stdout)

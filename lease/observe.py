@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from lease.policy import PRODUCT
+from lease.policy import PRODUCT, check_ordering_key
 from lease.worker import (
     NotAQueue,
     _check_path,
@@ -190,7 +190,7 @@ def snapshot(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
         redrives_day = con.execute(
             "SELECT COUNT(*) FROM redrives WHERE at_ms > ?", (now_ms - DAY_MS,)).fetchone()[0]
         product = _product_figures(con, now_ms) if _has_table(con, "tallies") else {}
-        if "ordering_key" in _columns(con, "jobs"):
+        if _has_keys(con):
             product.update(_blocked(con))
     finally:
         con.execute("COMMIT")
@@ -304,19 +304,29 @@ def _attempts(con: sqlite3.Connection, job_id: str) -> list[dict[str, Any]]:
 
 
 def dead_jobs(con: sqlite3.Connection, reason: Optional[str] = None,
-              limit: Optional[int] = None) -> list[dict[str, Any]]:
-    """Dead jobs in seq order, optionally of one reason, at most `limit` of them;
-    on a product queue each with ``last_error``: the error or HTTP status its
-    last recorded attempt saw (None when no attempt recorded one)."""
+              limit: Optional[int] = None, *, key: Optional[str] = None
+              ) -> list[dict[str, Any]]:
+    """Dead jobs in seq order, optionally of one reason and of one ordering
+    ``key`` (exactly that key: a file from before keys has no job with one), at
+    most `limit` of them; on a product queue each with ``last_error``: the
+    error or HTTP status its last recorded attempt saw (None when no attempt
+    recorded one)."""
     if reason is not None:
         check_identifier("reason", reason)
     if limit is not None and (type(limit) is not int or limit < 1):
         raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+    if key is not None:
+        check_ordering_key(key, "key")
+        if not _has_keys(con):
+            return []
     sql = f"SELECT * FROM {_jobs(con)} WHERE status = 'dead'"
     args: list[Any] = []
     if reason is not None:
         sql += " AND reason = ?"
         args.append(reason)
+    if key is not None:
+        sql += " AND ordering_key = ?"
+        args.append(key)
     sql += " ORDER BY seq"
     if limit is not None:
         sql += " LIMIT ?"
@@ -330,11 +340,14 @@ FROM ({sql}) d"""
 
 def list_jobs(con: sqlite3.Connection, *, status: Optional[str] = None,
               reason: Optional[str] = None, id_prefix: Optional[str] = None,
-              after_seq: Optional[int] = None, limit: int = 50) -> list[dict[str, Any]]:
+              after_seq: Optional[int] = None, limit: int = 50,
+              key: Optional[str] = None) -> list[dict[str, Any]]:
     """One page of jobs in seq order (keyset pagination: those after
-    ``after_seq``), filtered by status, reason and id prefix; whole rows, a
-    product queue's dead rows each with ``last_error``."""
-    where, args = _job_filter(status, reason, id_prefix, after_seq, limit)
+    ``after_seq``), filtered by status, reason, id prefix and ordering key;
+    whole rows, a product queue's dead rows each with ``last_error``."""
+    where, args = _job_filter(status, reason, id_prefix, after_seq, limit, key)
+    if key is not None and not _has_keys(con):
+        return []  # a file from before keys: no job has one
     sql = f"SELECT * FROM {_jobs(con)} WHERE {where} ORDER BY seq LIMIT ?"
     if _has_table(con, "attempts"):
         sql = f"""SELECT d.*, CASE WHEN d.status = 'dead' THEN
@@ -345,7 +358,8 @@ FROM ({sql}) d ORDER BY d.seq"""
 
 
 def _job_filter(status: Optional[str], reason: Optional[str], id_prefix: Optional[str],
-                after_seq: Optional[int], limit: int) -> tuple[str, list[Any]]:
+                after_seq: Optional[int], limit: int,
+                key: Optional[str] = None) -> tuple[str, list[Any]]:
     """The WHERE of list_jobs (``?`` placeholders) and its arguments, checked."""
     clauses: list[str] = ["1 = 1"]
     args: list[Any] = []
@@ -368,6 +382,10 @@ def _job_filter(status: Optional[str], reason: Optional[str], id_prefix: Optiona
             raise ValueError(f"after_seq must be an int >= 0, got {after_seq!r:.40}")
         clauses.append("seq > ?")
         args.append(after_seq)
+    if key is not None:
+        check_ordering_key(key, "key")
+        clauses.append("ordering_key = ?")
+        args.append(key)
     if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be an int in 1..{MAX_PAGE}, got {limit!r:.40}")
     return " AND ".join(clauses), args
@@ -394,6 +412,11 @@ def _jobs(con: sqlite3.Connection) -> str:
 
 def _columns(con: sqlite3.Connection, table: str) -> list[str]:
     return [row[1] for row in con.execute(f"PRAGMA table_info({table})")]
+
+
+def _has_keys(con: sqlite3.Connection) -> bool:
+    """Whether the file's jobs carry ordering keys (schema version 3 on)."""
+    return "ordering_key" in _columns(con, "jobs")
 
 
 def _has_table(con: sqlite3.Connection, name: str) -> bool:

@@ -238,9 +238,10 @@ def check_product_event(event: object) -> Intake:
         f"got {sorted(map(str, event))}")
 
 
-def check_ordering_key(key: object) -> str:
-    """An ordering key: what a job id may be (1-255 visible ASCII characters)."""
-    return check_job_id("event key", key, PRODUCT)
+def check_ordering_key(key: object, name: str = "event key") -> str:
+    """An ordering key: what a job id may be (1-255 visible ASCII characters);
+    ``name`` is what the error calls it (an event's key, a filter's key)."""
+    return check_job_id(name, key, PRODUCT)
 
 
 def check_note(note: object) -> str:

@@ -71,6 +71,7 @@ from lease.policy import (
     check_actor,
     check_not_before,
     check_note,
+    check_ordering_key,
     check_product_event,
 )
 from lease.sqlite import (
@@ -459,6 +460,7 @@ _DEAD = """SELECT d.*, (SELECT COALESCE(a.error, 'HTTP ' || a.http_status)
   FROM lease.attempts a WHERE a.id = d.id ORDER BY a.seq DESC LIMIT 1) AS last_error
 FROM (SELECT * FROM lease.jobs WHERE status = 'dead'
   AND (%(reason)s::text IS NULL OR reason = %(reason)s::text)
+  AND (%(key)s::text IS NULL OR ordering_key = %(key)s::text)
   ORDER BY seq LIMIT %(limit)s::bigint) d
 ORDER BY d.seq"""
 
@@ -857,16 +859,18 @@ class PostgresStore:
             return None
         return {"job": found[0], **history}
 
-    def dead_jobs(self, reason: Optional[str] = None,
-                  limit: Optional[int] = None) -> list[dict[str, Any]]:
-        """Dead jobs in seq order, each with its last recorded error
-        (lease.observe.dead_jobs)."""
+    def dead_jobs(self, reason: Optional[str] = None, limit: Optional[int] = None, *,
+                  key: Optional[str] = None) -> list[dict[str, Any]]:
+        """Dead jobs in seq order, of one reason and one ordering key if given,
+        each with its last recorded error (lease.observe.dead_jobs)."""
         if reason is not None:
             check_identifier("reason", reason)
         if limit is not None and (type(limit) is not int or limit < 1):
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        if key is not None:
+            check_ordering_key(key, "key")
         with self._tx(read_only=True) as conn:
-            return _dicts(conn, _DEAD, {"reason": reason, "limit": limit})
+            return _dicts(conn, _DEAD, {"reason": reason, "key": key, "limit": limit})
 
     def jobs_with_status(self, status: str) -> list[dict[str, Any]]:
         if status not in STATUSES:
@@ -877,10 +881,10 @@ class PostgresStore:
 
     def list_jobs(self, *, status: Optional[str] = None, reason: Optional[str] = None,
                   id_prefix: Optional[str] = None, after_seq: Optional[int] = None,
-                  limit: int = 50) -> list[dict[str, Any]]:
+                  limit: int = 50, key: Optional[str] = None) -> list[dict[str, Any]]:
         """lease.observe.list_jobs: one page of whole rows in seq order after
         ``after_seq``, filtered, a dead row with its last error."""
-        where, args = _job_filter(status, reason, id_prefix, after_seq, limit)
+        where, args = _job_filter(status, reason, id_prefix, after_seq, limit, key)
         # the filter's own checks and clauses, in this driver's placeholders
         sql = _LIST_JOBS.format(where=where.replace("?", "%s"))
         with self._tx(read_only=True) as conn:

@@ -1351,10 +1351,10 @@ class SQLiteStore:
         with _store_errors():
             return observe.job_history(self.connection, job_id)
 
-    def dead_jobs(self, reason: Optional[str] = None,
-                  limit: Optional[int] = None) -> list[dict[str, Any]]:
+    def dead_jobs(self, reason: Optional[str] = None, limit: Optional[int] = None, *,
+                  key: Optional[str] = None) -> list[dict[str, Any]]:
         with _store_errors():
-            return observe.dead_jobs(self.connection, reason, limit)
+            return observe.dead_jobs(self.connection, reason, limit, key=key)
 
     def jobs_with_status(self, status: str) -> list[dict[str, Any]]:
         with _store_errors():
@@ -1362,10 +1362,11 @@ class SQLiteStore:
 
     def list_jobs(self, *, status: Optional[str] = None, reason: Optional[str] = None,
                   id_prefix: Optional[str] = None, after_seq: Optional[int] = None,
-                  limit: int = 50) -> list[dict[str, Any]]:
+                  limit: int = 50, key: Optional[str] = None) -> list[dict[str, Any]]:
         with _store_errors():
             return observe.list_jobs(self.connection, status=status, reason=reason,
-                                     id_prefix=id_prefix, after_seq=after_seq, limit=limit)
+                                     id_prefix=id_prefix, after_seq=after_seq, limit=limit,
+                                     key=key)
 
     def stale_finishes(self) -> int:
         with _store_errors():

@@ -270,16 +270,21 @@ class Store(Protocol):
 
     def job_history(self, job_id: str) -> Optional[dict[str, Any]]: ...
 
-    def dead_jobs(self, reason: Optional[str] = None,
-                  limit: Optional[int] = None) -> list[dict[str, Any]]: ...
+    def dead_jobs(self, reason: Optional[str] = None, limit: Optional[int] = None, *,
+                  key: Optional[str] = None) -> list[dict[str, Any]]:
+        """Dead jobs in seq order, optionally of one reason and of one ordering
+        ``key`` (an exact match; a job without a key has none), at most
+        ``limit`` of them; each with ``last_error`` where attempts are recorded."""
+        ...
 
     def jobs_with_status(self, status: str) -> list[dict[str, Any]]: ...
 
     def list_jobs(self, *, status: Optional[str] = None, reason: Optional[str] = None,
                   id_prefix: Optional[str] = None, after_seq: Optional[int] = None,
-                  limit: int = 50) -> list[dict[str, Any]]:
+                  limit: int = 50, key: Optional[str] = None) -> list[dict[str, Any]]:
         """One page of whole rows in seq order after ``after_seq`` (keyset
-        pagination), filtered; a dead row with ``last_error``."""
+        pagination), filtered (``key``: one ordering key, exactly); a dead row
+        with ``last_error``."""
         ...
 
     def stale_finishes(self) -> int: ...

@@ -1,10 +1,11 @@
 """Bulk redrive and cancel of everything a filter matches: the pure parts.
 
-The operator names a filter (a reason, an id prefix) and a note; the dry run
-lists the dead letters it matches and a fingerprint of that set; the
-confirmation carries the fingerprint back and is refused when the set it
-matches now is another one (a job redriven, retried, gone dead since). What
-is confirmed is exactly what the dry run showed.
+The operator names a filter (a reason, an id prefix, an ordering key) and a
+note; the dry run lists the dead letters it matches and a fingerprint of the
+filter and that set; the confirmation carries the filter and the fingerprint
+back and is refused when the set it matches now is another one (a job
+redriven, retried, gone dead since), or the filter is. What is confirmed is
+exactly what the dry run showed.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from dataclasses import dataclass
 from typing import Mapping, NamedTuple, Optional, Sequence
 
 from asyncworker.cli import DEAD_REASONS
-from lease.policy import DEFAULT_POLICY, PRODUCT, check_note
+from lease.policy import DEFAULT_POLICY, PRODUCT, check_note, check_ordering_key
 
-__all__ = ["ACTIONS", "BadRequest", "BulkRequest", "Member", "MAX_BULK", "SAMPLE", "fingerprint",
-           "outcome", "parse_bulk", "parse_filter"]
+__all__ = ["ACTIONS", "BadRequest", "BulkRequest", "Filter", "Member", "MAX_BULK", "SAMPLE",
+           "fingerprint", "outcome", "parse_bulk", "parse_filter"]
 
 ACTIONS = ("redrive", "cancel")
 MAX_BULK = 100_000  # the most jobs one confirmation changes: narrow the filter beyond it
@@ -42,6 +43,7 @@ class BulkRequest:
     id_prefix: Optional[str]
     note: str
     ttl_ms: int = DEFAULT_POLICY.ttl_ms
+    key: Optional[str] = None  # one ordering key's dead letters only
 
     @property
     def past(self) -> str:
@@ -52,8 +54,16 @@ class BadRequest(ValueError):
     """A form or query the page cannot act on: 400, with this one line."""
 
 
-def parse_filter(query: Mapping[str, str]) -> tuple[Optional[str], Optional[str]]:
-    """The dead letters' filter: (reason or None, id prefix or None)."""
+class Filter(NamedTuple):
+    """Which jobs a page lists and a bulk change matches: None is any."""
+
+    reason: Optional[str]
+    id_prefix: Optional[str]
+    key: Optional[str]
+
+
+def parse_filter(query: Mapping[str, str]) -> Filter:
+    """The jobs' filter: reason, id prefix and ordering key, each None if not given."""
     reason = query.get("reason") or None
     if reason is not None and reason not in DEAD_REASONS:
         raise BadRequest(f"reason must be one of {', '.join(DEAD_REASONS)}, got {reason!r:.40}")
@@ -61,7 +71,13 @@ def parse_filter(query: Mapping[str, str]) -> tuple[Optional[str], Optional[str]
     if prefix is not None and (len(prefix) > MAX_PREFIX_CHARS
                                or re.search(r"[\x00-\x20\x7f-\U0010ffff]", prefix)):
         raise BadRequest(f"id prefix must be 1-{MAX_PREFIX_CHARS} visible ASCII characters")
-    return reason, prefix
+    key = query.get("key") or None
+    if key is not None:
+        try:
+            check_ordering_key(key, "key")
+        except ValueError:
+            raise BadRequest(f"key must be an ordering key: {PRODUCT.job_id_rule}") from None
+    return Filter(reason, prefix, key)
 
 
 def parse_bulk(form: Mapping[str, str]) -> BulkRequest:
@@ -69,7 +85,7 @@ def parse_bulk(form: Mapping[str, str]) -> BulkRequest:
     action = form.get("action", "")
     if action not in ACTIONS:
         raise BadRequest(f"action must be one of {', '.join(ACTIONS)}, got {action!r:.40}")
-    reason, prefix = parse_filter(form)
+    reason, prefix, key = parse_filter(form)
     if action == "cancel" and reason == "cancelled":
         raise BadRequest("reason cancelled: those jobs are cancelled already")
     note = form.get("note", "").strip()
@@ -83,15 +99,16 @@ def parse_bulk(form: Mapping[str, str]) -> BulkRequest:
     if not re.fullmatch(r"[0-9]{1,15}", ttl_text) or not (
             1 <= int(ttl_text) <= PRODUCT.max_ttl_ms):
         raise BadRequest(f"ttl_ms must be an integer in 1..{PRODUCT.max_ttl_ms}")
-    return BulkRequest(action, reason, prefix, note, int(ttl_text))
+    return BulkRequest(action, reason, prefix, note, int(ttl_text), key)
 
 
 def fingerprint(request: BulkRequest, members: Sequence[Member]) -> str:
     """sha256 of the action, the filter and the sorted (id, token, reason) of
-    every job matched: equal only for the same set in the same state."""
+    every job matched: equal only for the same filter matching the same set in
+    the same state. (No field of the filter holds a NUL or a newline.)"""
     digest = hashlib.sha256()
-    digest.update(f"{request.action}\0{request.reason or ''}\0{request.id_prefix or ''}\n"
-                  .encode())
+    digest.update(f"{request.action}\0{request.reason or ''}\0{request.id_prefix or ''}"
+                  f"\0{request.key or ''}\n".encode())
     for member in sorted(members):
         digest.update(f"{member.id}\0{member.token}\0{member.reason or ''}\n".encode())
     return digest.hexdigest()

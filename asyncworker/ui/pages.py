@@ -40,6 +40,7 @@ from asyncworker.ui.bulk import (
     SAMPLE,
     BadRequest,
     BulkRequest,
+    Filter,
     Member,
     fingerprint,
     outcome,
@@ -140,17 +141,17 @@ def _look_once(target: str, fn: Callable[[Store], T]) -> T:
         return PATIENT.call(lambda: fn(store))
 
 
-def matched(store: Store, reason: Optional[str], prefix: Optional[str]) -> list[Member]:
-    """Every dead letter of the filter, in seq order, page by page."""
+def matched(store: Store, bulk: BulkRequest) -> list[Member]:
+    """Every dead letter of the bulk's filter, in seq order, page by page."""
     members: list[Member] = []
     after: Optional[int] = None
     while True:
-        page = store.list_jobs(status="dead", reason=reason, id_prefix=prefix,
-                               after_seq=after, limit=MAX_PAGE)
+        page = store.list_jobs(status="dead", reason=bulk.reason, id_prefix=bulk.id_prefix,
+                               key=bulk.key, after_seq=after, limit=MAX_PAGE)
         members += [Member(row["id"], row["token"], row["reason"]) for row in page]
         if len(members) > MAX_BULK:
             raise BadRequest(f"the filter matches more than {MAX_BULK} jobs: narrow it "
-                             f"(a reason, an id prefix)")
+                             f"(a reason, an id prefix, an ordering key)")
         if len(page) < MAX_PAGE:
             return members
         after = page[-1]["seq"]
@@ -425,12 +426,13 @@ def _page_query(request: web.Request) -> tuple[Optional[int], int]:
     return (None if after_text is None else int(after_text)), int(limit_text)
 
 
-async def _job_page(request: web.Request, status: Optional[str], reason: Optional[str],
-                    prefix: Optional[str]) -> tuple[list[dict], Optional[int]]:
+async def _job_page(request: web.Request, status: Optional[str], found: Filter
+                    ) -> tuple[list[dict], Optional[int]]:
     """One page of jobs and the seq the next page starts after (None: the last)."""
     after, limit = _page_query(request)
     rows = await request.app[QUEUE].look(lambda store: store.list_jobs(
-        status=status, reason=reason, id_prefix=prefix, after_seq=after, limit=limit + 1))
+        status=status, reason=found.reason, id_prefix=found.id_prefix, key=found.key,
+        after_seq=after, limit=limit + 1))
     more = len(rows) > limit
     rows = rows[:limit]
     if not _shows_body(request):
@@ -443,9 +445,9 @@ async def jobs(request: web.Request) -> web.Response:
     status = request.query.get("status") or None
     if status is not None and status not in STATUSES:
         raise BadRequest(f"status must be one of {', '.join(STATUSES)}, got {status!r:.40}")
-    reason, prefix = parse_filter(request.query)
-    rows, next_after = await _job_page(request, status, reason, prefix)
-    filters = {"status": status, "reason": reason, "id_prefix": prefix}
+    found = parse_filter(request.query)
+    rows, next_after = await _job_page(request, status, found)
+    filters = {"status": status, **found._asdict()}
     return _answer(request, "jobs.html", {"jobs": rows, "next_after_seq": next_after},
                    rows=rows, filters=filters, next_after=next_after, statuses=STATUSES)
 
@@ -471,12 +473,12 @@ async def job(request: web.Request) -> web.Response:
 
 async def dead(request: web.Request) -> web.Response:
     _wants_json(request)
-    reason, prefix = parse_filter(request.query)
+    found = parse_filter(request.query)
     by_reason = await request.app[QUEUE].look(lambda store: store.snapshot()["dead_by_reason"])
-    rows, next_after = await _job_page(request, "dead", reason, prefix)
+    rows, next_after = await _job_page(request, "dead", found)
     data = {"dead_by_reason": by_reason, "jobs": rows, "next_after_seq": next_after}
     return _answer(request, "dead.html", data, by_reason=by_reason, rows=rows,
-                   next_after=next_after, filters={"reason": reason, "id_prefix": prefix})
+                   next_after=next_after, filters=found._asdict())
 
 
 # ------------------------------------------------------------------ bulk changes
@@ -496,8 +498,7 @@ async def _change_form(request: web.Request) -> dict[str, str]:
 async def preview(request: web.Request) -> web.Response:
     """The dry run: what the filter matches now, and that set's fingerprint."""
     bulk = parse_bulk(await _change_form(request))
-    members = await request.app[QUEUE].look(
-        lambda store: matched(store, bulk.reason, bulk.id_prefix))
+    members = await request.app[QUEUE].look(lambda store: matched(store, bulk))
     data = _bulk_data(bulk, members)
     data["csrf"] = request.app[SETTINGS].guard.csrf()
     return _answer(request, "preview.html", data, bulk=bulk, dry=data, stale=None)
@@ -505,7 +506,7 @@ async def preview(request: web.Request) -> web.Response:
 
 def _bulk_data(bulk: BulkRequest, members: list[Member]) -> dict[str, Any]:
     return {"action": bulk.action, "reason": bulk.reason, "id_prefix": bulk.id_prefix,
-            "note": bulk.note, "ttl_ms": bulk.ttl_ms, "count": len(members),
+            "key": bulk.key, "note": bulk.note, "ttl_ms": bulk.ttl_ms, "count": len(members),
             "sample": [member.id for member in members[:SAMPLE]],
             "fingerprint": fingerprint(bulk, members)}
 
@@ -516,7 +517,7 @@ async def apply(request: web.Request) -> web.Response:
     form = await _change_form(request)
     bulk = parse_bulk(form)
     queue = request.app[QUEUE]
-    members = await queue.look(lambda store: matched(store, bulk.reason, bulk.id_prefix))
+    members = await queue.look(lambda store: matched(store, bulk))
     now = _bulk_data(bulk, members)
     if not hmac.compare_digest(form.get("fingerprint", "").encode(), now["fingerprint"].encode()):
         now["csrf"] = request.app[SETTINGS].guard.csrf()

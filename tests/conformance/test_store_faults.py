@@ -162,6 +162,9 @@ def bad_calls(store: Store, ticket: dict) -> list[Call]:
         lambda: store.snapshot(-1),
         lambda: store.dead_jobs("bad reason"),
         lambda: store.dead_jobs(limit=0),
+        lambda: store.dead_jobs(key="bad key"),
+        lambda: store.dead_jobs("deadline", key=""),
+        lambda: store.list_jobs(status="dead", key="x" * 256),
         lambda: store.jobs_with_status("gone"),
         lambda: store.job_history("a b"),
     ]

@@ -63,9 +63,57 @@ def test_keyset_pages_cover_every_job_once_in_order(store):
     assert ids(store.list_jobs(after_seq=after)) == ["late"]
 
 
+def test_dead_jobs_and_a_page_of_one_ordering_key(store):
+    """The operator's bulk by key: only that key's dead jobs, compared exactly
+    (another case, a longer key, no key at all are other lines), with the
+    reason and the limit as before; a page of jobs by key the same way."""
+    policy = RetryPolicy(max_attempts=3, ttl_ms=100)
+    assert store.enqueue_events([{"id": "g-1", "qty": 1, "key": "custG"}], policy,
+                                now_ms=T0) == [True]
+    kill(store, claim_one(store, "o", T0), T0 + 1)  # g-1: dead/permanent, custG blocked
+    keyed = [("e-1", "custE"), ("f-1", "custF"), ("e-2", "custE"), ("free", None),
+             ("low-1", "custe"), ("e-3", "custE"), ("long-1", "custE2")]
+    events = [{"id": job_id, "qty": 1, **({} if key is None else {"key": key})}
+              for job_id, key in keyed]
+    assert store.enqueue_events(events, policy, now_ms=T0 + 2) == [True] * len(keyed)
+    moved = store.claim_jobs("o", 1000, 10, now_ms=T0 + 102)  # every one past its deadline
+    assert moved.leased == [] and moved.moved == {"deadline": len(keyed), "exhausted": 0}
+    assert store.enqueue_events([{"id": "e-late", "qty": 1, "key": "custE"}],
+                                now_ms=T0 + 103) == [True]  # pending behind dead e-1
+    assert ids(store.dead_jobs()) == ["g-1", *(job_id for job_id, _ in keyed)]
+    mine = store.dead_jobs(key="custE")
+    assert ids(mine) == ["e-1", "e-2", "e-3"]
+    assert {(row["ordering_key"], row["reason"], row["last_error"]) for row in mine} == {
+        ("custE", "deadline", None)}
+    assert ids(store.dead_jobs("deadline", key="custE")) == ["e-1", "e-2", "e-3"]
+    assert ids(store.dead_jobs("deadline", 2, key="custE")) == ["e-1", "e-2"]
+    assert store.dead_jobs("permanent", key="custE") == []
+    [gone] = store.dead_jobs("permanent", key="custG")
+    assert (gone["id"], gone["last_error"]) == ("g-1", "Permanent: HTTP 410")
+    assert ids(store.dead_jobs(key="custe")) == ["low-1"]
+    assert store.dead_jobs(key="cust") == [] and store.dead_jobs(key="nobody") == []
+    assert ids(store.list_jobs(key="custE")) == ["e-1", "e-2", "e-3", "e-late"]
+    assert ids(store.list_jobs(status="pending", key="custE")) == ["e-late"]
+    first = store.list_jobs(status="dead", key="custE", limit=2)
+    assert ids(first) == ["e-1", "e-2"]
+    assert ids(store.list_jobs(status="dead", key="custE", after_seq=first[-1]["seq"])) == [
+        "e-3"]
+    assert ids(store.list_jobs(status="dead", key="custE", id_prefix="e-3")) == ["e-3"]
+    assert ids(store.list_jobs(status="dead", reason="permanent", key="custE")) == []
+
+
+@pytest.mark.parametrize("key", ["", "has space", "x" * 256, 7, "caf\u00e9", "tab\t"])
+def test_a_bad_ordering_key_filter_is_refused(store, key):
+    with pytest.raises(ValueError, match="key"):
+        store.dead_jobs(key=key)
+    with pytest.raises(ValueError, match="key"):
+        store.list_jobs(key=key)
+
+
 @pytest.mark.parametrize("bad", [
     {"status": "gone"}, {"reason": "no spaces"}, {"id_prefix": ""}, {"id_prefix": 7},
     {"after_seq": -1}, {"after_seq": "1"}, {"limit": 0}, {"limit": 1001}, {"limit": True},
+    {"key": ""}, {"key": "a b"},
 ])
 def test_a_bad_filter_is_refused(store, bad):
     with pytest.raises(ValueError):

@@ -16,8 +16,8 @@ import pytest
 from lease import sqlite as store
 from lease import worker
 from lease.http import send_http
-from lease.policy import DEFAULT_POLICY, MAX_BODY_BYTES, canonical_body
-from lease.store import open_store
+from lease.policy import DEFAULT_POLICY, MAX_BODY_BYTES, RetryPolicy, canonical_body
+from lease.store import Attempt, open_store
 from tests.support.commands import cli
 from tests.support.queues import T0, job_rows, rows, run_on_a_terminal
 from tests.support.servers import ReceiverProcess
@@ -318,6 +318,133 @@ def test_cancel_then_redrive_with_free_text_notes(queue: Path):
     assert "redrives: 1" in out.stdout and "re-opened: ticket #9" in out.stdout
     record = json.loads(cli("inspect", str(queue), "order:0", "--json").stdout)
     assert [c["was"] for c in record["cancels"]] == ["pending"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_queue(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty product queue: a file in tmp_path, or a fresh database on a real server."""
+    target = (str(tmp_path / "queue.db") if request.param == "sqlite"
+              else str(request.getfixturevalue("postgres_url")))
+    open_store(target, create=True).close()
+    return target
+
+
+def _dead_of_two_keys(target: str) -> None:
+    """custE: p-1 dead/permanent first in line, e-1..e-3 dead/deadline behind it;
+    custF: f-1 dead/permanent, f-2 dead/deadline; u-1, no key, dead/permanent."""
+    with open_store(target) as queue:
+        one_try = RetryPolicy(max_attempts=1)
+        assert queue.enqueue_events([{"id": "p-1", "qty": 1, "key": "custE"},
+                                     {"id": "f-1", "qty": 1, "key": "custF"},
+                                     {"id": "u-1", "qty": 1}], one_try) == [True] * 3
+        claimed = queue.claim_jobs("w", 60_000, 3)
+        assert sorted(job.ticket["id"] for job in claimed.leased) == ["f-1", "p-1", "u-1"]
+        seen = Attempt(claimed.now_ms, 3, 422, None)
+        assert queue.finish_jobs([(job.ticket, "permanent", 0, seen)
+                                  for job in claimed.leased]) == [("dead", "permanent")] * 3
+        late = [{"id": job_id, "qty": 1, "key": key}
+                for job_id, key in (("e-1", "custE"), ("f-2", "custF"), ("e-2", "custE"),
+                                    ("e-3", "custE"))]
+        # enqueued a minute ago with a 1 ms life: the next claim moves them to dead
+        assert queue.enqueue_events(late, RetryPolicy(max_attempts=1, ttl_ms=1),
+                                    now_ms=queue.now_ms() - 60_000) == [True] * 4
+        quarantined = queue.claim_jobs("w", 60_000, 10)
+        assert quarantined.leased == [] and quarantined.moved["deadline"] == 4
+
+
+def _states(target: str) -> dict[str, tuple]:
+    """Each job's status, reason, token and audit rows (redrives, cancels)."""
+    with open_store(target, read_only=True) as queue:
+        found = {}
+        for status in ("pending", "leased", "done", "dead"):
+            for row in queue.jobs_with_status(status):
+                history = queue.job_history(row["id"])
+                assert history is not None
+                found[row["id"]] = (row["status"], row["reason"], row["token"],
+                                    [r["note"] for r in history["redrives"]],
+                                    [c["note"] for c in history["cancels"]])
+        return found
+
+
+def test_a_bulk_redrive_and_cancel_by_ordering_key_touch_only_that_key(any_queue: str):
+    _dead_of_two_keys(any_queue)
+    before = _states(any_queue)
+    assert len(before) == 7
+    out = cli("redrive", any_queue, "--reason", "permanent", "--key", "custE", "--dry-run",
+              "--note", "x")
+    assert (out.returncode, out.stdout.splitlines()) == (
+        0, ["would redrive p-1", "1 to redrive (dry run, nothing changed)"]), out.stderr
+    out = cli("redrive", any_queue, "--reason", "deadline", "--key", "custE", "--dry-run",
+              "--note", "x")
+    assert out.stdout.splitlines() == ["would redrive e-1", "would redrive e-2",
+                                       "would redrive e-3",
+                                       "3 to redrive (dry run, nothing changed)"]
+    out = cli("cancel", any_queue, "--reason", "deadline", "--key", "custF", "--dry-run",
+              "--note", "x")
+    assert out.stdout.splitlines() == ["would cancel f-2", "1 to cancel (dry run, nothing changed)"]
+    out = cli("dead", any_queue, "--key", "custE", "--json")
+    assert [(j["id"], j["ordering_key"]) for j in json.loads(out.stdout)] == [
+        ("p-1", "custE"), ("e-1", "custE"), ("e-2", "custE"), ("e-3", "custE")]
+    assert out.stderr.strip() == "4 dead"
+    out = cli("dead", any_queue, "--key", "custF", "--reason", "deadline")
+    assert [line.split()[0] for line in out.stdout.splitlines()[1:]] == ["f-2"]
+    assert _states(any_queue) == before  # a dry run and a look change nothing
+
+    out = cli("redrive", any_queue, "--reason", "deadline", "--key", "custE", "--note",
+              "custE's receiver fixed")
+    assert (out.returncode, out.stdout.splitlines()) == (
+        0, ["redrove e-1", "redrove e-2", "redrove e-3", "3 redriven, 0 refused"]), out.stderr
+    out = cli("cancel", any_queue, "--reason", "deadline", "--key", "custF", "--note",
+              "custF closed")
+    assert (out.returncode, out.stdout.splitlines()) == (
+        0, ["cancelled f-2", "1 cancelled, 0 refused"]), out.stderr
+    after = _states(any_queue)
+    assert {job_id: after[job_id][:2] for job_id in after} == {
+        "p-1": ("dead", "permanent"), "e-1": ("pending", None), "e-2": ("pending", None),
+        "e-3": ("pending", None), "f-1": ("dead", "permanent"), "f-2": ("dead", "cancelled"),
+        "u-1": ("dead", "permanent")}
+    assert {job_id: row[3:] for job_id, row in after.items() if row[3:] != ([], [])} == {
+        "e-1": (["custE's receiver fixed"], []), "e-2": (["custE's receiver fixed"], []),
+        "e-3": (["custE's receiver fixed"], []), "f-2": ([], ["custF closed"])}
+    for job_id in ("p-1", "f-1", "u-1"):
+        assert after[job_id] == before[job_id]  # untouched: the same token, no audit row
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["redrive", "{q}", "p-1", "--key", "custE", "--note", "x"], "--key goes with --reason"),
+    (["redrive", "{q}", "--key", "custE", "--note", "x"], "--key goes with --reason"),
+    (["redrive", "{q}", "--key", "custE", "--note", "x", "--dry-run"],
+     "--key goes with --reason"),
+    (["cancel", "{q}", "f-1", "--key", "custF", "--note", "x"], "--key goes with --reason"),
+    (["cancel", "{q}", "--key", "custF", "--note", "x"], "--key goes with --reason"),
+    (["redrive", "{q}", "--reason", "permanent", "--key", "cust E", "--note", "x"], "--key"),
+    (["cancel", "{q}", "--reason", "permanent", "--key", "", "--note", "x"], "--key"),
+    (["dead", "{q}", "--key", "x" * 256], "--key"),
+])
+def test_a_key_with_a_job_id_or_without_a_reason_is_a_usage_error(queue: Path, args: list,
+                                                                  message: str):
+    _dead_of_two_keys(str(queue))
+    before = queue.read_bytes()
+    out = cli(*[arg.format(q=queue) for arg in args])
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert queue.read_bytes() == before
+
+
+def test_a_key_filter_on_a_file_from_before_keys_finds_nothing_and_migrates_nothing(
+        tmp_path: Path):
+    import shutil
+
+    queue = tmp_path / "old.db"
+    shutil.copy(Path(__file__).parent / "data" / "queue-v0.db", queue)
+    before = queue.read_bytes()
+    assert json.loads(cli("dead", str(queue), "--json").stdout)  # it has dead jobs
+    out = cli("dead", str(queue), "--key", "custE", "--json")
+    assert (out.returncode, json.loads(out.stdout), out.stderr.strip()) == (0, [], "0 dead")
+    out = cli("redrive", str(queue), "--reason", "permanent", "--key", "custE", "--dry-run",
+              "--note", "x")
+    assert (out.returncode, out.stdout.strip()) == (0, "0 to redrive (dry run, nothing changed)")
+    assert queue.read_bytes() == before  # read only: not even migrated
 
 
 def test_stats_of_a_contract_file_shows_no_figures_it_cannot_have(tmp_path: Path):

@@ -5,6 +5,7 @@ JSON of every page against what the CLI prints for the same queue."""
 
 from __future__ import annotations
 
+import html
 import http.client
 import json
 import re
@@ -32,6 +33,7 @@ from tests.support.servers import ReceiverProcess, stop_process
 
 XSS_ID = "<script>alert(1)</script>"
 XSS_ATTR = "\"'><img src=x onerror=alert(1)>"
+XSS_KEY = XSS_ATTR.replace(" ", "_")  # an ordering key has no space
 TOKEN = "s3cret-token-of-the-operators"
 ONE_TRY = RetryPolicy(max_attempts=1)
 
@@ -252,13 +254,16 @@ async def test_the_cli_command_shown_hides_the_password(postgres_url: str) -> No
 async def test_everything_a_job_carries_comes_back_escaped(sqlite_target: str) -> None:
     with open_store(sqlite_target) as store:
         store.enqueue_events([{"id": XSS_ID, "body": {"html": XSS_ATTR}},
-                              {"id": "x" + XSS_ATTR.replace(" ", "_"), "body": {}}], ONE_TRY)
+                              {"id": "x" + XSS_ATTR.replace(" ", "_"), "body": {},
+                               "key": XSS_KEY}], ONE_TRY)
         fail(store, [XSS_ID, "x" + XSS_ATTR.replace(" ", "_")], "permanent", XSS_ATTR)
         store.redrive_jobs([XSS_ID], 60_000, XSS_ID + XSS_ATTR)
     async with page(sqlite_target, allow_changes=True) as client:
         quoted = XSS_ID.replace("/", "%2F")
+        by_key = urlencode({"key": XSS_KEY})
         for path in ("/jobs", "/dead", f"/job?id={quoted}", f"/job?id={quoted}&show=body",
-                     "/job?id=x%22'%3E%3Cimg_src=x_onerror=alert(1)%3E"):
+                     "/job?id=x%22'%3E%3Cimg_src=x_onerror=alert(1)%3E", f"/dead?{by_key}",
+                     f"/jobs?{by_key}"):
             answer = await client.get(path)
             assert answer.status == 200, path
             text = await answer.text()
@@ -273,6 +278,11 @@ async def test_everything_a_job_carries_comes_back_escaped(sqlite_target: str) -
             "csrf": csrf, "action": "redrive", "note": XSS_ATTR, "id_prefix": "x\"'>"})
         text = await answer.text()
         assert answer.status == 200 and "<img" not in text and "&#34;&#39;&gt;" in text
+        answer = await client.post("/dead/preview", data={
+            "csrf": csrf, "action": "redrive", "note": "n", "key": XSS_KEY})
+        text = await answer.text()
+        assert answer.status == 200 and "<img" not in text and "<strong>1</strong>" in text
+        assert 'name="key" value="&#34;&#39;&gt;&lt;img_src' in text
 
 
 # ------------------------------------------------------------------ refusals
@@ -401,6 +411,108 @@ async def test_a_bulk_cancel_and_a_cancelled_redrive(sqlite_target: str) -> None
     assert {statuses(sqlite_target)[i] for i in ids} == {("dead", "cancelled")}
 
 
+def dead_of_two_keys(target: str) -> None:
+    """custE: p-1 dead/permanent first in line, e-1..e-3 dead/deadline behind it;
+    custF: f-1 dead/permanent, f-2 dead/deadline; u-1, no key, dead/permanent."""
+    with open_store(target) as store:
+        store.enqueue_events([{"id": "p-1", "body": {"n": 1}, "key": "custE"},
+                              {"id": "f-1", "body": {"n": 2}, "key": "custF"},
+                              {"id": "u-1", "body": {"n": 3}}], ONE_TRY)
+        fail(store, ["p-1", "f-1", "u-1"], "permanent", "HTTP 410")
+        late = [{"id": job_id, "qty": 1, "key": key} for job_id, key in (
+            ("e-1", "custE"), ("f-2", "custF"), ("e-2", "custE"), ("e-3", "custE"))]
+        # enqueued a minute ago with a 1 ms life: the next claim moves them to dead
+        store.enqueue_events(late, RetryPolicy(max_attempts=1, ttl_ms=1),
+                             now_ms=store.now_ms() - 60_000)
+        moved = store.claim_jobs("worker-1", 10_000, 10)
+        assert moved.leased == [] and moved.moved["deadline"] == 4
+
+
+def hidden_inputs(text: str, action: str) -> dict[str, str]:
+    """The hidden fields of the page's form posted to ``action``, as the browser posts them."""
+    form = re.search(rf'<form method="post" action="{re.escape(action)}">(.*?)</form>', text,
+                     re.S)
+    assert form, text[:800]
+    return {name: html.unescape(value) for name, value in re.findall(
+        r'<input type="hidden" name="([a-z_]+)" value="([^"]*)">', form.group(1))}
+
+
+async def test_a_bulk_change_by_ordering_key_previews_and_applies_only_that_key(
+        target: str) -> None:
+    dead_of_two_keys(target)
+    before = statuses(target)
+    async with page(target, allow_changes=True, operator="erin") as client:
+        text = await (await client.get("/dead?key=custE")).text()
+        assert re.findall(r'class="job" href="[^"]*">([^<]+)</a>', text) == [
+            "p-1", "e-1", "e-2", "e-3"]
+        assert 'id="filter-key" value="custE"' in text
+        listed = await (await client.get("/dead?key=custE&reason=deadline&format=json")).json()
+        assert [j["id"] for j in listed["jobs"]] == ["e-1", "e-2", "e-3"]
+        one = await (await client.get("/dead?key=custE&limit=2")).text()
+        found = re.search(r'id="next" href="([^"]+)"', one)
+        assert found and "key=custE" in found.group(1), one[-800:]
+        rest = await (await client.get(found.group(1).replace("&amp;", "&"))).text()
+        assert re.findall(r'class="job" href="[^"]*">([^<]+)</a>', rest) == ["e-2", "e-3"]
+        jobs = await (await client.get("/jobs?key=custF&format=json")).json()
+        assert [j["id"] for j in jobs["jobs"]] == ["f-1", "f-2"]
+
+        # the dead page's own bulk form, with its filter, as a browser posts it
+        form = {**hidden_inputs(text, "/dead/preview"), "action": "redrive",
+                "note": "custE's receiver fixed"}
+        assert form["key"] == "custE"
+        answer = await client.post("/dead/preview", data=form)
+        preview = await answer.text()
+        assert answer.status == 200, preview
+        assert re.search(r"<strong>4</strong> dead letters match .*key <strong>custE</strong>",
+                         preview)
+        assert re.findall(r"<li><a [^>]*>([^<]+)</a></li>", preview) == [
+            "p-1", "e-1", "e-2", "e-3"]
+        confirm = hidden_inputs(preview, "/dead/apply")
+        assert confirm["key"] == "custE"
+        dry = await (await client.post("/dead/preview?format=json", data=form)).json()
+        assert (dry["key"], dry["count"], dry["fingerprint"]) == (
+            "custE", 4, confirm["fingerprint"])
+        assert statuses(target) == before  # the dry run changed nothing
+
+        # the preview's fingerprint confirms custE's set only: another key's is refused
+        other = await client.post("/dead/apply", data={**confirm, "key": "custF"})
+        assert other.status == 409 and "changed since the dry run" in await other.text()
+        everything = await client.post("/dead/apply", data={**confirm, "key": ""})
+        assert everything.status == 409
+        assert statuses(target) == before
+
+        answer = await client.post("/dead/apply", data=confirm)
+        result = await answer.text()
+        assert answer.status == 200, result
+        assert re.findall(r'class="result">([^<]+)<', result) == ["redriven"] * 4
+
+        # a cancel by key and reason, through the JSON answers
+        text = await (await client.get("/dead?key=custF&reason=deadline")).text()
+        form = {**hidden_inputs(text, "/dead/preview"), "action": "cancel", "note": "closed"}
+        dry = await (await client.post("/dead/preview?format=json", data=form)).json()
+        assert (dry["count"], dry["sample"]) == (1, ["f-2"])
+        done = await (await client.post("/dead/apply?format=json",
+                                        data={**form, "fingerprint": dry["fingerprint"]})).json()
+        assert [(line["id"], line["result"]) for line in done["results"]] == [
+            ("f-2", "cancelled")]
+
+        for bad in ("/dead?key=a%20b", "/dead?key=" + "x" * 256, "/jobs?key=caf%C3%A9"):
+            assert (await client.get(bad)).status == 400, bad
+        bad_form = await client.post("/dead/preview", data={**form, "key": "a b"})
+        assert bad_form.status == 400 and "key" in await bad_form.text()
+    after = statuses(target)
+    assert after == {**before, "p-1": ("pending", None), "e-1": ("pending", None),
+                     "e-2": ("pending", None), "e-3": ("pending", None),
+                     "f-2": ("dead", "cancelled")}
+    with open_store(target, read_only=True) as store:
+        history = store.job_history("e-2")
+        untouched = store.job_history("f-1")
+    assert history is not None and untouched is not None
+    assert [(r["note"], r["actor"]) for r in history["redrives"]] == [
+        ("custE's receiver fixed", "erin")]
+    assert untouched["redrives"] == [] and untouched["cancels"] == []
+
+
 def test_the_results_wording_and_the_fingerprint() -> None:
     assert outcome("redrive", True) == ("redriven", "")
     assert outcome("redrive", ValueError("job 'a' is pending, not dead"))[0] == "no longer dead"
@@ -414,6 +526,10 @@ def test_the_results_wording_and_the_fingerprint() -> None:
     assert fingerprint(bulk, one) != fingerprint(bulk, one[:1])
     cancel = BulkRequest("cancel", "permanent", None, "n")
     assert fingerprint(bulk, one) != fingerprint(cancel, one)
+    keyed = BulkRequest("redrive", "permanent", None, "n", key="custE")
+    assert fingerprint(keyed, one) != fingerprint(bulk, one)  # the filter's key is in it
+    assert fingerprint(keyed, one) != fingerprint(
+        BulkRequest("redrive", "permanent", None, "n", key="custF"), one)
 
 
 # ------------------------------------------------------------------ the token
