@@ -18,6 +18,7 @@ from lease import worker
 from lease.http import send_http
 from lease.policy import DEFAULT_POLICY, MAX_BODY_BYTES, RetryPolicy, canonical_body
 from lease.store import Attempt, open_store
+from tests.support import DATA
 from tests.support.commands import cli
 from tests.support.queues import T0, job_rows, rows, run_on_a_terminal
 from tests.support.servers import ReceiverProcess
@@ -436,7 +437,7 @@ def test_a_key_filter_on_a_file_from_before_keys_finds_nothing_and_migrates_noth
     import shutil
 
     queue = tmp_path / "old.db"
-    shutil.copy(Path(__file__).parent / "data" / "queue-v0.db", queue)
+    shutil.copy(DATA / "queue-v0.db", queue)
     before = queue.read_bytes()
     assert json.loads(cli("dead", str(queue), "--json").stdout)  # it has dead jobs
     out = cli("dead", str(queue), "--key", "custE", "--json")
@@ -528,7 +529,7 @@ def test_an_enqueue_refused_halfway_leaves_a_contract_file_as_it_was(tmp_path: P
     import shutil
 
     queue = tmp_path / "old.db"
-    shutil.copy(Path(__file__).parents[1] / "data" / "queue-v0.db", queue)
+    shutil.copy(DATA / "queue-v0.db", queue)
     before = queue.read_bytes()
     lines = tmp_path / "events.jsonl"
     lines.write_text('{"id": "fine", "body": {"a": 1}}\n{"id": "bad"}\n')

@@ -24,10 +24,10 @@ import pytest
 
 from asyncworker import make_app
 from asyncworker.inbox import INBOX_VERSION, Inbox, prune_inbox, read_inbox
+from tests.support import DATA
 from tests.support.receiving import folder_state, post_event
 from tests.support.servers import ReceiverProcess
 
-DATA = Path(__file__).parents[1] / "data"
 OLD_ROWS = [("old-1", 3, 3, 5), ("old-2", 4, 2, None), ("old-3", 1, 1, 1)]
 # version: (file, conflicts and stale senders it counted)
 OLD = {1: ("inbox-v1.db", (0, 0)), 2: ("inbox-v2.db", (1, 1))}

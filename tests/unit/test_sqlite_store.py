@@ -13,9 +13,10 @@ import pytest
 from lease import sqlite as store
 from lease import worker
 from lease.sqlite import SQLiteStore
+from tests.support import DATA
 from tests.support.queues import T0
 
-OLD_FILE = Path(__file__).parents[1] / "data" / "queue-v0.db"  # written by the contract-only code
+OLD_FILE = DATA / "queue-v0.db"  # written by the contract-only code
 LAB_SCHEMA = """CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT,
   id TEXT NOT NULL UNIQUE, qty INTEGER NOT NULL,
   status TEXT NOT NULL CHECK(status IN ('pending','leased','done','dead')),
