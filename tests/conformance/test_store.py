@@ -278,6 +278,38 @@ def test_the_quarantine_reasons_and_a_deadline_wins_over_a_spent_budget(store):
     assert [r["id"] for r in store.dead_jobs(limit=1)] == ["ex"]
 
 
+def test_a_claim_never_leases_a_job_at_its_budget_or_past_its_deadline(store):
+    """Whatever the claim's limit, and with the jobs it may take behind them:
+    a job whose lease ran out with its budget spent, or whose deadline has
+    come (leased or pending), is never leased again, as attempt max + 1 or
+    with a lease ending at or before now: the claim moves it to dead. A
+    live lease with its budget spent is left alone."""
+    enqueue(store, lab("spent"), max_attempts=1)
+    enqueue(store, lab("late-leased"), lab("late-pending"), ttl=500)
+    enqueue(store, lab("spent-live"), max_attempts=1)
+    enqueue(store, lab("fresh-1"), lab("fresh-2"))
+    assert [t["id"] for t in tickets_of(store.claim_jobs("o", 100, 2, now_ms=T0))] == [
+        "spent", "late-leased"]
+    assert finish(store, claim_one(store, "o", T0, 500), "retry", T0 + 1) == (
+        "pending", "retry")  # late-pending: pending again, its deadline ahead
+    assert claim_one(store, "o", T0, 10_000)["id"] == "spent-live"
+    now = T0 + 500  # the leases of T0 are over, and the deadline of the late ones has come
+    claimed = store.claim_jobs("p", 1000, 10, now_ms=now)
+    fresh = tickets_of(claimed)
+    assert [(t["id"], t["attempt"], t["lease_until"]) for t in fresh] == [
+        ("fresh-1", 1, now + 1000), ("fresh-2", 1, now + 1000)]
+    assert claimed.moved == {"deadline": 2, "exhausted": 1}
+    assert {row["id"]: row["reason"] for row in store.dead_jobs()} == {
+        "spent": "exhausted", "late-leased": "deadline", "late-pending": "deadline"}
+    assert (job(store, "spent-live")["status"], job(store, "spent-live")["attempts"]) == (
+        "leased", 1)
+    for ticket in fresh:
+        assert finish(store, ticket, "ok", now + 1) == ("done", None)
+    claimed = store.claim_jobs("q", 1000, 10, now_ms=T0 + 10_000)  # spent-live's lease over
+    assert (claimed.leased, claimed.moved) == ([], {"deadline": 0, "exhausted": 1})
+    assert job(store, "spent-live")["reason"] == "exhausted"
+
+
 def test_the_quarantine_is_committed_when_nothing_is_handed_out(store, make_store):
     enqueue(store, lab("gone"), ttl=10)
     calls: list[str] = []
