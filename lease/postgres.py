@@ -82,6 +82,7 @@ from lease.sqlite import (
     _check_item,
     _conflict,
     _in_flight_refusals,
+    _kept_audits,
 )
 from lease.store import MAX_ERROR_CHARS, Claimed, Leased, check_on_conflict, judge_intake
 from lease.worker import (
@@ -754,8 +755,7 @@ class PostgresStore:
             firsts = {row["ordering_key"]: row for row in _dicts(conn, _FIRSTS, (keys,))} \
                 if keys else {}
             results = _in_flight_refusals(rows, firsts, results, job_ids)
-            audits = [(job_id, token) for job_id, token in audits
-                      if results[job_ids.index(job_id)] is True]
+            audits = _kept_audits(audits, results, job_ids)
             releases = [rows[job_id]["seq"] for job_id, _ in audits]
             if audits:
                 conn.execute(_AUDIT_REDRIVES, (now, note, actor, *_columns(audits)))

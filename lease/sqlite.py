@@ -683,6 +683,14 @@ def _in_flight_refusals(rows: Mapping[str, Mapping], firsts: Mapping[str, Mappin
     return out
 
 
+def _kept_audits(audits: list, results: list, job_ids: list) -> list:
+    """Pure: of a redrive's audit rows (id, token), the ones whose id is still
+    True at its first place in ``job_ids`` (where _redrive_decisions
+    released it) once _in_flight_refusals has judged. Every store calls this."""
+    return [(job_id, token) for job_id, token in audits
+            if results[job_ids.index(job_id)] is True]
+
+
 # ------------------------------------------------------------------ one attempt
 
 
@@ -1050,8 +1058,7 @@ def redrive_jobs(
         firsts = {row["ordering_key"]: row for key in keys
                   for row in _select(con, _FIRSTS, (key,))}
         results = _in_flight_refusals(rows, firsts, results, job_ids)
-        audits = [(job_id, token) for job_id, token in audits
-                  if results[job_ids.index(job_id)] is True]
+        audits = _kept_audits(audits, results, job_ids)
         releases = [rows[job_id]["seq"] for job_id, _ in audits]
         if audits:
             con.executemany(

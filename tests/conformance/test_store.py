@@ -8,12 +8,13 @@ now_ms values."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
 from lease.policy import DEFAULT_POLICY, MAX_BODY_BYTES, PRODUCT, RetryPolicy, canonical_body
 from lease.store import MAX_ERROR_CHARS, Attempt
-from lease.worker import MAX_NOW_MS, Conflict
+from lease.worker import MAX_BATCH, MAX_NOW_MS, Conflict
 
 from ..conftest import T0
 from .helpers import (
@@ -596,6 +597,56 @@ def test_redrive_with_product_ids_notes_and_budgets(store):
     assert store.snapshot(T0 + 30)["redrives"] == 2
     with pytest.raises(ValueError, match="note"):
         store.redrive_jobs(["order:1"], 1000, "line\nbreak", now_ms=T0)
+
+
+def test_a_bulk_redrive_answers_every_place_in_order_duplicates_included(store):
+    """MAX_BATCH ids in one redrive, each dead job named several times in a
+    shuffled order among missing, live and refused ones: per place, True
+    where a job is first redriven, and after it the refusal a redrive of it
+    alone would then give; a keyed job refused while a later job of its key
+    is on the wire is refused at every place, and stays dead. One audit row
+    per redriven job."""
+    dead = [f"dead-{n}" for n in range(2000)]
+    make_dead(store, *dead)
+    enqueue(store, lab("alive"), now=T0 + 10)
+    assert store.enqueue_events([{"id": "k-1", "qty": 1, "key": "k"},
+                                 {"id": "k-2", "qty": 1, "key": "k"}], now_ms=T0 + 10) == [
+        True, True]
+    assert store.cancel_jobs(["k-1"], "hold it", now_ms=T0 + 11) == [True]
+    assert [t["id"] for t in tickets_of(store.claim_jobs("o", 60_000, 10, now_ms=T0 + 12))
+            ] == ["alive", "k-2"]
+    rng = random.Random(7)
+    ids = [*dead * 4, "ghost-1", "ghost-2", "alive", "alive", "k-1", "k-1"]
+    ids += rng.choices(dead, k=MAX_BATCH - len(ids))
+    rng.shuffle(ids)
+    results = store.redrive_jobs(ids, 60_000, "bulk", now_ms=T0 + 20)
+    expected: list = []
+    redriven: set = set()
+    for job_id in ids:
+        if job_id.startswith("ghost"):
+            expected.append(f"job {job_id!r} does not exist")
+        elif job_id == "alive":
+            expected.append("job 'alive' is leased, not dead")
+        elif job_id == "k-1":
+            expected.append("k-1 refused")
+        elif job_id in redriven:
+            expected.append(f"job {job_id!r} is pending, not dead")
+        else:
+            redriven.add(job_id)
+            expected.append(True)
+    assert len(results) == len(ids) == MAX_BATCH
+    k1 = [r for job_id, r in zip(ids, results, strict=True) if job_id == "k-1"]
+    assert all(isinstance(r, ValueError) and "'k-1'" in str(r) for r in k1), k1
+    assert "being delivered" in str(k1[0])
+    said = [True if r is True else "k-1 refused" if job_id == "k-1" else str(r)
+            for job_id, r in zip(ids, results, strict=True)]
+    assert said == expected
+    assert redriven == set(dead)
+    assert [row["id"] for row in store.dead_jobs()] == ["k-1"]
+    assert history(store, "k-1")["redrives"] == []
+    snapshot = store.snapshot(T0 + 30)
+    assert (snapshot["redrives"], snapshot["redriven_jobs"]) == (len(dead), len(dead))
+    assert store.counts()["pending"] == len(dead)
 
 
 def test_cancel_pending_or_dead_with_an_audit_row(store):
