@@ -686,9 +686,15 @@ def _in_flight_refusals(rows: Mapping[str, Mapping], firsts: Mapping[str, Mappin
 def _kept_audits(audits: list, results: list, job_ids: list) -> list:
     """Pure: of a redrive's audit rows (id, token), the ones whose id is still
     True at its first place in ``job_ids`` (where _redrive_decisions
-    released it) once _in_flight_refusals has judged. Every store calls this."""
-    return [(job_id, token) for job_id, token in audits
-            if results[job_ids.index(job_id)] is True]
+    released it) once _in_flight_refusals has judged. Every store calls this.
+
+    Each id's first result is found in a dict made in one pass: a scan of
+    the list per id (list.index) made a redrive of 10,000 ids quadratic,
+    0.8 s inside its write transaction."""
+    first: dict = {}
+    for job_id, result in zip(job_ids, results, strict=True):
+        first.setdefault(job_id, result)
+    return [(job_id, token) for job_id, token in audits if first[job_id] is True]
 
 
 # ------------------------------------------------------------------ one attempt
