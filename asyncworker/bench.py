@@ -329,6 +329,54 @@ def scenario_history(folder: Path, finished: int, probes: int, waiting: int = 0)
             "finish_ms": round(statistics.median(finishes) * 1000, 3)}
 
 
+def redrive_dead_letters(store: Any, n: int) -> dict:
+    """On an empty queue of ``store``: n jobs that die in one claim's
+    quarantine (deadline), then all of them redriven as ``asyncworker redrive
+    --reason deadline`` does it: their ids from the dead letters, MAX_BATCH a
+    transaction (``asyncworker.cli.apply_in_chunks``), each release with its
+    audit row. Timed: the redrive's transactions, and each of them, the time
+    it holds the queue's write lock (SQLite) or its rows (PostgreSQL)."""
+    from asyncworker.cli import apply_in_chunks
+    from lease.policy import RetryPolicy
+
+    born = store.now_ms() - 1000
+    for start in range(0, n, worker.MAX_BATCH):
+        store.enqueue_events([{"id": f"dead-{i}", "qty": i % 1000 + 1}
+                              for i in range(start, min(n, start + worker.MAX_BATCH))],
+                             RetryPolicy(ttl_ms=1), now_ms=born)
+    assert store.claim_jobs("bench", 1000, now_ms=born + 1).moved["deadline"] == n
+    ids = [job["id"] for job in store.dead_jobs("deadline")]
+    spans: list[float] = []
+
+    def redrive(chunk: list[str]) -> list:
+        begun = time.perf_counter()
+        answers = store.redrive_jobs(chunk, 3_600_000, "bench")
+        spans.append(time.perf_counter() - begun)
+        return list(answers)
+
+    started, cpu = time.perf_counter(), _cpu_s()
+    results = apply_in_chunks(ids, redrive, "redriven")
+    elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu
+    if len(results) != n or not all(answer is True for _, answer in results):
+        raise RuntimeError(f"{sum(a is True for _, a in results)} of {n} jobs redriven")
+    return {"rate": n / elapsed, "cpu_us": cpu / n * 1e6, "seconds": round(elapsed, 3),
+            "transactions": len(spans),
+            "transaction_ms": round(statistics.median(spans) * 1000, 1),
+            "longest_ms": round(max(spans) * 1000, 1),
+            "note": f"{len(spans)} transaction{'s' if len(spans) > 1 else ''} of up to "
+                    f"{worker.MAX_BATCH:,} ids: "
+                    f"{elapsed:.2f} s, each {statistics.median(spans) * 1000:,.0f} ms "
+                    f"(longest {max(spans) * 1000:,.0f})"}
+
+
+def scenario_redrive(folder: Path, n: int) -> dict:
+    """A bulk redrive of n dead jobs on a SQLite file (``redrive_dead_letters``)."""
+    from lease.store import open_store
+
+    with open_store(folder / "q.db", create=True) as store:
+        return redrive_dead_letters(store, n)
+
+
 def scenario_peer(folder: Path, n: int, peer: str) -> dict:
     """A peer queue doing the same work: enqueue n, then consume each with an ack."""
     started = time.perf_counter()
@@ -403,6 +451,7 @@ SCENARIOS: dict[str, Callable[..., dict]] = {
     "receiver_limit": scenario_receiver_limit,
     "receiver": scenario_receiver,
     "history": scenario_history,
+    "redrive": scenario_redrive,
     "peer": scenario_peer,
     "ours_end_to_end": scenario_ours_end_to_end,
 }
@@ -536,6 +585,9 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
                  "ratio": long_queue["claim_ms"] / small["claim_ms"],
                  "limit_label": "flat as the queue grows", "rss_mb": long_queue["rss_mb"]})
     print("  measured: history", file=sys.stderr, flush=True)
+    redriven = size(100_000, 2000)
+    row(f"bulk redrive, {redriven:,} dead jobs", run_child("redrive", {"n": redriven}), None,
+        "")
     rss = run_child("async", {"n": size(100_000, 1000), "concurrency": 256, "batch": 64,
                               "send_ms": 2})
     row(f"{size(100_000, 1000):,} queued, 256 in flight (2 ms send)", rss, None, "")

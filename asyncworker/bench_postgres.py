@@ -4,9 +4,10 @@ The same shape as ``asyncworker.bench`` (each scenario in a fresh child
 process, each figure beside its limit, one table from one run), on one
 PostgreSQL server: the durable commit rate (the storage's limit), one and
 two dispatcher processes with an in-process send and against the receiver,
-claim latency with 1,000 vs 1,000,000 finished rows behind the live ones,
-and with ``--peers`` procrastinate and pgqueuer doing the same
-enqueue-then-consume-with-ack work on the same server in the same run.
+claim latency with 1,000 vs 1,000,000 finished rows behind the live ones, a
+bulk redrive of 100,000 dead jobs, and with ``--peers`` procrastinate and
+pgqueuer doing the same enqueue-then-consume-with-ack work on the same
+server in the same run.
 
 Every scenario gets a database of its own (``CREATE DATABASE``, dropped
 after), so no figure pays for another's rows. ``--store postgres`` starts a
@@ -202,6 +203,15 @@ def scenario_history(url: str, finished: int, probes: int) -> dict:
             "finish_ms": round(statistics.median(finishes) * 1000, 3)}
 
 
+def scenario_redrive(url: str, n: int) -> dict:
+    """A bulk redrive of n dead jobs (``asyncworker.bench.redrive_dead_letters``)."""
+    from asyncworker.bench import redrive_dead_letters
+    from lease.store import open_store
+
+    with database(url) as db, open_store(db, create=True) as store:
+        return redrive_dead_letters(store, n)
+
+
 def scenario_ours_end_to_end(url: str, n: int) -> dict:
     """Ours doing the peers' work: enqueue n in one intake, then one
     dispatcher process with an in-process send until every job is done
@@ -301,6 +311,7 @@ SCENARIOS: dict[str, Callable[..., dict]] = {
     "commit": scenario_commit,
     "dispatch": scenario_dispatch,
     "history": scenario_history,
+    "redrive": scenario_redrive,
     "ours_end_to_end": scenario_ours_end_to_end,
     "peer": scenario_peer,
 }
@@ -452,6 +463,9 @@ def _measure(url: str, quick: bool, peers: bool) -> list[dict]:
                  "limit": TARGET_HISTORY_RATIO, "limit_label": "target <= 1.5",
                  "rss_mb": big["rss_mb"]})
     print("  measured: history", file=sys.stderr, flush=True)
+    redriven = size(100_000, 2000)
+    row(f"bulk redrive, {redriven:,} dead jobs",
+        run_child("redrive", {"url": url, "n": redriven}), None, "")
 
     if peers:
         n = size(10_000, 200)

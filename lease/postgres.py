@@ -83,6 +83,7 @@ from lease.sqlite import (
     _check_item,
     _conflict,
     _in_flight_refusals,
+    _kept_audits,
 )
 from lease.store import MAX_ERROR_CHARS, Claimed, Leased, check_on_conflict, judge_intake
 from lease.worker import (
@@ -340,11 +341,18 @@ FROM doomed WHERE j.seq = doomed.seq"""),
 )
 
 # lease.worker._PICK, locked in a CTE: the planner cannot update more rows
-# than the limit; a new lease as lease.worker._lease_rows makes it.
+# than the limit; a new lease as lease.worker._lease_rows makes it. On SQLite
+# the quarantine and the pick run under one write lock, so no row at its
+# budget or past its deadline is left for the pick. Here the quarantine skips
+# a row another transaction holds (a stale finish, an extension), and that
+# one may commit before the pick, a statement with a snapshot of its own: the
+# pick says the rule itself, and such a row waits for the next claim's
+# quarantine instead of a lease as attempt max + 1 or one ending at once.
 _PICK_AND_LEASE = """WITH picked AS (SELECT seq FROM lease.jobs
   WHERE status IN ('pending', 'leased') AND held = 0
     AND ((status = 'pending' AND available_at <= %(now)s)
       OR (status = 'leased' AND lease_until <= %(now)s))
+    AND attempts < max_attempts AND deadline > %(now)s
   ORDER BY seq LIMIT %(limit)s
   FOR UPDATE SKIP LOCKED)
 UPDATE lease.jobs j SET status = 'leased', attempts = j.attempts + 1, token = j.token + 1,
@@ -654,9 +662,10 @@ class PostgresStore:
             now = self._now_in(conn, now_ms)
             moved = {"deadline": 0, "exhausted": 0}
             args = {"now": now, "limit": limit, "owner": owner, "lease_ms": lease_ms}
-            with conn.pipeline():
+            with conn.pipeline() as pipeline:
                 moves = [(reason, conn.execute(statement, args))
                          for reason, statement in _QUARANTINE]
+                self._before_pick(pipeline)
                 picked = conn.execute(_PICK_AND_LEASE, args)
             for reason, cursor in moves:
                 moved[reason] += cursor.rowcount
@@ -668,6 +677,13 @@ class PostgresStore:
         if leased:
             _call(fault, "after-commit")
         return Claimed(leased, moved, now)
+
+    def _before_pick(self, pipeline: psycopg.Pipeline) -> None:
+        """Inside a claim, between its quarantine and its pick: nothing (the
+        statements go in one pipeline, none waited for). The moment another
+        transaction's lock, which made the quarantine skip a row, can end
+        before the pick reads; a test's subclass syncs the pipeline here and
+        ends one, to prove the pick's own rule."""
 
     def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: Optional[int] = None,
                      fault: Fault = None) -> Union[dict, bool]:
@@ -741,8 +757,7 @@ class PostgresStore:
             firsts = {row["ordering_key"]: row for row in _dicts(conn, _FIRSTS, (keys,))} \
                 if keys else {}
             results = _in_flight_refusals(rows, firsts, results, job_ids)
-            audits = [(job_id, token) for job_id, token in audits
-                      if results[job_ids.index(job_id)] is True]
+            audits = _kept_audits(audits, results, job_ids)
             releases = [rows[job_id]["seq"] for job_id, _ in audits]
             if audits:
                 conn.execute(_AUDIT_REDRIVES, (now, note, actor, *_columns(audits)))

@@ -8,12 +8,13 @@ now_ms values."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
 from lease.policy import DEFAULT_POLICY, MAX_BODY_BYTES, PRODUCT, RetryPolicy, canonical_body
 from lease.store import MAX_ERROR_CHARS, Attempt
-from lease.worker import MAX_NOW_MS, Conflict
+from lease.worker import MAX_BATCH, MAX_NOW_MS, Conflict
 from tests.support.queues import T0
 
 from .helpers import (
@@ -276,6 +277,38 @@ def test_the_quarantine_reasons_and_a_deadline_wins_over_a_spent_budget(store):
     assert {r["reason"] for r in store.dead_jobs()} == {"exhausted", "deadline"}
     assert [r["id"] for r in store.dead_jobs("deadline")] == ["both"]
     assert [r["id"] for r in store.dead_jobs(limit=1)] == ["ex"]
+
+
+def test_a_claim_never_leases_a_job_at_its_budget_or_past_its_deadline(store):
+    """Whatever the claim's limit, and with the jobs it may take behind them:
+    a job whose lease ran out with its budget spent, or whose deadline has
+    come (leased or pending), is never leased again, as attempt max + 1 or
+    with a lease ending at or before now: the claim moves it to dead. A
+    live lease with its budget spent is left alone."""
+    enqueue(store, lab("spent"), max_attempts=1)
+    enqueue(store, lab("late-leased"), lab("late-pending"), ttl=500)
+    enqueue(store, lab("spent-live"), max_attempts=1)
+    enqueue(store, lab("fresh-1"), lab("fresh-2"))
+    assert [t["id"] for t in tickets_of(store.claim_jobs("o", 100, 2, now_ms=T0))] == [
+        "spent", "late-leased"]
+    assert finish(store, claim_one(store, "o", T0, 500), "retry", T0 + 1) == (
+        "pending", "retry")  # late-pending: pending again, its deadline ahead
+    assert claim_one(store, "o", T0, 10_000)["id"] == "spent-live"
+    now = T0 + 500  # the leases of T0 are over, and the deadline of the late ones has come
+    claimed = store.claim_jobs("p", 1000, 10, now_ms=now)
+    fresh = tickets_of(claimed)
+    assert [(t["id"], t["attempt"], t["lease_until"]) for t in fresh] == [
+        ("fresh-1", 1, now + 1000), ("fresh-2", 1, now + 1000)]
+    assert claimed.moved == {"deadline": 2, "exhausted": 1}
+    assert {row["id"]: row["reason"] for row in store.dead_jobs()} == {
+        "spent": "exhausted", "late-leased": "deadline", "late-pending": "deadline"}
+    assert (job(store, "spent-live")["status"], job(store, "spent-live")["attempts"]) == (
+        "leased", 1)
+    for ticket in fresh:
+        assert finish(store, ticket, "ok", now + 1) == ("done", None)
+    claimed = store.claim_jobs("q", 1000, 10, now_ms=T0 + 10_000)  # spent-live's lease over
+    assert (claimed.leased, claimed.moved) == ([], {"deadline": 0, "exhausted": 1})
+    assert job(store, "spent-live")["reason"] == "exhausted"
 
 
 def test_the_quarantine_is_committed_when_nothing_is_handed_out(store, make_store):
@@ -564,6 +597,56 @@ def test_redrive_with_product_ids_notes_and_budgets(store):
     assert store.snapshot(T0 + 30)["redrives"] == 2
     with pytest.raises(ValueError, match="note"):
         store.redrive_jobs(["order:1"], 1000, "line\nbreak", now_ms=T0)
+
+
+def test_a_bulk_redrive_answers_every_place_in_order_duplicates_included(store):
+    """MAX_BATCH ids in one redrive, each dead job named several times in a
+    shuffled order among missing, live and refused ones: per place, True
+    where a job is first redriven, and after it the refusal a redrive of it
+    alone would then give; a keyed job refused while a later job of its key
+    is on the wire is refused at every place, and stays dead. One audit row
+    per redriven job."""
+    dead = [f"dead-{n}" for n in range(2000)]
+    make_dead(store, *dead)
+    enqueue(store, lab("alive"), now=T0 + 10)
+    assert store.enqueue_events([{"id": "k-1", "qty": 1, "key": "k"},
+                                 {"id": "k-2", "qty": 1, "key": "k"}], now_ms=T0 + 10) == [
+        True, True]
+    assert store.cancel_jobs(["k-1"], "hold it", now_ms=T0 + 11) == [True]
+    assert [t["id"] for t in tickets_of(store.claim_jobs("o", 60_000, 10, now_ms=T0 + 12))
+            ] == ["alive", "k-2"]
+    rng = random.Random(7)
+    ids = [*dead * 4, "ghost-1", "ghost-2", "alive", "alive", "k-1", "k-1"]
+    ids += rng.choices(dead, k=MAX_BATCH - len(ids))
+    rng.shuffle(ids)
+    results = store.redrive_jobs(ids, 60_000, "bulk", now_ms=T0 + 20)
+    expected: list = []
+    redriven: set = set()
+    for job_id in ids:
+        if job_id.startswith("ghost"):
+            expected.append(f"job {job_id!r} does not exist")
+        elif job_id == "alive":
+            expected.append("job 'alive' is leased, not dead")
+        elif job_id == "k-1":
+            expected.append("k-1 refused")
+        elif job_id in redriven:
+            expected.append(f"job {job_id!r} is pending, not dead")
+        else:
+            redriven.add(job_id)
+            expected.append(True)
+    assert len(results) == len(ids) == MAX_BATCH
+    k1 = [r for job_id, r in zip(ids, results, strict=True) if job_id == "k-1"]
+    assert all(isinstance(r, ValueError) and "'k-1'" in str(r) for r in k1), k1
+    assert "being delivered" in str(k1[0])
+    said = [True if r is True else "k-1 refused" if job_id == "k-1" else str(r)
+            for job_id, r in zip(ids, results, strict=True)]
+    assert said == expected
+    assert redriven == set(dead)
+    assert [row["id"] for row in store.dead_jobs()] == ["k-1"]
+    assert history(store, "k-1")["redrives"] == []
+    snapshot = store.snapshot(T0 + 30)
+    assert (snapshot["redrives"], snapshot["redriven_jobs"]) == (len(dead), len(dead))
+    assert store.counts()["pending"] == len(dead)
 
 
 def test_cancel_pending_or_dead_with_an_audit_row(store):

@@ -21,6 +21,7 @@ def test_the_postgres_bench_quick_prints_its_table_and_targets(postgres_server: 
     assert table[0].startswith("| scenario") and len(table) == len(rows) + 1
     for label in ("PostgreSQL durable commit", "2 dispatcher processes, in-process send",
                   "2 dispatcher processes vs receiver", "claim latency, 1,000 vs",
+                  "bulk redrive, 2,000 dead jobs",
                   "ours: enqueue", *(f"peer {peer}" for peer in PEERS)):
         assert any(label in line for line in table), label
     assert "targets:" in text and "claim latency at 1M finished rows" in text

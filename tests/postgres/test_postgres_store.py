@@ -16,6 +16,7 @@ from typing import Any, Callable, Generic, Iterator, Optional, TypeVar
 import psycopg
 import pytest
 
+from lease.policy import PRODUCT, RetryPolicy
 from lease.postgres import (
     _MIGRATIONS,
     _PICK_AND_LEASE,
@@ -235,6 +236,83 @@ def test_a_finish_and_a_reclaim_at_once_exactly_one_wins(
             [new] = claimed.leased
             second.finish_jobs([(new.ticket, "ok", 0, seen())], now_ms=T0 + 1001)
     assert first.counts()["done"] == 60
+
+
+class PausedBeforePick(PostgresStore):
+    """The PostgreSQL store whose claims, once their quarantine has run on the
+    server, call ``pause`` before their pick is sent."""
+
+    def __init__(self, url: str, pause: Callable[[], None]) -> None:
+        super().__init__(url)
+        self.pause = pause
+
+    def _before_pick(self, pipeline: psycopg.Pipeline) -> None:
+        pipeline.sync()  # the quarantine's statements have run, the pick is not sent
+        self.pause()
+
+
+@pytest.mark.parametrize(("max_attempts", "attempts", "ttl_ms", "reason"), [
+    (1, 1, LEASE_MS, "exhausted"),
+    (PRODUCT.max_attempts, PRODUCT.max_attempts, LEASE_MS, "exhausted"),
+    (3, 1, 1000, "deadline")], ids=["budget", "budget-at-the-cap", "deadline"])
+def test_a_row_the_quarantine_skipped_is_not_leased_by_the_pick_after_its_lock_ends(
+        make_store: Callable[..., PostgresStore], postgres_url: str, max_attempts: int,
+        attempts: int, ttl_ms: int, reason: str) -> None:
+    """A stale finish in a group holds the job's row (the group's hook runs
+    before COMMIT) while another host's claim runs its quarantine, which
+    skips the locked row; the finish commits before the claim's pick. The
+    pick, on a snapshot of its own, must not lease the job past its budget
+    (attempt max + 1: at the cap, a ticket no finish accepts) or past its
+    deadline (a lease that ends before it begins): the next claim quarantines
+    it."""
+    first = make_store()
+    first.enqueue_events([ev("doomed")], RetryPolicy(max_attempts=max_attempts, ttl_ms=ttl_ms),
+                         now_ms=T0)
+    first.enqueue_events([ev("other")], RetryPolicy(ttl_ms=LEASE_MS), now_ms=T0)
+    for attempt in range(1, attempts):  # each of these leases runs out at once
+        assert claim_one(first, "a", T0 + attempt - 1, 1)["id"] == "doomed"
+    doomed = claim_one(first, "a", T0 + attempts - 1, 500)
+    assert (doomed["id"], doomed["attempt"]) == ("doomed", attempts)
+    other = claim_one(first, "a", T0 + attempts - 1, LEASE_MS)
+    now = T0 + 1000  # the doomed job's lease is over; in the deadline case its deadline too
+    holding, release = threading.Event(), threading.Event()
+
+    def hold(point: str) -> None:
+        if point == "after-finish":
+            holding.set()
+            assert release.wait(WAIT_S), "never released"
+
+    finishing = Background(lambda: first.finish_jobs(
+        [(other, "ok", 0, seen()), (doomed, "ok", 0, seen())], now_ms=now, fault=hold))
+    assert holding.wait(WAIT_S), "the finish never held the rows"
+
+    def let_the_finish_commit() -> None:
+        release.set()
+        assert finishing.value() == [("done", None), False]
+
+    with closing(PausedBeforePick(postgres_url, let_the_finish_commit)) as second:
+        claimed = second.claim_jobs("b", LEASE_MS, 10, now_ms=now)
+    # (attempt, lease_until - now) of each job leased: none
+    assert [(job.ticket["attempt"], job.ticket["lease_until"] - now)
+            for job in claimed.leased] == []
+    assert claimed.moved == {"deadline": 0, "exhausted": 0}  # the quarantine skipped it
+    row = job_row(first, "doomed")
+    assert (row["status"], row["attempts"], row["owner"]) == ("leased", attempts, "a")
+    assert first.claim_jobs("c", LEASE_MS, 10, now_ms=now).moved == {
+        "deadline": 0, "exhausted": 0, reason: 1}
+    row = job_row(first, "doomed")
+    assert (row["status"], row["reason"], row["attempts"]) == ("dead", reason, attempts)
+
+
+def claim_one(store: PostgresStore, owner: str, now_ms: int, lease_ms: int) -> dict:
+    [leased] = store.claim_jobs(owner, lease_ms, now_ms=now_ms).leased
+    return leased.ticket
+
+
+def job_row(store: PostgresStore, job_id: str) -> dict:
+    found = store.job_history(job_id)
+    assert found is not None
+    return dict(found["job"])
 
 
 # ------------------------------------------------------------------ the clock

@@ -1,7 +1,8 @@
 """How the benchmarks hold a ratio still: a receiver and its clients on two
 halves of the CPUs, so that a ratio against the receiver does not read how
 the scheduler happened to place them (``asyncworker.bench.split_cpus``), and
-a limit and what it bounds measured in alternating pairs."""
+a limit and what it bounds measured in alternating pairs; what the bulk
+redrive's row times."""
 
 from __future__ import annotations
 
@@ -142,3 +143,21 @@ def test_no_pin_reaches_both_benchmarks(monkeypatch: pytest.MonkeyPatch):
     assert bench_cpu.main(["--quick"]) == 0
     assert [(kind, kwargs["pin"]) for kind, kwargs in seen] == [
         ("bench", False), ("bench", True), ("cpu", False), ("cpu", True)]
+
+
+def test_the_bulk_redrive_row_times_every_dead_job_redriven_in_transactions_of_a_batch(
+        tmp_path: Path):
+    """``redrive_dead_letters``: n jobs dead by the quarantine, redriven as
+    ``asyncworker redrive --reason deadline`` does, MAX_BATCH a transaction;
+    every one of them pending again with its audit row."""
+    from lease.store import open_store
+    from lease.worker import MAX_BATCH
+
+    n = MAX_BATCH + 500
+    with open_store(tmp_path / "q.db", create=True) as store:
+        result = bench.redrive_dead_letters(store, n)
+        assert store.counts() == {"pending": n, "leased": 0, "done": 0, "dead": 0}
+        assert store.snapshot(store.now_ms())["redrives"] == n
+    assert result["transactions"] == 2
+    assert result["rate"] > 0 and result["longest_ms"] >= result["transaction_ms"] > 0
+    assert result["note"].startswith(f"2 transactions of up to {MAX_BATCH:,} ids: ")

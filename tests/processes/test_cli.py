@@ -450,6 +450,7 @@ def test_bench_quick_smoke():
     assert table[0].startswith("| scenario") and len(table) >= 15
     assert any("durable commit" in line for line in table)
     assert any("async vs receiver c256, 50 ms" in line for line in table)
+    assert any("bulk redrive, 2,000 dead jobs" in line for line in table)
     header = [cell.strip() for cell in table[0].strip("|").split("|")]
     assert header[:3] == ["scenario", "jobs/s", "CPU us/job"]
     in_process = next(line for line in table if "async in-process, batch 64" in line)
