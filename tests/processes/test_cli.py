@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from asyncworker import cli as cli_module
-from asyncworker import demo
+from asyncworker.cli import demo
 from lease import sqlite as store
 from lease import worker
 from tests.support.commands import cli

@@ -1785,7 +1785,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from asyncworker.demo import run_demo
+    from asyncworker.cli.demo import run_demo
 
     if args.keep is not None:
         keep = Path(args.keep)
