@@ -47,7 +47,6 @@ import sys
 import time
 from array import array
 from contextlib import ExitStack, closing
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import (
     TYPE_CHECKING,
@@ -63,6 +62,23 @@ from typing import (
 )
 from urllib.parse import quote
 
+from asyncworker.operations import (
+    DEAD_REASONS,
+    UsageError,
+    WorkFailed,
+    about,
+    apply_in_chunks,
+    check_queue_path,
+    one_line,
+    open_queue_store,
+    passwords,
+    reached,
+    read_secret_file,
+    receiver_stats,
+    served_tls,
+    shown,
+    when,
+)
 from lease.policy import (
     DEFAULT_POLICY,
     MAX_BODY_BYTES,
@@ -108,8 +124,6 @@ exit codes:
   130  interrupted (run and serve stop gracefully on SIGINT/SIGTERM instead;
        run aborted by a second signal: the summary names the leases left)"""
 
-DEAD_REASONS = ("deadline", "exhausted", "permanent", "cancelled")
-INSECURE_FLAG = "--insecure-plain-http"
 ACK_POLICIES = ("echo-id", "status")
 # A JSON line's cap: a body's canonical text is at most MAX_BODY_BYTES, but the
 # line may spell it with spaces and \u escapes (an astral character is 12 bytes
@@ -144,14 +158,6 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-class UsageError(Exception):
-    """Bad usage or a missing file: one line on stderr, exit code 2."""
-
-
-class WorkFailed(Exception):
-    """The command ran but its work failed: one line on stderr, exit code 1."""
-
-
 class Parser(argparse.ArgumentParser):
     """argparse, with its errors on one line and the exit codes in every --help."""
 
@@ -169,11 +175,6 @@ class Parser(argparse.ArgumentParser):
         if action.nargs in (None, "?") and arg_strings == ["--"]:
             return self._get_value(action, "--")
         return super()._get_values(action, arg_strings)
-
-
-def one_line(text: str) -> str:
-    """Control characters (a newline in a file name, say) shown escaped: one line."""
-    return re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], text)
 
 
 # ------------------------------------------------------------------ argument types
@@ -678,232 +679,6 @@ def _bulk_arguments(p: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------ helpers
 
 
-def shown(queue: str) -> str:
-    """A queue as it may be printed: a URL without its password (in its user
-    part or as a ``password=`` parameter); a path as it is."""
-    if not is_postgres_url(queue):
-        return queue
-    from urllib.parse import urlsplit, urlunsplit
-
-    try:
-        parts = urlsplit(queue)
-    except ValueError:  # an unbalanced [ in the host, say: nothing of it is shown
-        return queue.split("://", 1)[0] + "://(a URL that does not parse)"
-    netloc = parts.netloc
-    if "@" in netloc:
-        user_part, _, hosts = netloc.rpartition("@")  # a password may hold an "@"
-        user = user_part.split(":", 1)[0]
-        netloc = f"{user}@{hosts}" if user else hosts
-    query = "&".join(item for item in parts.query.split("&")
-                     if item and item.split("=", 1)[0].strip().lower() != "password")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def _passwords(queue: str) -> list[str]:
-    """The password a URL carries, in every spelling a message might quote."""
-    if not is_postgres_url(queue):
-        return []
-    from urllib.parse import parse_qsl, unquote, urlsplit
-
-    try:
-        parts = urlsplit(queue)
-        found = [parts.password or ""]
-        found += [value for key, value in parse_qsl(parts.query) if key.lower() == "password"]
-    except ValueError:
-        return []
-    return [word for text in found if text for word in {text, unquote(text)}]
-
-
-def _check_queue_path(path: str) -> None:
-    if not os.path.exists(path):
-        raise UsageError(f"queue file not found: {path}")
-    if not os.path.isfile(path):
-        raise UsageError(f"not a file: {path}")
-
-
-def open_queue_store(queue: str, *, create: bool = False, read_only: bool = False,
-                     migrate: bool = True, shared: bool = False,
-                     journal: Optional[str] = None) -> Store:
-    """The store QUEUE names, for a command: a file is checked first (missing, a
-    folder, empty: usage errors), a URL's server is reached and its queue found.
-
-    Not a queue (a foreign file or database, a newer version): UsageError, exit 2,
-    nothing changed. A store that fails (locked, read-only, a server that cannot
-    be reached): StoreError, exit 1 (main). ``read_only`` writes nothing at all
-    (a file's journal mode included); otherwise the queue is migrated to this
-    version, unless ``migrate=False`` leaves a file's migration to the intake's
-    own transaction, so an intake refused halfway leaves it exactly as it was.
-    """
-    if not is_postgres_url(queue) and not create:
-        _check_queue_path(queue)
-        if not read_only and os.path.getsize(queue) == 0:  # SQLite would fill it silently
-            raise UsageError(f"{queue}: not a queue file: it is empty (init makes one)")
-    try:
-        if migrate or shared or journal or is_postgres_url(queue):
-            return open_store(queue, create=create, read_only=read_only, shared=shared,
-                              journal=journal)
-        from lease.sqlite import SQLiteStore
-
-        return SQLiteStore(queue, create=create, migrate=False)
-    except NotAQueue as exc:
-        raise UsageError(about(queue, exc)) from None
-    except StoreError:  # locked, read-only, unreachable: the work failed, exit 1
-        raise
-    except FileNotFoundError as exc:  # removed since it was checked
-        raise UsageError(str(exc)) from None
-    except ValueError as exc:  # a foreign file, by the contract's own refusal
-        raise UsageError(about(queue, exc)) from None
-
-
-def about(queue: Optional[str], error: object) -> str:
-    """An error's message, led by the queue it is about unless it names it already.
-    A database server's message may span lines: one line here, its words kept."""
-    message = str(error)
-    if queue is None:
-        return message
-    if is_postgres_url(queue):
-        message = re.sub(r"\s*\n\s*", " ", message.strip())
-    return message if shown(queue) in message else f"{shown(queue)}: {message}"
-
-
-# A secrets file holds a few lines; a larger one is a wrong path (a log, an image).
-MAX_SECRETS_FILE_BYTES = 64 * 1024
-
-
-def _check_small_file(flag: str, path: str, cap: int = 1 << 20) -> None:
-    """An existing, readable, regular file of at most ``cap`` bytes: a device, a FIFO
-    or a folder named by mistake is refused before anything reads it."""
-    if not os.path.exists(path):
-        raise UsageError(f"{flag}: file not found: {path}")
-    if not os.path.isfile(path):
-        raise UsageError(f"{flag}: not a file: {path}")
-    try:
-        with open(path, "rb") as file:
-            size = len(file.read(cap + 1))
-    except OSError as exc:  # permission denied, say
-        raise UsageError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
-    if size > cap:
-        raise UsageError(f"{flag}: {path} is larger than {cap} bytes: not the file meant")
-
-
-def read_secret_file(path: str) -> tuple[bytes, ...]:
-    """The keys of a secrets file; a one-line UsageError that names the file and
-    the line, never a secret (lease.signing's messages never quote one)."""
-    from lease.signing import read_secrets
-
-    _check_small_file("--secret-file", path, MAX_SECRETS_FILE_BYTES)
-    try:
-        keys = read_secrets(path)
-    except UnicodeDecodeError:
-        raise UsageError(f"--secret-file: {path} is not UTF-8 text") from None
-    except ValueError as exc:
-        raise UsageError(f"--secret-file: {exc}") from None
-    except OSError as exc:
-        raise UsageError(f"--secret-file: cannot read {path}: {exc.strerror or exc}") from None
-    check_private_file("--secret-file", path)
-    return keys
-
-
-def check_private_file(flag: str, path: str) -> None:
-    """A secret's file (--secret-file, --token-file), once read: one every user may
-    write is refused (anyone could have put their own secret in it); one others
-    may read or write is used, with one warning line on stderr."""
-    try:
-        mode = os.stat(path).st_mode & 0o777
-    except OSError as exc:  # gone since it was read
-        raise UsageError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
-    if mode & 0o002:
-        raise UsageError(f"{flag}: {path} is writable by every user (mode {mode:04o}): anyone "
-                         f"could have replaced the secret; chmod 600 it and check its content")
-    if mode & 0o077:
-        import logging
-
-        logging.getLogger("asyncworker.cli").warning(
-            f"{flag}: {path} is open to other users (mode {mode:04o}): chmod 600 it, so that "
-            f"only its owner reads it")
-
-
-def check_ca_file(path: str) -> None:
-    """A regular file from which the senders' TLS context loads CA certificates."""
-    from lease.http import client_context
-
-    _check_small_file("--ca-file", path)
-    try:
-        client_context(path)
-    except ValueError as exc:
-        raise UsageError(f"--ca-file: {exc}") from None
-
-
-class _EncryptedKey(Exception):
-    """OpenSSL asked for a passphrase: a daemon has no one to type it."""
-
-
-def _no_passphrase() -> str:
-    raise _EncryptedKey
-
-
-def check_tls_files(cert: Optional[str], key: Optional[str]) -> None:
-    """--tls-cert and --tls-key: both or neither, each a file, the key unencrypted
-    and the certificate's own. Loaded here once so that each fault has its name
-    (ssl says "PEM lib" for most of them)."""
-    import ssl
-
-    if (cert is None) != (key is None):
-        raise UsageError("--tls-cert and --tls-key go together")
-    if cert is None or key is None:
-        return
-    _check_small_file("--tls-cert", cert)
-    _check_small_file("--tls-key", key)
-    try:
-        ssl.create_default_context(cafile=cert)
-    except ssl.SSLError:
-        raise UsageError(f"--tls-cert: {cert} holds no PEM certificate") from None
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        context.load_cert_chain(cert, key, password=_no_passphrase)
-    except _EncryptedKey:
-        raise UsageError(f"--tls-key: {key} is encrypted (a passphrase): give the key "
-                         "unencrypted, readable only by the receiver's user") from None
-    except ssl.SSLError as exc:
-        if exc.reason == "KEY_VALUES_MISMATCH":
-            raise UsageError(f"--tls-key: {key} is not the key of --tls-cert {cert}") from None
-        raise UsageError(f"--tls-key: {key} holds no PEM private key ({exc.reason or exc})"
-                         ) from None
-
-
-def served_tls(args: argparse.Namespace) -> bool:
-    """--tls-cert and --tls-key (``_tls_arguments(serves=True)``) checked: https or not."""
-    check_tls_files(args.tls_cert, args.tls_key)
-    return args.tls_cert is not None
-
-
-def reached(args: argparse.Namespace, flag: str, url: Optional[str], *, ack: str = "echo-id",
-            secrets: tuple[bytes, ...] = (), serves: bool = False) -> Optional[Destination]:
-    """The receiver ``url`` (given as ``flag``) names, with --ca-file and
-    --insecure-plain-http (``_tls_arguments(reaches=flag)``), as the destination
-    the senders check once more; None when no URL is given. Every fault is a
-    one-line usage error, before the queue is opened. ``serves``: the command
-    serves too, so --insecure-plain-http means something without the URL."""
-    from lease.http import Destination, PlainHttpRefused
-
-    if url is None:
-        if args.ca_file is not None or (args.insecure_plain_http and not serves):
-            raise UsageError(f"--ca-file{'' if serves else ' and --insecure-plain-http'} "
-                             f"go{'es' if serves else ''} with {flag}")
-        return None
-    if args.ca_file is not None:
-        if not url.startswith("https://"):
-            raise UsageError(f"--ca-file goes with an https:// {flag}")
-        check_ca_file(args.ca_file)
-    try:
-        return Destination(url, ack=ack, ca_file=args.ca_file, secrets=secrets,
-                           insecure_http=args.insecure_plain_http)
-    except PlainHttpRefused as exc:  # the flag that allows it, not the argument
-        raise UsageError(f"{flag}: {PlainHttpRefused(exc.host, INSECURE_FLAG)}") from None
-    except ValueError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
-
-
 def _destination(args: argparse.Namespace) -> Destination:
     """run's --url and its flags: every fault a usage error, before the queue is opened."""
     secrets = () if args.secret_file is None else read_secret_file(args.secret_file)
@@ -934,13 +709,6 @@ def _cell(value: object, width: int = 60) -> str:
         return "-"
     text = one_line(str(value))
     return text if len(text) <= width else text[:width - 3] + "..."
-
-
-def _when(ms: Optional[int]) -> str:
-    if ms is None:
-        return "-"
-    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
-    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
 # ------------------------------------------------------------------ init, enqueue
@@ -1101,7 +869,7 @@ def _enqueue(args: argparse.Namespace) -> int:
         raise UsageError("--skip-conflicts goes with --file")
     policy = RetryPolicy(max_attempts=args.max_attempts, ttl_ms=args.ttl_ms)
     if not is_postgres_url(args.queue):
-        _check_queue_path(args.queue)  # before a FIFO is read: a missing queue fails at once
+        check_queue_path(args.queue)  # before a FIFO is read: a missing queue fails at once
     with ExitStack() as stack:
         lines = None
         if event is None:
@@ -1330,7 +1098,7 @@ def _say_left_leased(left: list[dict]) -> None:
     named = " ".join(f"{one['id']}/{one['token']}" for one in left[:SHOW_EACH])
     more = f" and {len(left) - SHOW_EACH} more" if len(left) > SHOW_EACH else ""
     _say(f"aborted: {_count(len(left), 'job')} left leased, to be claimed again once their "
-         f"leases run out (the last at {_when(last)}): {named}{more}", leases_left=left)
+         f"leases run out (the last at {when(last)}): {named}{more}", leases_left=left)
 
 
 def _count(n: int, thing: str) -> str:
@@ -1451,47 +1219,6 @@ def _serve(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ looking
 
 
-def _stats_url(url: str, ca_file: Optional[str] = None, insecure_http: bool = False,
-               allow: Optional[str] = None) -> str:
-    """The /stats beside a receiver's POST URL, by the senders' rule for the URL
-    (https anywhere, plain http to loopback unless insecure_http); else ValueError,
-    naming ``allow`` (a command's flag) as what allows plain http, if any does."""
-    from urllib.parse import urlsplit
-
-    from lease.http import Destination, PlainHttpRefused
-
-    try:
-        Destination(url, ca_file=ca_file, insecure_http=insecure_http)
-    except PlainHttpRefused as exc:
-        raise PlainHttpRefused(exc.host, allow) from None
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}/stats"
-
-
-def receiver_stats(url: str, ca_file: Optional[str] = None, insecure_http: bool = False
-                   ) -> dict:
-    """GET the receiver's /stats: no proxy read, no redirect followed, https with
-    its certificate verified (against ``ca_file`` only, when given)."""
-    import ssl
-    import urllib.request
-
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args: Any) -> None:
-            return None  # a 3xx is an answer, not a receiver's stats
-
-    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({}),
-                                                  NoRedirect()]
-    if url.startswith("https://"):
-        context = ssl.create_default_context(cafile=ca_file)
-        handlers.append(urllib.request.HTTPSHandler(context=context))
-    opener = urllib.request.build_opener(*handlers)
-    with opener.open(_stats_url(url, ca_file, insecure_http), timeout=10) as answer:
-        found = json.loads(answer.read(1 << 20))
-    if not isinstance(found, dict):
-        raise ValueError(f"a JSON {type(found).__name__}, not an object")
-    return found
-
-
 def _stats(args: argparse.Namespace) -> int:
     reached(args, "--receiver", args.receiver)  # checked before the queue is opened
     with closing(open_queue_store(args.queue, read_only=True)) as store:
@@ -1582,10 +1309,10 @@ def _print_history(history: dict) -> None:
                                                               f"({job['reason']})"),
         ("attempts", f"{job['attempts']} of {job['max_attempts']}"),
         ("token", job["token"]),
-        ("available at", _when(job["available_at"])),
-        ("deadline", _when(job["deadline"])),
+        ("available at", when(job["available_at"])),
+        ("deadline", when(job["deadline"])),
         ("owner", _cell(job["owner"])),
-        ("lease until", _when(job["lease_until"])),
+        ("lease until", when(job["lease_until"])),
     ]
     if job.get("body") is not None:
         rows.append(("body", _cell(job["body"], 100)))
@@ -1597,17 +1324,17 @@ def _print_history(history: dict) -> None:
     else:
         _print_records("attempts", history["attempts"], (
             ("token", "token"), ("attempt", "attempt"), ("owner", "owner"),
-            ("started", lambda a: _when(a["started_ms"])), ("outcome", "outcome"),
+            ("started", lambda a: when(a["started_ms"])), ("outcome", "outcome"),
             ("result", lambda a: a["result"] if a["reason"] is None
              else f"{a['result']}/{a['reason']}"),
             ("http or error", _seen),
             ("latency", lambda a: "-" if a["latency_ms"] is None else f"{a['latency_ms']} ms")))
     _print_records("redrives", history["redrives"], (
-        ("token", "token"), ("at", lambda r: _when(r["at_ms"])), ("note", "note"),
+        ("token", "token"), ("at", lambda r: when(r["at_ms"])), ("note", "note"),
         *_actor_column(history["redrives"])))
     if "cancels" in history:
         _print_records("cancels", history["cancels"], (
-            ("token", "token"), ("at", lambda r: _when(r["at_ms"])), ("was", "was"),
+            ("token", "token"), ("at", lambda r: when(r["at_ms"])), ("was", "was"),
             ("note", "note"), *_actor_column(history["cancels"])))
 
 
@@ -1633,23 +1360,6 @@ def _print_records(title: str, records: list[dict], columns: tuple) -> None:
 
 # ------------------------------------------------------------------ the operator
 
-
-def apply_in_chunks(ids: list[str], apply: Callable[[list[str]], list],
-                    done: str) -> list[tuple[str, object]]:
-    """(id, True or its ValueError) for each id, MAX_BATCH per transaction.
-
-    A failure part-way (a store error) leaves the chunks before it whole
-    and the rest untouched; it is raised as WorkFailed with that count."""
-    results: list[tuple[str, object]] = []
-    for start in range(0, len(ids), MAX_BATCH):
-        chunk = ids[start:start + MAX_BATCH]
-        try:
-            answers = apply(chunk)
-        except StoreError as exc:
-            count = sum(answer is True for _, answer in results)
-            raise WorkFailed(f"{exc}; {count} {done} before it, the rest untouched") from None
-        results += zip(chunk, answers, strict=True)
-    return results
 
 
 def _bulk_ids(args: argparse.Namespace, store: Store, ids: list[str]) -> list[str]:
@@ -1727,7 +1437,8 @@ def _cancel(args: argparse.Namespace) -> int:
 def _ui(args: argparse.Namespace) -> int:
     from asyncworker.ui import serve_ui  # aiohttp only for the commands that serve
 
-    return serve_ui(args)
+    serve_ui(args)
+    return EXIT_OK
 
 
 def _prune(args: argparse.Namespace) -> int:
@@ -1743,7 +1454,7 @@ def _prune(args: argparse.Namespace) -> int:
             if not count:
                 break
             pruned += count
-    print(f"{pruned} done jobs pruned (finished before {_when(cutoff)})")
+    print(f"{pruned} done jobs pruned (finished before {when(cutoff)})")
     return EXIT_OK
 
 
@@ -1762,7 +1473,7 @@ def _prune_inbox(args: argparse.Namespace) -> int:
     except (ValueError, sqlite3.DatabaseError) as exc:  # not an inbox: usage, exit 2
         raise UsageError(f"{args.inbox}: {exc}") from None
     print(f"{pruned} inbox rows pruned (first seen before "
-          f"{_when(max(0, now - args.older_than))})")
+          f"{when(max(0, now - args.older_than))})")
     return EXIT_OK
 
 
@@ -1864,7 +1575,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _fail(args: argparse.Namespace, message: str, code: int) -> int:
     name = _named(args)
-    for password in _passwords(name) if name else ():  # whatever a driver's message quoted
+    for password in passwords(name) if name else ():  # whatever a driver's message quoted
         message = message.replace(password, "***")
     from asyncworker.logs import current_format, say
 

@@ -10,7 +10,7 @@ POST with a CSRF token. ``docs/operator-ui.md`` says what each figure means.
 - ``bulk``: the pure parts of a bulk change (the matched set's fingerprint,
   the result's wording)
 - ``safety``: the token, the session, CSRF and the security headers
-- ``serve``: the command (``serve_ui``)
+- ``serve``: the launch the ``ui`` command calls (``serve_ui``)
 """
 
 from __future__ import annotations
