@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from asyncworker.cli import CRASH_DRILL
+from asyncworker.cli.running import CRASH_DRILL
 from asyncworker.inbox import read_arrivals, read_inbox
 from asyncworker.operations import receiver_stats, shown
 from lease.policy import RetryPolicy
