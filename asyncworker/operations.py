@@ -208,6 +208,7 @@ def check_private_file(flag: str, path: str) -> None:
     if mode & 0o077:
         import logging
 
+        # the command line's logger, as every command's own warnings: its name is in the line
         logging.getLogger("asyncworker.cli").warning(
             f"{flag}: {path} is open to other users (mode {mode:04o}): chmod 600 it, so that "
             f"only its owner reads it")
