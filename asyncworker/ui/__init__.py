@@ -10,7 +10,11 @@ POST with a CSRF token. ``docs/operator-ui.md`` says what each figure means.
 - ``bulk``: the pure parts of a bulk change (the matched set's fingerprint,
   the result's wording)
 - ``safety``: the token, the session, CSRF and the security headers
-- ``serve``: the command (``serve_ui``)
+- ``serve``: the launch the ``ui`` command calls (``serve_ui``)
+
+What the page does as the command line does (a queue opened for an operator,
+the flags' files, the receiver's figures, the dead reasons) is in
+``asyncworker.operations``; the page never imports the command line.
 """
 
 from __future__ import annotations

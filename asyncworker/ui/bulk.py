@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping, NamedTuple, Optional, Sequence
 
-from asyncworker.cli import DEAD_REASONS
+from asyncworker.operations import DEAD_REASONS
 from lease.policy import DEFAULT_POLICY, PRODUCT, check_note, check_ordering_key
 
 __all__ = ["ACTIONS", "BadRequest", "BulkRequest", "Filter", "Member", "MAX_BULK", "SAMPLE",

@@ -33,7 +33,7 @@ import aiohttp
 import jinja2
 from aiohttp import web
 
-from asyncworker.cli import _stats_url, _when, one_line, shown
+from asyncworker.operations import chunks, one_line, shown, stats_url, when
 from asyncworker.store import AsyncStore
 from asyncworker.ui.bulk import (
     MAX_BULK,
@@ -61,7 +61,7 @@ from lease.http import Destination
 from lease.observe import MAX_PAGE, STATUSES
 from lease.policy import PRODUCT, check_actor
 from lease.store import PATIENT, Store, StoreError, is_postgres_url, open_store
-from lease.worker import MAX_BATCH, check_job_id
+from lease.worker import check_job_id
 
 __all__ = ["ui_app"]
 
@@ -195,16 +195,16 @@ def ui_app(queue: str, *, allow_changes: bool = False, token: Optional[str] = No
     hosts = Hosts(allowed_hosts)
     receiver = None if receiver_url is None else (
         receiver_url if isinstance(receiver_url, Destination) else Destination(receiver_url))
-    stats_url = None if receiver is None else _stats_url(
+    stats = None if receiver is None else stats_url(
         receiver.url, insecure_http=receiver.insecure_http)
     access = None if token is None else Access(token, operator)
     app = web.Application(middlewares=[_refusals, _guarded])
     app[SETTINGS] = Settings(shown(str(queue)), allow_changes, Guard(access), operator,
-                             stats_url, hosts, None if receiver is None else receiver.ssl_context)
+                             stats, hosts, None if receiver is None else receiver.ssl_context)
     app[QUEUE] = Queue(str(queue), allow_changes=allow_changes)
     app[TEMPLATES] = _templates()
     app.cleanup_ctx.append(_open_queue)
-    if stats_url is not None:
+    if stats is not None:
         app.cleanup_ctx.append(_http_session)
     app.on_response_prepare.append(_security_headers)
     _routes(app)
@@ -228,7 +228,7 @@ def _routes(app: web.Application) -> None:
 def _templates() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined)
-    env.filters["when"] = _when
+    env.filters["when"] = when
     env.filters["age"] = age
     env.filters["cell"] = lambda value: "-" if value is None else value
     return env
@@ -542,8 +542,7 @@ async def _apply_in_chunks(request: web.Request, bulk: BulkRequest, ids: list[st
     queue = request.app[QUEUE]
     actor = request.app[SETTINGS].operator
     results: list[dict[str, str]] = []
-    for start in range(0, len(ids), MAX_BATCH):
-        chunk = ids[start:start + MAX_BATCH]
+    for chunk in chunks(ids):
 
         def change(store: Store, chunk: list[str] = chunk) -> list:
             if bulk.action == "redrive":

@@ -5,7 +5,7 @@ Everything is checked before the port is bound: the token file, the host
 token never crosses a network in the clear unasked), the names it answers to,
 the TLS files, the receiver's URL with its TLS options and the queue itself
 (opened once, read-only unless --allow-changes), so a refusal is one line and
-the CLI's exit code (2: bad usage or not a queue; 1: a store that fails). The
+the command's exit code (2: bad usage or not a queue; 1: a store that fails). The
 port is bound before the app is made, so that the names the page answers to
 carry the port it got.
 """
@@ -23,11 +23,10 @@ from typing import Optional
 
 from aiohttp import web
 
-from asyncworker.cli import (
-    EXIT_OK,
+from asyncworker.operations import (
     UsageError,
-    _check_small_file,
     check_private_file,
+    check_small_file,
     open_queue_store,
     reached,
     served_tls,
@@ -43,7 +42,10 @@ __all__ = ["serve_ui"]
 MAX_TOKEN_FILE_BYTES = 64 * 1024  # a token file holds a line; a larger one is a wrong path
 
 
-def serve_ui(args: argparse.Namespace) -> int:
+def serve_ui(args: argparse.Namespace) -> None:
+    """Serve the page with the ``ui`` command's arguments until SIGINT or SIGTERM.
+    A refusal before the port is bound is a UsageError; a store that fails, a
+    StoreError (the command line's exit codes 2 and 1)."""
     access = None if args.token_file is None else read_token_file(args.token_file)
     https = served_tls(args)
     if not is_loopback(args.host):
@@ -75,7 +77,6 @@ def serve_ui(args: argparse.Namespace) -> int:
                      receiver_url=receiver, operator=_operator(access),
                      allowed_hosts=answers_to(args.host, port, args.allowed_host))
         asyncio.run(_serve(app, args, sock, tls))
-    return EXIT_OK
 
 
 def answers_to(host: str, port: int, allowed: list[str]) -> list[str]:
@@ -103,7 +104,7 @@ def _bind(host: str, port: int) -> socket.socket:
 def read_token_file(path: str) -> Access:
     """The token file's first line, TOKEN or LABEL:TOKEN; a one-line UsageError
     that names the file, never the secret."""
-    _check_small_file("--token-file", path, MAX_TOKEN_FILE_BYTES)
+    check_small_file("--token-file", path, MAX_TOKEN_FILE_BYTES)
     try:
         with open(path, encoding="utf-8") as file:
             text = file.read()

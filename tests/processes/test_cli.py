@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncworker import cli as cli_module
-from asyncworker import demo
+from asyncworker.cli import demo
+from asyncworker.cli.output import SHOW_EACH
+from asyncworker.cli.running import CRASH_DRILL
 from lease import sqlite as store
 from lease import worker
 from tests.support.commands import cli
@@ -433,7 +434,7 @@ def test_the_demo_exits_zero_on_consistent_evidence(monkeypatch, capsys, tmp_pat
 def test_the_crash_drill_names_its_job_for_the_evidence(tmp_path: Path):
     log = tmp_path / "dispatcher-1.log"
     log.write_text("run: owner dispatcher-1\n"
-                   f"{cli_module.CRASH_DRILL} snack-00042 token 3, before recording it\n")
+                   f"{CRASH_DRILL} snack-00042 token 3, before recording it\n")
     assert demo.last_ack(log) == {"id": "snack-00042", "token": 3}
     log.write_text("run: owner dispatcher-1\n")
     assert demo.last_ack(log) is None
@@ -632,7 +633,7 @@ def test_bulk_redrive_writes_many_jobs_per_transaction(tmp_path: Path):
     assert elapsed < 30  # generous: one transaction per job took 58 s for these here
     lines = out.stdout.splitlines()
     assert lines[-1] == f"{jobs} redriven, 0 refused"
-    assert len(lines) == cli_module.SHOW_EACH + 2 and "--verbose" in lines[-2]  # bounded
+    assert len(lines) == SHOW_EACH + 2 and "--verbose" in lines[-2]  # bounded
     con = worker.open_queue(path, create=False)
     try:
         assert con.execute("SELECT COUNT(*), COUNT(DISTINCT id) FROM redrives").fetchone() == (
@@ -648,7 +649,7 @@ def test_bulk_redrive_lists_each_job_when_asked(tmp_path: Path):
     _dead_queue(path, 30)
     out = cli("redrive", str(path), "--reason", "deadline", "--note", "x", "--dry-run")
     assert out.stdout.splitlines()[-1] == "30 to redrive (dry run, nothing changed)"
-    assert out.stdout.count("would redrive") == cli_module.SHOW_EACH
+    assert out.stdout.count("would redrive") == SHOW_EACH
     out = cli("redrive", str(path), "--reason", "deadline", "--note", "x", "--verbose")
     assert out.returncode == 0 and out.stdout.count("redrove d-") == 30
 

@@ -26,7 +26,7 @@ from typing import Iterator
 import pytest
 import trustme
 
-from asyncworker.cli import receiver_stats
+from asyncworker.operations import receiver_stats
 from lease.policy import canonical_body
 from lease.signing import new_secret
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncworker.cli import build_parser
+from asyncworker.cli.parser import build_parser
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -42,8 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from asyncworker.cli import CRASH_DRILL, receiver_stats, shown
+from asyncworker.cli.running import CRASH_DRILL
 from asyncworker.inbox import read_arrivals, read_inbox
+from asyncworker.operations import receiver_stats, shown
 from lease.policy import RetryPolicy
 from lease.store import Store, StoreError, open_store
 

@@ -1,0 +1,561 @@
+"""The command line's arguments: ``build_parser``, every command's options
+and their types, each option checked as it is parsed (a bad one is one line
+and exit code 2, before anything is opened). Each command's handler lives in
+its group's module (``intake``, ``running``, ``reads``, ``actions``,
+``launchers``)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import Any, Callable, NoReturn, Optional
+
+from asyncworker.cli import actions, intake, launchers, reads, running
+from asyncworker.cli.exits import EXIT_CODES, EXIT_USAGE
+from asyncworker.cli.output import AGE_UNITS, SHOW_EACH, duration
+from asyncworker.operations import DEAD_REASONS, one_line
+from lease.policy import (
+    DEFAULT_POLICY,
+    MAX_BODY_BYTES,
+    PRODUCT,
+    check_note,
+    check_ordering_key,
+    check_product_event,
+)
+from lease.signing import TOLERANCE_S
+from lease.worker import MAX_BATCH, MAX_QTY, check_identifier, check_job_id, parse_json
+
+ACK_POLICIES = ("echo-id", "status")
+MAX_AGE_MS = 36_500 * AGE_UNITS["d"]  # a hundred years: far beyond any retention
+
+
+def package_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("lease-dispatcher")
+    except metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown (not installed)"
+
+
+class _Version(argparse.Action):
+    """--version, reading the package metadata only when asked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
+        print(f"asyncworker {package_version()}")
+        sys.stdout.flush()
+        parser.exit()
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line and the exit codes in every --help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("epilog", EXIT_CODES)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)}\n")
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # argparse 3.11 drops a "--" that is a value (--id=--, or "inspect q -- --")
+        # and hands on an empty list; "--" is a valid identifier, so keep it.
+        if action.nargs in (None, "?") and arg_strings == ["--"]:
+            return self._get_value(action, "--")
+        return super()._get_values(action, arg_strings)
+
+
+# ------------------------------------------------------------------ argument types
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if not re.fullmatch(r"-?[0-9]+", text):
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be in {low}..{high}, got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in 0..1, got {text}")
+    return value
+
+
+def _identifier(text: str) -> str:
+    """An owner's name: the contract's identifier (it is written into every lease)."""
+    try:
+        return check_identifier("value", text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be 1-64 ASCII letters, digits, '_' or '-': {text!r}") from None
+
+
+def _job_id(text: str) -> str:
+    """A job id by the product's rule (UUIDs, order:123, tenant/7)."""
+    try:
+        return check_job_id("value", text, PRODUCT)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be {PRODUCT.job_id_rule}: {text!r:.80}") from None
+
+
+def _note(text: str) -> str:
+    try:
+        return check_note(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _body(text: str) -> dict:
+    """--body: one JSON object, strictly, within the body's size cap."""
+    try:
+        body = parse_json(text)
+        check_product_event({"id": "body", "body": body})  # the object and its size
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    assert isinstance(body, dict)  # check_product_event refused anything else
+    return body
+
+
+def parse_age(text: str) -> int:
+    """AGE as 7d, 12h, 30m, 90s, 250ms or a plain number of milliseconds."""
+    found = re.fullmatch(r"([0-9]{1,20})(d|h|m|s|ms|)", text)
+    if not found:
+        raise argparse.ArgumentTypeError(
+            f"not an age (7d, 12h, 30m, 90s or milliseconds): {text!r:.40}")
+    age_ms = int(found.group(1)) * AGE_UNITS[found.group(2)]
+    if age_ms > MAX_AGE_MS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_AGE_MS // AGE_UNITS['d']}d, got {text}")
+    return age_ms
+
+
+def _reason(text: str) -> str:
+    if text not in DEAD_REASONS:
+        raise argparse.ArgumentTypeError(
+            f"must be one of {', '.join(DEAD_REASONS)}: {text!r}")
+    return text
+
+
+def _ordering_key(text: str) -> str:
+    try:
+        return check_ordering_key(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _metrics_address(text: str) -> tuple[str, int]:
+    """--metrics: HOST:PORT, [IPv6]:PORT, :PORT or PORT; loopback when no host is given."""
+    host, colon, port = text.rpartition(":")
+    if not colon:
+        host, port = "", text
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise argparse.ArgumentTypeError(f"an IPv6 address goes in brackets, [{host}]:PORT")
+    if host and (not host.isprintable() or any(c.isspace() for c in host)):
+        raise argparse.ArgumentTypeError(f"not a host name or address: {host!r:.80}")
+    if not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"the port must be 0..65535, got {port!r:.80}")
+    return host or "127.0.0.1", int(port)
+
+
+# ------------------------------------------------------------------ the parser
+
+PRUNE_INBOX_HELP = f"""\
+delete the inbox's rows first seen more than AGE ago, in short batches (safe
+beside a running serve). The trade-off: the inbox absorbs a duplicate only
+while it keeps that id's row. A pruned row is a duplicate no longer absorbed:
+a resend of that id after the window is applied again. Pick a window longer
+than the senders' whole retry budget (a job's time to live: {duration(DEFAULT_POLICY.ttl_ms)}
+by default) plus the time a stale sender may still be sending."""
+
+
+QUEUE_HELP = ("the queue: a SQLite file's path, or a postgresql:// URL "
+              "(postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE)")
+
+
+def _queue_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("queue", metavar="QUEUE", help=f"{QUEUE_HELP}; it must exist")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="asyncworker",
+                    description="A durable job dispatcher on one SQLite file, or on one "
+                                "PostgreSQL database shared by many hosts. QUEUE is a file's "
+                                "path or a postgresql:// URL.")
+    parser.add_argument("--version", action=_Version, nargs=0, help="print the version")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     parser_class=Parser)
+
+    def command(name: str, help_text: str, handler: Callable[[argparse.Namespace], int],
+                description: Optional[str] = None) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=description or help_text)
+        sub.set_defaults(handler=handler)
+        _log_arguments(sub)
+        return sub
+
+    p = command("init", "create a queue (a file, or the tables in a PostgreSQL database), "
+                "or migrate an older one forward", intake.init,
+                "create a queue: a SQLite file, or the queue's tables (schema \"lease\") in "
+                "a PostgreSQL database; an existing queue is kept, and one written by an "
+                "older version (a file of the contract's schema) is migrated forward once, in "
+                "one transaction, every row kept")
+    p.add_argument("queue", metavar="QUEUE",
+                   help="the queue to create or bring to this version: a file's path, or a "
+                        "postgresql:// URL of an existing database")
+    p.add_argument("--shared", action="store_true",
+                   help="the queue shares its SQLite file with a service's own tables, to be "
+                        "enqueued in the service's transactions (lease.sqlite.enqueue_in); "
+                        "recorded in the file, so later commands need no flag")
+    p.add_argument("--journal", choices=("delete", "wal"), default=None,
+                   help="a SQLite file's journal: delete (the default for a new file: the "
+                        "rollback journal of the lab's format) or wal (write-ahead log: one "
+                        "fsync a COMMIT instead of several, readers never block the writer; "
+                        "a copy must take the -wal file too, and every process must be on "
+                        "this host). Kept by every later open; every COMMIT is durable in "
+                        "both")
+
+    _enqueue_arguments(command("enqueue", "add jobs: one with --id and --qty or --body, or "
+                               "JSON lines with --file", intake.enqueue))
+    _run_arguments(command("run", "dispatch jobs to a receiver with the async dispatcher",
+                           running.run))
+
+    p = command("serve", "run the receiver (an inbox that deduplicates)", running.serve)
+    p.add_argument("--inbox", metavar="PATH", required=True,
+                   help="inbox file (created if missing, in an existing folder)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1); one that is not loopback "
+                        "(0.0.0.0, a network's address) needs --secret-file")
+    p.add_argument("--port", metavar="PORT", type=_int_in(0, 65535), default=0,
+                   help="port (default 0: any)")
+    p.add_argument("--path", metavar="PATH", default="/events",
+                   help="the path events are POSTed to (default /events); GET /stats and "
+                        "/metrics stay at the root")
+    p.add_argument("--latency-ms", metavar="MS", type=_int_in(0, 60000), default=0,
+                   help="injected delay before each commit")
+    p.add_argument("--p-503", metavar="P", type=_probability, default=0.0,
+                   help="probability of answering 503 before commit")
+    p.add_argument("--p-drop", metavar="P", type=_probability, default=0.0,
+                   help="probability of closing the connection after commit, unanswered")
+    p.add_argument("--seed", metavar="N", type=_int_in(0, 2**63), default=None,
+                   help="seed of the injected faults")
+    p.add_argument("--group", metavar="N", type=_int_in(1, 10000), default=64,
+                   help="most requests in one commit (1 turns grouping off)")
+    _loop_argument(p)
+    _tls_arguments(p, serves=True,
+                   secret="verify every POST's Standard Webhooks signature against the whsec_ "
+                          "secrets in this file, one a line (any one verifies: rotation); a "
+                          "request that fails is 401, nothing touched")
+    p.add_argument("--signature-tolerance-s", metavar="S", type=_int_in(1, 86_400),
+                   default=None,
+                   help=f"how far a signed request's timestamp may be from this clock, in "
+                        f"seconds (default {TOLERANCE_S}; a replay inside it is a duplicate)")
+
+    p = command("stats", "counts by status, oldest unfinished age, attempts, dead, redrives, "
+                "cancels, stale finishes (reads only)", reads.stats)
+    _queue_argument(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--receiver", metavar="URL", default=None,
+                   help="also show this receiver's counters (the URL it receives on: https, "
+                        "or http to loopback)")
+    _tls_arguments(p, reaches="--receiver")
+
+    p = command("dead", "list dead jobs, each one's ordering key and last error (reads only)",
+                reads.dead)
+    _queue_argument(p)
+    p.add_argument("--reason", metavar="REASON", type=_reason, default=None,
+                   help=f"only this reason ({', '.join(DEAD_REASONS)})")
+    p.add_argument("--key", metavar="KEY", type=_ordering_key, default=None,
+                   help="only dead jobs with this ordering key (exactly)")
+    p.add_argument("--limit", metavar="N", type=_int_in(1, 10**9), default=None,
+                   help="at most N jobs")
+    p.add_argument("--json", action="store_true",
+                   help="the dead jobs as a JSON array of their rows (each with its ordering "
+                        "key and last error)")
+
+    p = command("inspect", "a job's row, every attempt, its redrives and cancels (reads only)",
+                reads.inspect)
+    _queue_argument(p)
+    p.add_argument("id", type=_job_id, help="job id")
+    p.add_argument("--json", action="store_true", help="the whole record as JSON")
+
+    _operator_commands(command)
+
+    p = command("bench", "measure throughput and latency against their limits", launchers.bench)
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not figures")
+    p.add_argument("--peers", action="store_true",
+                   help="also measure the peer queues, where installed (huey, persist-queue "
+                        "and litequeue; with --store, procrastinate and pgqueuer)")
+    p.add_argument("--store", metavar="URL", default=None,
+                   help="also measure PostgreSQL: a postgresql:// URL, or 'postgres' to "
+                        "start a server for the run with durable settings (from a checkout)")
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="leave each receiver and its clients to the scheduler (default: the "
+                        "receiver on half of the CPUs, its clients on the other half)")
+
+    p = command("demo", "the crash-after-ACK story, end to end, on loopback", launchers.demo)
+    p.add_argument("--jobs", metavar="N", type=_int_in(10, 100_000), default=300,
+                   help="snack orders (default 300)")
+    p.add_argument("--concurrency", metavar="N", type=_int_in(1, 1000), default=16,
+                   help="sends in flight per dispatcher (default 16)")
+    p.add_argument("--keep", default=None,
+                   help="keep the files in this folder (new or empty)")
+    p.add_argument("--store", metavar="URL", default=None,
+                   help="tell it on this PostgreSQL database (a postgresql:// URL) instead of "
+                        "a new queue file: its queue is created if missing and must hold no "
+                        "job (the demo never mixes with real work); the demo's jobs stay in "
+                        "it afterwards")
+    return parser
+
+
+def _enqueue_arguments(p: argparse.ArgumentParser) -> None:
+    _queue_argument(p)
+    p.add_argument("--id", metavar="ID", type=_job_id,
+                   help=f"job id: {PRODUCT.job_id_rule}, e.g. a UUID, order:123, tenant/7")
+    p.add_argument("--qty", metavar="N", type=_int_in(1, MAX_QTY),
+                   help=f"quantity of a lab event {{\"id\", \"qty\"}}, 1..{MAX_QTY} (its id "
+                        "by the lab's rule: 1-64 ASCII letters, digits, '_' or '-')")
+    p.add_argument("--body", metavar="JSON", type=_body,
+                   help=f"the payload: one JSON object, at most {MAX_BODY_BYTES} bytes as "
+                        "canonical JSON (sorted keys, no spaces)")
+    p.add_argument("--file", metavar="PATH",
+                   help="UTF-8 JSON lines, {\"id\", \"qty\"} or {\"id\", \"body\": {...}} (a "
+                        "file, pipe or FIFO; '-' reads standard input), streamed into one "
+                        "transaction: all or nothing. A bad line, or any line whose id is "
+                        "kept with other content (a conflict), enqueues nothing; each "
+                        "conflicting line is named")
+    p.add_argument("--skip-conflicts", action="store_true",
+                   help="with --file: enqueue the other lines when some conflict (each "
+                        "conflicting line is still named, and the exit code is 1)")
+    p.add_argument("--key", metavar="KEY", type=_ordering_key,
+                   help="ordering key: jobs with the same key are delivered one at a time, in "
+                        "intake order (given to every event that has none of its own)")
+    p.add_argument("--ttl-ms", metavar="MS", type=_int_in(1, PRODUCT.max_ttl_ms),
+                   default=DEFAULT_POLICY.ttl_ms,
+                   help=f"time to live from the first moment it may run, up to "
+                        f"{duration(PRODUCT.max_ttl_ms)} "
+                        f"(default {duration(DEFAULT_POLICY.ttl_ms)})")
+    p.add_argument("--max-attempts", metavar="N", type=_int_in(1, PRODUCT.max_attempts),
+                   default=DEFAULT_POLICY.max_attempts,
+                   help=f"attempt budget, 1..{PRODUCT.max_attempts} "
+                        f"(default {DEFAULT_POLICY.max_attempts})")
+    p.add_argument("--delay-ms", metavar="MS", type=_int_in(0, PRODUCT.max_delay_ms), default=0,
+                   help=f"delayed delivery: no attempt before now + MS, up to "
+                        f"{duration(PRODUCT.max_delay_ms)} (default 0)")
+
+
+def _log_arguments(p: argparse.ArgumentParser) -> None:
+    from asyncworker.logs import FORMATS, LEVELS
+
+    p.add_argument("--log-level", choices=LEVELS, default=None,
+                   help="the least severe log records shown on stderr (default info for run: "
+                        "every retry, dead job, stale finish, lost lease, bad ACK and error is "
+                        "a line, a job done only at debug; warning for every other command)")
+    p.add_argument("--log-format", choices=FORMATS, default="text",
+                   help="text (default): timestamp, level, logger, message, then key=value "
+                        "facts; json: one object a line with ts, level, logger, msg and the "
+                        "facts as keys (run's banner, progress and summary lines, serve's "
+                        "last line and a command's error line too)")
+
+
+def _loop_argument(p: argparse.ArgumentParser) -> None:
+    from asyncworker.eventloop import LOOPS
+
+    p.add_argument("--loop", choices=LOOPS, default="auto",
+                   help="the event loop: auto (default: uvloop when installed, the 'fast' "
+                        "extra; asyncio's otherwise), asyncio, or uvloop (an error when it "
+                        "is not installed)")
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    _queue_argument(p)
+    p.add_argument("--url", metavar="URL", required=True,
+                   help="the receiver: https://HOST[:PORT]/PATH (its certificate and host "
+                        "name verified), or http:// to a loopback address (127.0.0.1, ::1, "
+                        "localhost); plain http to any other host only with "
+                        "--insecure-plain-http")
+    _destination_arguments(p)
+    p.add_argument("--concurrency", metavar="N", type=_int_in(1, 10_000), default=16,
+                   help="sends in flight (default 16)")
+    p.add_argument("--lease-ms", metavar="MS", type=_int_in(1, PRODUCT.max_lease_ms),
+                   default=DEFAULT_POLICY.lease_ms,
+                   help=f"lease per claim, up to {duration(PRODUCT.max_lease_ms)} "
+                        f"(default {duration(DEFAULT_POLICY.lease_ms)})")
+    p.add_argument("--send-timeout", metavar="DURATION", type=parse_age, default=None,
+                   help="how long one send may take: 30s, 5m, 2h or milliseconds, up to the "
+                        f"retry budget (a job's time to live, {duration(DEFAULT_POLICY.ttl_ms)}); "
+                        "longer than the lease, the lease is extended while the send runs "
+                        "(default: what the lease leaves when the send starts, less the time "
+                        "kept for the finish, a fifth of the lease up to 2 s). A send starts "
+                        "only when its lease can cover it: one capped by the job's deadline "
+                        "with too little left is retried, unsent")
+    p.add_argument("--backoff-base-ms", metavar="MS", type=_int_in(1, PRODUCT.max_delay_ms),
+                   default=DEFAULT_POLICY.backoff_base_ms,
+                   help=f"first retry delay, doubling each attempt "
+                        f"(default {duration(DEFAULT_POLICY.backoff_base_ms)})")
+    p.add_argument("--backoff-cap-ms", metavar="MS", type=_int_in(1, PRODUCT.max_delay_ms),
+                   default=DEFAULT_POLICY.backoff_cap_ms,
+                   help=f"longest retry delay, up to {duration(PRODUCT.max_delay_ms)} "
+                        f"(default {duration(DEFAULT_POLICY.backoff_cap_ms)})")
+    p.add_argument("--jitter", metavar="J", type=_probability, default=DEFAULT_POLICY.jitter,
+                   help=f"random share of each delay, 0..1 (default {DEFAULT_POLICY.jitter}: "
+                        "from half the step to the whole)")
+    p.add_argument("--owner", metavar="NAME", type=_identifier, default=None,
+                   help="this dispatcher's name (default HOST-PID)")
+    p.add_argument("--until-idle", action="store_true",
+                   help="stop once the queue is idle: nothing to claim now or later without "
+                        "an operator (every job done or dead, or waiting behind a dead first "
+                        "job of its ordering key; retry delays and leases are waited for); "
+                        "keys left blocked are named, and exit 3")
+    p.add_argument("--batch-size", metavar="N", type=_int_in(1, 10_000), default=64,
+                   help="most jobs per claim transaction; a finish group records what up to "
+                        "four claims sent (default 64; 1: a claim per job)")
+    p.add_argument("--poll-ms", metavar="MS", type=_int_in(1, 60_000), default=50,
+                   help="how long an idle dispatcher waits before looking again (default 50)")
+    p.add_argument("--prefetch", metavar="N", type=_int_in(0, 10_000), default=None,
+                   help="claimed jobs that may wait for a send slot, so that a send that ends "
+                        "starts the next at once (default: twice the concurrency, at most twice "
+                        "the batch size; 0: none)")
+    _loop_argument(p)
+    p.add_argument("--crash-after-acks", metavar="N", type=_int_in(1, 10**9), default=None,
+                   help="failure drill: die by SIGKILL right after the N-th ACK, before "
+                        "recording it; the job and its token are named on stderr first")
+    p.add_argument("--metrics", metavar="HOST:PORT", type=_metrics_address, default=None,
+                   help="serve /metrics (Prometheus) and /healthz (200 while dispatching "
+                        "and the store answers, else 503) while it runs; HOST defaults to "
+                        "127.0.0.1 (:PORT or PORT alone), another address only when written "
+                        "out (0.0.0.0:9100); port 0 picks a free one; the URL is printed on "
+                        "stderr first (\"metrics: URL\"); a port it cannot bind is exit 2")
+
+
+def _destination_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ack", choices=ACK_POLICIES, default="echo-id",
+                   help="what counts as delivered: echo-id (default) a 2xx JSON object naming "
+                        "the job's id, the receiver's proof it read this request; status any "
+                        "2xx (the webhook convention: weaker evidence, see the README)")
+    _tls_arguments(p, reaches="--url",
+                   secret="sign every request (Standard Webhooks) with the whsec_ secrets in "
+                          "this file, one a line (# comments); two during a rotation")
+
+
+def _tls_arguments(p: argparse.ArgumentParser, *, serves: bool = False,
+                   reaches: Optional[str] = None, secret: Optional[str] = None) -> None:
+    """The TLS and secret options of every command that serves https (``serves``)
+    or reaches a receiver (``reaches``: the flag that names its URL), worded
+    here once and checked by ``served_tls``, ``reached`` and ``read_secret_file``."""
+    if serves:
+        p.add_argument("--tls-cert", metavar="PATH", default=None,
+                       help="serve https with this certificate chain (PEM), with --tls-key")
+        p.add_argument("--tls-key", metavar="PATH", default=None,
+                       help="the certificate's private key (PEM, unencrypted)")
+    if reaches is not None:
+        p.add_argument("--ca-file", metavar="PATH", default=None,
+                       help=f"{reaches} over https: trust only the CA certificates (PEM) in "
+                            f"this file, not the system's store")
+        served = ("serve this page, and " if serves else "")
+        p.add_argument("--insecure-plain-http", action="store_true",
+                       help=f"{served}reach {reaches} over plain http where it is not "
+                            f"loopback: anyone on the path can read what crosses it (events "
+                            f"and signatures, figures, a token) and change it")
+    if secret is not None:
+        p.add_argument("--secret-file", metavar="PATH", default=None,
+                       help=f"{secret}; refused if every user may write it, a warning if "
+                            f"others may read it")
+
+
+def _operator_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
+    p = command("redrive", "release dead jobs with a fresh budget, one audit row each",
+                actions.redrive)
+    _queue_argument(p)
+    p.add_argument("id", nargs="?", type=_job_id, default=None, help="one dead job's id")
+    p.add_argument("--reason", metavar="REASON", type=_reason, default=None,
+                   help=f"bulk: every dead job of this reason ({', '.join(DEAD_REASONS)})")
+    p.add_argument("--note", metavar="NOTE", type=_note, required=True,
+                   help="audit note: free text, 1-500 characters, no control characters")
+    p.add_argument("--ttl-ms", metavar="MS", type=_int_in(1, PRODUCT.max_ttl_ms),
+                   default=DEFAULT_POLICY.ttl_ms,
+                   help=f"time to live from now, up to {duration(PRODUCT.max_ttl_ms)} "
+                        f"(default {duration(DEFAULT_POLICY.ttl_ms)})")
+    _bulk_arguments(p)
+
+    p = command("cancel", "cancel pending or dead jobs with a note, one audit row each",
+                actions.cancel, "cancel pending or dead jobs: each becomes dead/cancelled with an "
+                "audit row (what it was, the note), together. A leased job is refused (its "
+                "send may be on the wire: cancel it once it is back), and so is a done one. "
+                "A cancelled job leaves the dead letters only by a redrive.")
+    _queue_argument(p)
+    p.add_argument("ids", nargs="*", type=_job_id, metavar="ID", help="jobs to cancel")
+    p.add_argument("--reason", metavar="REASON", type=_reason, default=None,
+                   help="bulk: every dead job of this reason "
+                        f"({', '.join(r for r in DEAD_REASONS if r != 'cancelled')})")
+    p.add_argument("--note", metavar="NOTE", type=_note, required=True,
+                   help="audit note: free text, 1-500 characters, no control characters")
+    _bulk_arguments(p)
+
+    p = command("prune", "delete done jobs that finished more than AGE ago, with their "
+                "evidence", actions.prune, "delete done jobs that finished more than AGE ago, with "
+                "their attempts and audit rows, in short transactions of up to "
+                f"{MAX_BATCH}. Pending, leased and dead jobs are never touched. An id whose "
+                "job was pruned is new again: enqueued again, it is a new job.")
+    _queue_argument(p)
+    p.add_argument("--older-than", metavar="AGE", type=parse_age, required=True,
+                   help="7d, 12h, 30m, 90s, or milliseconds")
+
+    p = command("ui", "serve the operator's web page for QUEUE (read-only unless "
+                "--allow-changes)", launchers.ui,
+                "serve the operator's web page: the queue by status, jobs with their evidence, "
+                "dead letters by reason with bulk redrive and cancel. Read-only unless "
+                "--allow-changes; loopback only unless --token-file is given (then https, or "
+                "--insecure-plain-http); it answers only to the bound address's names and "
+                "--allowed-host; every change is a POST with a CSRF token from the page itself.")
+    _queue_argument(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; another needs --token-file, "
+                        "and --tls-cert or --insecure-plain-http)")
+    p.add_argument("--port", type=_int_in(0, 65535), default=8080,
+                   help="port (default 8080; 0 picks a free one); the URL is printed first")
+    p.add_argument("--allowed-host", metavar="NAME", action="append", default=[],
+                   help="a name the page answers to besides the bound address's own "
+                        "(127.0.0.1, localhost and [::1] at the bound port, or the address "
+                        "given to --host): NAME at any port, or NAME:PORT; repeatable. A "
+                        "request naming any other Host is refused (421), nothing read")
+    p.add_argument("--allow-changes", action="store_true",
+                   help="allow redrive and cancel from the page (each needs a note)")
+    p.add_argument("--token-file", metavar="FILE", default=None,
+                   help="a file whose first line is the access token, or LABEL:TOKEN; the "
+                        "label is the operator's name in the audit rows; refused if every "
+                        "user may write it, a warning if others may read it")
+    p.add_argument("--receiver", metavar="URL", default=None,
+                   help="the receiver's /stats URL: its applied, duplicates and refusals on "
+                        "the overview")
+    _tls_arguments(p, serves=True, reaches="--receiver")
+
+    p = command("prune-inbox", "delete inbox rows first seen more than AGE ago (see the "
+                "trade-off in its --help)", actions.prune_inbox, PRUNE_INBOX_HELP)
+    p.add_argument("inbox", help="existing inbox file")
+    p.add_argument("--older-than", metavar="AGE", type=parse_age, required=True,
+                   help="7d, 12h, 30m, 90s, or milliseconds; longer than the senders' retry "
+                        "budget")
+
+
+def _bulk_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--key", metavar="KEY", type=_ordering_key, default=None,
+                   help="bulk, with --reason: only dead jobs with this ordering key "
+                        "(exactly; not with a job ID)")
+    p.add_argument("--limit", metavar="N", type=_int_in(1, 10**9), default=None,
+                   help="bulk: at most N jobs")
+    p.add_argument("--dry-run", action="store_true", help="bulk: list, change nothing")
+    p.add_argument("--verbose", action="store_true",
+                   help=f"a line per job however many (by default only up to {SHOW_EACH})")

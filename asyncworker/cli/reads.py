@@ -1,0 +1,64 @@
+"""``stats``, ``dead`` and ``inspect``: the queue looked at, opened read-only,
+nothing written (not even a migration)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from contextlib import closing
+
+from asyncworker.cli.exits import EXIT_OK
+from asyncworker.cli.output import cell, event_cell, print_history, print_table, stats_rows
+from asyncworker.operations import WorkFailed, open_queue_store, reached, receiver_stats, shown
+
+
+def stats(args: argparse.Namespace) -> int:
+    reached(args, "--receiver", args.receiver)  # checked before the queue is opened
+    with closing(open_queue_store(args.queue, read_only=True)) as store:
+        snap = store.snapshot()  # at the store's clock: a database's is its server's
+    if args.receiver:
+        try:
+            snap["receiver"] = receiver_stats(args.receiver, args.ca_file,
+                                              args.insecure_plain_http)
+        except OSError as exc:
+            raise WorkFailed(f"receiver at {args.receiver} did not answer: {exc}") from None
+        except ValueError as exc:  # another server on that port, say
+            raise WorkFailed(f"receiver at {args.receiver} answered no stats: {exc}") from None
+    if args.json:
+        print(json.dumps(snap, indent=2, sort_keys=True))
+        return EXIT_OK
+    print_table(stats_rows(snap))
+    return EXIT_OK
+
+
+_JOB_COLUMNS = ("id", "qty", "status", "reason", "attempts", "max_attempts", "token")
+
+
+def dead(args: argparse.Namespace) -> int:
+    with closing(open_queue_store(args.queue, read_only=True)) as store:
+        jobs = store.dead_jobs(args.reason, args.limit, key=args.key)
+    if args.json:  # every column of each row, as stored (a key and a last error included)
+        print(json.dumps(jobs, indent=2, ensure_ascii=False))
+    elif jobs:
+        has = jobs[0].keys()
+        columns = (_JOB_COLUMNS[:1] + (("key",) if "ordering_key" in has else ())
+                   + _JOB_COLUMNS[1:] + (("last_error",) if "last_error" in has else ()))
+        print_table([columns] + [
+            tuple(event_cell(j) if c == "qty" else cell(j["ordering_key" if c == "key" else c])
+                  for c in columns) for j in jobs])
+    sys.stdout.flush()  # the table first, then its count, in a terminal too
+    print(f"{len(jobs)} dead", file=sys.stderr)
+    return EXIT_OK
+
+
+def inspect(args: argparse.Namespace) -> int:
+    with closing(open_queue_store(args.queue, read_only=True)) as store:
+        history = store.job_history(args.id)
+    if history is None:
+        raise WorkFailed(f"no job {args.id!r} in {shown(args.queue)}")
+    if args.json:
+        print(json.dumps(history, indent=2, ensure_ascii=False))
+    else:
+        print_history(history)
+    return EXIT_OK

@@ -1,0 +1,368 @@
+"""What the command line and the operator's page both do and read.
+
+The two front ends (``asyncworker.cli``, ``asyncworker.ui``) call these; each
+adds its own words around them (a command's lines and exit codes, a page's
+HTML and status codes), and neither imports the other.
+
+- the errors an operator's action ends in: ``UsageError`` (bad usage, a
+  missing or foreign file: the command line's exit code 2) and ``WorkFailed``
+  (the work failed: exit code 1)
+- a queue opened for an operator (``open_queue_store``), shown without its
+  password (``shown``), an error's message led by it (``about``)
+- the flags' files checked before anything opens or binds: a secrets file,
+  a token file's mode, a CA file, a certificate and its key, a receiver's URL
+  (``read_secret_file``, ``check_private_file``, ``check_ca_file``,
+  ``served_tls``, ``reached``)
+- the receiver's figures (``stats_url``, ``receiver_stats``)
+- the dead letters' reasons (``DEAD_REASONS``) and a bulk change applied in
+  transactions of ``MAX_BATCH`` (``chunks``, ``apply_in_chunks``)
+- text: one line (``one_line``), a moment in UTC (``when``)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+
+from lease.store import NotAQueue, Store, StoreError, is_postgres_url, open_store
+from lease.worker import MAX_BATCH
+
+if TYPE_CHECKING:
+    from lease.http import Destination
+
+DEAD_REASONS = ("deadline", "exhausted", "permanent", "cancelled")
+INSECURE_FLAG = "--insecure-plain-http"
+
+
+class UsageError(Exception):
+    """Bad usage or a missing file: one line on stderr, exit code 2 (the command
+    line's code; the page refuses to start with it)."""
+
+
+class WorkFailed(Exception):
+    """The command ran but its work failed: one line on stderr, exit code 1."""
+
+
+# ------------------------------------------------------------------ text
+
+
+def one_line(text: str) -> str:
+    """Control characters (a newline in a file name, say) shown escaped: one line."""
+    return re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], text)
+
+
+def when(ms: Optional[int]) -> str:
+    """A moment in milliseconds as UTC to the millisecond; '-' for none."""
+    if ms is None:
+        return "-"
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+# ------------------------------------------------------------------ a queue
+
+
+def shown(queue: str) -> str:
+    """A queue as it may be printed: a URL without its password (in its user
+    part or as a ``password=`` parameter); a path as it is."""
+    if not is_postgres_url(queue):
+        return queue
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(queue)
+    except ValueError:  # an unbalanced [ in the host, say: nothing of it is shown
+        return queue.split("://", 1)[0] + "://(a URL that does not parse)"
+    netloc = parts.netloc
+    if "@" in netloc:
+        user_part, _, hosts = netloc.rpartition("@")  # a password may hold an "@"
+        user = user_part.split(":", 1)[0]
+        netloc = f"{user}@{hosts}" if user else hosts
+    query = "&".join(item for item in parts.query.split("&")
+                     if item and item.split("=", 1)[0].strip().lower() != "password")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def passwords(queue: str) -> list[str]:
+    """The password a URL carries, in every spelling a message might quote."""
+    if not is_postgres_url(queue):
+        return []
+    from urllib.parse import parse_qsl, unquote, urlsplit
+
+    try:
+        parts = urlsplit(queue)
+        found = [parts.password or ""]
+        found += [value for key, value in parse_qsl(parts.query) if key.lower() == "password"]
+    except ValueError:
+        return []
+    return [word for text in found if text for word in {text, unquote(text)}]
+
+
+def check_queue_path(path: str) -> None:
+    if not os.path.exists(path):
+        raise UsageError(f"queue file not found: {path}")
+    if not os.path.isfile(path):
+        raise UsageError(f"not a file: {path}")
+
+
+def open_queue_store(queue: str, *, create: bool = False, read_only: bool = False,
+                     migrate: bool = True, shared: bool = False,
+                     journal: Optional[str] = None) -> Store:
+    """The store QUEUE names, for a command: a file is checked first (missing, a
+    folder, empty: usage errors), a URL's server is reached and its queue found.
+
+    Not a queue (a foreign file or database, a newer version): UsageError, exit 2,
+    nothing changed. A store that fails (locked, read-only, a server that cannot
+    be reached): StoreError, exit 1 (main). ``read_only`` writes nothing at all
+    (a file's journal mode included); otherwise the queue is migrated to this
+    version, unless ``migrate=False`` leaves a file's migration to the intake's
+    own transaction, so an intake refused halfway leaves it exactly as it was.
+    """
+    if not is_postgres_url(queue) and not create:
+        check_queue_path(queue)
+        if not read_only and os.path.getsize(queue) == 0:  # SQLite would fill it silently
+            raise UsageError(f"{queue}: not a queue file: it is empty (init makes one)")
+    try:
+        if migrate or shared or journal or is_postgres_url(queue):
+            return open_store(queue, create=create, read_only=read_only, shared=shared,
+                              journal=journal)
+        from lease.sqlite import SQLiteStore
+
+        return SQLiteStore(queue, create=create, migrate=False)
+    except NotAQueue as exc:
+        raise UsageError(about(queue, exc)) from None
+    except StoreError:  # locked, read-only, unreachable: the work failed, exit 1
+        raise
+    except FileNotFoundError as exc:  # removed since it was checked
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:  # a foreign file, by the contract's own refusal
+        raise UsageError(about(queue, exc)) from None
+
+
+def about(queue: Optional[str], error: object) -> str:
+    """An error's message, led by the queue it is about unless it names it already.
+    A database server's message may span lines: one line here, its words kept."""
+    message = str(error)
+    if queue is None:
+        return message
+    if is_postgres_url(queue):
+        message = re.sub(r"\s*\n\s*", " ", message.strip())
+    return message if shown(queue) in message else f"{shown(queue)}: {message}"
+
+
+# ------------------------------------------------------------------ the flags' files
+
+# A secrets file holds a few lines; a larger one is a wrong path (a log, an image).
+MAX_SECRETS_FILE_BYTES = 64 * 1024
+
+
+def check_small_file(flag: str, path: str, cap: int = 1 << 20) -> None:
+    """An existing, readable, regular file of at most ``cap`` bytes: a device, a FIFO
+    or a folder named by mistake is refused before anything reads it."""
+    if not os.path.exists(path):
+        raise UsageError(f"{flag}: file not found: {path}")
+    if not os.path.isfile(path):
+        raise UsageError(f"{flag}: not a file: {path}")
+    try:
+        with open(path, "rb") as file:
+            size = len(file.read(cap + 1))
+    except OSError as exc:  # permission denied, say
+        raise UsageError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
+    if size > cap:
+        raise UsageError(f"{flag}: {path} is larger than {cap} bytes: not the file meant")
+
+
+def read_secret_file(path: str) -> tuple[bytes, ...]:
+    """The keys of a secrets file; a one-line UsageError that names the file and
+    the line, never a secret (lease.signing's messages never quote one)."""
+    from lease.signing import read_secrets
+
+    check_small_file("--secret-file", path, MAX_SECRETS_FILE_BYTES)
+    try:
+        keys = read_secrets(path)
+    except UnicodeDecodeError:
+        raise UsageError(f"--secret-file: {path} is not UTF-8 text") from None
+    except ValueError as exc:
+        raise UsageError(f"--secret-file: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"--secret-file: cannot read {path}: {exc.strerror or exc}") from None
+    check_private_file("--secret-file", path)
+    return keys
+
+
+def check_private_file(flag: str, path: str) -> None:
+    """A secret's file (--secret-file, --token-file), once read: one every user may
+    write is refused (anyone could have put their own secret in it); one others
+    may read or write is used, with one warning line on stderr."""
+    try:
+        mode = os.stat(path).st_mode & 0o777
+    except OSError as exc:  # gone since it was read
+        raise UsageError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
+    if mode & 0o002:
+        raise UsageError(f"{flag}: {path} is writable by every user (mode {mode:04o}): anyone "
+                         f"could have replaced the secret; chmod 600 it and check its content")
+    if mode & 0o077:
+        import logging
+
+        # the command line's logger, as every command's own warnings: its name is in the line
+        logging.getLogger("asyncworker.cli").warning(
+            f"{flag}: {path} is open to other users (mode {mode:04o}): chmod 600 it, so that "
+            f"only its owner reads it")
+
+
+def check_ca_file(path: str) -> None:
+    """A regular file from which the senders' TLS context loads CA certificates."""
+    from lease.http import client_context
+
+    check_small_file("--ca-file", path)
+    try:
+        client_context(path)
+    except ValueError as exc:
+        raise UsageError(f"--ca-file: {exc}") from None
+
+
+class _EncryptedKey(Exception):
+    """OpenSSL asked for a passphrase: a daemon has no one to type it."""
+
+
+def _no_passphrase() -> str:
+    raise _EncryptedKey
+
+
+def check_tls_files(cert: Optional[str], key: Optional[str]) -> None:
+    """--tls-cert and --tls-key: both or neither, each a file, the key unencrypted
+    and the certificate's own. Loaded here once so that each fault has its name
+    (ssl says "PEM lib" for most of them)."""
+    import ssl
+
+    if (cert is None) != (key is None):
+        raise UsageError("--tls-cert and --tls-key go together")
+    if cert is None or key is None:
+        return
+    check_small_file("--tls-cert", cert)
+    check_small_file("--tls-key", key)
+    try:
+        ssl.create_default_context(cafile=cert)
+    except ssl.SSLError:
+        raise UsageError(f"--tls-cert: {cert} holds no PEM certificate") from None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key, password=_no_passphrase)
+    except _EncryptedKey:
+        raise UsageError(f"--tls-key: {key} is encrypted (a passphrase): give the key "
+                         "unencrypted, readable only by the receiver's user") from None
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise UsageError(f"--tls-key: {key} is not the key of --tls-cert {cert}") from None
+        raise UsageError(f"--tls-key: {key} holds no PEM private key ({exc.reason or exc})"
+                         ) from None
+
+
+def served_tls(args: argparse.Namespace) -> bool:
+    """--tls-cert and --tls-key (of a command that serves: ``serve``, ``ui``)
+    checked: https or not."""
+    check_tls_files(args.tls_cert, args.tls_key)
+    return args.tls_cert is not None
+
+
+def reached(args: argparse.Namespace, flag: str, url: Optional[str], *, ack: str = "echo-id",
+            secrets: tuple[bytes, ...] = (), serves: bool = False) -> Optional[Destination]:
+    """The receiver ``url`` (given as ``flag``) names, with --ca-file and
+    --insecure-plain-http (the options of a command that reaches a receiver,
+    worded once in ``asyncworker.cli.parser``), as the destination
+    the senders check once more; None when no URL is given. Every fault is a
+    one-line usage error, before the queue is opened. ``serves``: the command
+    serves too, so --insecure-plain-http means something without the URL."""
+    from lease.http import Destination, PlainHttpRefused
+
+    if url is None:
+        if args.ca_file is not None or (args.insecure_plain_http and not serves):
+            raise UsageError(f"--ca-file{'' if serves else ' and --insecure-plain-http'} "
+                             f"go{'es' if serves else ''} with {flag}")
+        return None
+    if args.ca_file is not None:
+        if not url.startswith("https://"):
+            raise UsageError(f"--ca-file goes with an https:// {flag}")
+        check_ca_file(args.ca_file)
+    try:
+        return Destination(url, ack=ack, ca_file=args.ca_file, secrets=secrets,
+                           insecure_http=args.insecure_plain_http)
+    except PlainHttpRefused as exc:  # the flag that allows it, not the argument
+        raise UsageError(f"{flag}: {PlainHttpRefused(exc.host, INSECURE_FLAG)}") from None
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+# ------------------------------------------------------------------ the receiver
+
+
+def stats_url(url: str, ca_file: Optional[str] = None, insecure_http: bool = False,
+              allow: Optional[str] = None) -> str:
+    """The /stats beside a receiver's POST URL, by the senders' rule for the URL
+    (https anywhere, plain http to loopback unless insecure_http); else ValueError,
+    naming ``allow`` (a command's flag) as what allows plain http, if any does."""
+    from urllib.parse import urlsplit
+
+    from lease.http import Destination, PlainHttpRefused
+
+    try:
+        Destination(url, ca_file=ca_file, insecure_http=insecure_http)
+    except PlainHttpRefused as exc:
+        raise PlainHttpRefused(exc.host, allow) from None
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}/stats"
+
+
+def receiver_stats(url: str, ca_file: Optional[str] = None, insecure_http: bool = False
+                   ) -> dict:
+    """GET the receiver's /stats: no proxy read, no redirect followed, https with
+    its certificate verified (against ``ca_file`` only, when given)."""
+    import ssl
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any) -> None:
+            return None  # a 3xx is an answer, not a receiver's stats
+
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({}),
+                                                  NoRedirect()]
+    if url.startswith("https://"):
+        context = ssl.create_default_context(cafile=ca_file)
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    opener = urllib.request.build_opener(*handlers)
+    with opener.open(stats_url(url, ca_file, insecure_http), timeout=10) as answer:
+        found = json.loads(answer.read(1 << 20))
+    if not isinstance(found, dict):
+        raise ValueError(f"a JSON {type(found).__name__}, not an object")
+    return found
+
+
+# ------------------------------------------------------------------ bulk changes
+
+
+def chunks(ids: list[str]) -> Iterator[list[str]]:
+    """The ids of a bulk change in the chunks each applied in one transaction:
+    MAX_BATCH ids at most, in their order."""
+    for start in range(0, len(ids), MAX_BATCH):
+        yield ids[start:start + MAX_BATCH]
+
+
+def apply_in_chunks(ids: list[str], apply: Callable[[list[str]], list],
+                    done: str) -> list[tuple[str, object]]:
+    """(id, True or its ValueError) for each id, MAX_BATCH per transaction.
+
+    A failure part-way (a store error) leaves the chunks before it whole
+    and the rest untouched; it is raised as WorkFailed with that count."""
+    results: list[tuple[str, object]] = []
+    for chunk in chunks(ids):
+        try:
+            answers = apply(chunk)
+        except StoreError as exc:
+            count = sum(answer is True for _, answer in results)
+            raise WorkFailed(f"{exc}; {count} {done} before it, the rest untouched") from None
+        results += zip(chunk, answers, strict=True)
+    return results
