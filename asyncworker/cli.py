@@ -1770,7 +1770,7 @@ def _prune_inbox(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from asyncworker.bench import run_bench
+    from asyncworker.bench.command import run_bench
     from lease.store import is_postgres_url
 
     if args.store is not None and args.store != "postgres" and not is_postgres_url(args.store):
