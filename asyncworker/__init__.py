@@ -22,7 +22,7 @@ if TYPE_CHECKING:
         run_until_signalled,
     )
     from asyncworker.metrics import add_metrics_routes, metrics_app
-    from asyncworker.receiver import Faults, make_app, serve
+    from asyncworker.receiving.server import Faults, make_app, serve
     from asyncworker.sender import Destination, new_session, send_http
     from asyncworker.store import AsyncStore, QueueThread
     from asyncworker.wire import WireClient
@@ -39,9 +39,9 @@ _HOMES = {
     "Destination": "sender",
     "add_metrics_routes": "metrics",
     "metrics_app": "metrics",
-    "Faults": "receiver",
-    "make_app": "receiver",
-    "serve": "receiver",
+    "Faults": "receiving.server",
+    "make_app": "receiving.server",
+    "serve": "receiving.server",
     "new_session": "sender",
     "send_http": "sender",
     "WireClient": "wire",

@@ -1423,7 +1423,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.signature_tolerance_s is not None and secrets is None:
         raise UsageError("--signature-tolerance-s goes with --secret-file")
     from asyncworker import eventloop
-    from asyncworker.receiver import Faults, serve
+    from asyncworker.receiving.server import Faults, serve
 
     faults = Faults(latency_ms=args.latency_ms, p_503=args.p_503, p_drop=args.p_drop,
                     seed=args.seed)
@@ -1752,7 +1752,7 @@ def _prune_inbox(args: argparse.Namespace) -> int:
         raise UsageError(f"inbox file not found: {args.inbox}")
     if not os.path.isfile(args.inbox):
         raise UsageError(f"not a file: {args.inbox}")
-    from asyncworker.inbox import prune_inbox
+    from asyncworker.receiving.inbox import prune_inbox
 
     now = wall_clock_ms()
     try:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from asyncworker.cli import CRASH_DRILL, receiver_stats, shown
-from asyncworker.inbox import read_arrivals, read_inbox
+from asyncworker.receiving.inbox import read_arrivals, read_inbox
 from lease.policy import RetryPolicy
 from lease.store import Store, StoreError, open_store
 
