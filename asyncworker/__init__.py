@@ -16,12 +16,11 @@ if TYPE_CHECKING:
         DispatcherStats,
         LeaseLost,
         dispatcher_context,
-        health_handler,
         retry_delay_ms,
         run_once,
         run_until_signalled,
     )
-    from asyncworker.metrics import add_metrics_routes, metrics_app
+    from asyncworker.metrics import add_metrics_routes, health_handler, metrics_app
     from asyncworker.receiving.server import Faults, make_app, serve
     from asyncworker.sender import Destination, new_session, send_http
     from asyncworker.store import AsyncStore, QueueThread
@@ -32,7 +31,7 @@ _HOMES = {
     "DispatcherStats": "dispatcher",
     "LeaseLost": "dispatcher",
     "dispatcher_context": "dispatcher",
-    "health_handler": "dispatcher",
+    "health_handler": "metrics",
     "retry_delay_ms": "dispatcher",
     "run_once": "dispatcher",
     "run_until_signalled": "dispatcher",
