@@ -53,10 +53,10 @@ def split_cpus() -> Optional[tuple[frozenset[int], frozenset[int]]]:
     halves share cores.
 
     Left to the scheduler on two cores, a receiver and its client shared a
-    core in some runs and not in others: the same plain client did
-    7,100-11,900 requests a second against one receiver, run by run, in two
-    clusters, and a ratio read whichever its pair drew. Apart, it did
-    10,800-11,200 in eight runs out of eight."""
+    core in some runs and not in others: the same plain client's rate fell
+    in two clusters run by run, and a ratio read whichever its pair drew;
+    apart, it held still (docs/benchmarks.md, "A receiver and its clients
+    apart")."""
     cpus = cpus_of()
     if len(cpus) < 2:
         return None
