@@ -16,13 +16,12 @@ if TYPE_CHECKING:
         DispatcherStats,
         LeaseLost,
         dispatcher_context,
-        health_handler,
         retry_delay_ms,
         run_once,
         run_until_signalled,
     )
-    from asyncworker.metrics import add_metrics_routes, metrics_app
-    from asyncworker.receiver import Faults, make_app, serve
+    from asyncworker.metrics import add_metrics_routes, health_handler, metrics_app
+    from asyncworker.receiving.server import Faults, make_app, serve
     from asyncworker.sender import Destination, new_session, send_http
     from asyncworker.store import AsyncStore, QueueThread
     from asyncworker.wire import WireClient
@@ -32,16 +31,16 @@ _HOMES = {
     "DispatcherStats": "dispatcher",
     "LeaseLost": "dispatcher",
     "dispatcher_context": "dispatcher",
-    "health_handler": "dispatcher",
+    "health_handler": "metrics",
     "retry_delay_ms": "dispatcher",
     "run_once": "dispatcher",
     "run_until_signalled": "dispatcher",
     "Destination": "sender",
     "add_metrics_routes": "metrics",
     "metrics_app": "metrics",
-    "Faults": "receiver",
-    "make_app": "receiver",
-    "serve": "receiver",
+    "Faults": "receiving.server",
+    "make_app": "receiving.server",
+    "serve": "receiving.server",
     "new_session": "sender",
     "send_http": "sender",
     "WireClient": "wire",

@@ -26,10 +26,11 @@ dispatcher never dies of one job.
 A Dispatcher runs once: ``state`` goes new -> running -> stopping -> stopped,
 or to failed (``failure`` holds the exception) when ``run()`` itself dies, for
 example of a bad clock value or a database error. ``stop()`` is final, even
-before ``run()`` starts. ``health()`` and ``health_handler`` tell an
-application which of these it is; ``check_health()`` (and the handler) also
-asks the store whether it answers. ``d.metrics`` is its Prometheus registry
-(``asyncworker.metrics``: ``/metrics`` and ``/healthz`` for an aiohttp app).
+before ``run()`` starts. ``health()`` and ``asyncworker.metrics.health_handler``
+tell an application which of these it is; ``check_health()`` (and the
+handler) also asks the store whether it answers. ``d.metrics`` is its
+Prometheus registry (``asyncworker.metrics``: ``/metrics`` and ``/healthz``
+for an aiohttp app; that module reads the dispatcher and never imports this one).
 
 Logs (logger ``asyncworker.dispatcher``): every retry, dead job, stale
 finish, lost lease, bad ACK, send error and finish failure is one record
@@ -50,8 +51,6 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
-from aiohttp import web
-
 from asyncworker.finisher import BUSY, GroupFinisher, Judged, Recorded
 from asyncworker.leases import (
     Held,
@@ -60,7 +59,7 @@ from asyncworker.leases import (
     finish_margin_ms,
     half_way,
 )
-from asyncworker.metrics import DispatcherMetrics
+from asyncworker.metrics import HEALTH_TIMEOUT_S, DispatcherMetrics
 from asyncworker.sender import deliver
 from asyncworker.store import AsyncStore, Target
 from asyncworker.wire import WireClient
@@ -88,7 +87,6 @@ __all__ = [
     "DispatcherStats",
     "LeaseLost",
     "dispatcher_context",
-    "health_handler",
     "retry_delay_ms",
     "run_once",
     "run_until_signalled",
@@ -96,7 +94,6 @@ __all__ = [
 
 log = logging.getLogger("asyncworker.dispatcher")
 
-HEALTH_TIMEOUT_S = 2.0  # how long /healthz waits for the store's answer
 MAX_PREFETCH = 10_000
 
 # (event {"id", "qty"} or {"id", "body": canonical JSON text}, claim token)
@@ -1037,17 +1034,3 @@ def _log_failure(task: asyncio.Task) -> None:
     error = None if task.cancelled() else task.exception()
     if error is not None:
         log.error("dispatcher failed; it claims nothing more", exc_info=error)
-
-
-def health_handler(dispatcher: Dispatcher, timeout_s: float = HEALTH_TIMEOUT_S
-                   ) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """An aiohttp handler: ``dispatcher.check_health()`` as JSON, 200 while it
-    is running and its store answers within ``timeout_s``, 503 otherwise (new,
-    stopping, stopped or failed, or the store unreachable)."""
-
-    async def health(request: web.Request) -> web.Response:
-        answer = await dispatcher.check_health(timeout_s)
-        return web.json_response(answer, status=200 if answer["healthy"] else 503,
-                                 headers={"Cache-Control": "no-store"})
-
-    return health

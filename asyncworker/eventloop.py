@@ -2,9 +2,9 @@
 own otherwise; and the garbage collector's settings of a command's process.
 
 uvloop (the ``fast`` extra) runs the same coroutines with less CPU per
-callback: on the CPU benchmark about 12% less per job for the dispatcher
-and as much for a plain aiohttp client, so it moves the figures, not the
-dispatcher's ratio to the client. Nothing here requires it: ``auto`` falls
+callback, for the dispatcher and for a plain aiohttp client alike, so it
+moves the figures, not the dispatcher's ratio to the client (measured:
+docs/benchmarks.md). Nothing here requires it: ``auto`` falls
 back to asyncio, and ``asyncio`` is always asyncio's.
 
 ``tune_gc`` is what ``asyncworker run`` and ``serve`` do to the collector
@@ -66,9 +66,9 @@ def tune_gc(young: int = YOUNG_THRESHOLD) -> None:
     Why: the dispatcher starts a claimed batch's sends together, so some
     thousand objects are young at once; at CPython's threshold of 700 that
     ran a collection of the youngest generation every 16 jobs, and every
-    full one walked the 40,000 objects that importing aiohttp and the rest
-    made: 36-40 us of CPU a job in the benchmark's child, 2.6 us after, and
-    the dispatcher's CPU per job 4-10% lower.
+    full one walked the tens of thousands of objects that importing aiohttp
+    and the rest made (what that cost a job, and what this saves, measured:
+    docs/benchmarks.md).
 
     So: one collection now, then ``gc.freeze()``, which leaves what exists
     (modules, classes, settings: the program itself) out of every later

@@ -5,11 +5,9 @@ one transaction for all of them, started as soon as the last one is written.
 While a claim is in flight, the next group also waits for it: the outcomes
 of up to ``HOLD_CLAIMS`` claims' sends cost one durable commit instead of
 several, and on a SQLite file's one connection a finish queued ahead of a
-claim would keep the sends that claim feeds waiting for its commit.
-Measured in-process at 64 jobs a claim: 1.25 commits a batch instead of 2;
-on a SQLite file 17,262 -> 21,121 jobs/s, on PostgreSQL 8,863 -> 13,447
-(one process; claim-to-finish p50 300 -> 25 ms, because a group of 64 at a
-time could not keep up with a pool's claims). Once an outcome is queued
+claim would keep the sends that claim feeds waiting for its commit (what
+that wait bought, measured: docs/benchmarks.md, "What the finish group's
+wait bought"). Once an outcome is queued
 this committer owns it: cancelling the job's task (an abort) cannot lose
 it, and it is counted here, written or failed.
 """

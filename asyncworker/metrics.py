@@ -8,7 +8,7 @@ are observed where things happen (a send's own duration, and each committed
 claim and finish transaction's time on the store's thread).
 
 ``metrics_app(d)`` is an aiohttp application serving ``/metrics`` and
-``/healthz``; ``add_metrics_routes(app, d)`` mounts both on an embedding
+``/healthz`` (``health_handler(d)``); ``add_metrics_routes(app, d)`` mounts both on an embedding
 application's router; ``start_metrics_server(d, host, port)`` serves them on
 the running event loop (``asyncworker run --metrics``).
 
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from typing import TYPE_CHECKING, Iterator
+from typing import Any, Awaitable, Callable, Iterator, Optional, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -47,17 +47,40 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
-if TYPE_CHECKING:
-    from asyncworker.dispatcher import Dispatcher
+__all__ = ["BUCKETS", "HEALTH_TIMEOUT_S", "DispatcherMetrics", "LoopHistogram", "Observed",
+           "add_metrics_routes", "health_handler", "metrics_app", "start_metrics_server"]
 
-__all__ = ["BUCKETS", "DispatcherMetrics", "LoopHistogram", "add_metrics_routes", "metrics_app",
-           "start_metrics_server"]
+HEALTH_TIMEOUT_S = 2.0  # how long /healthz waits for the store's answer
 
 PREFIX = "asyncworker_"
 # Seconds, from a local commit (about a millisecond) to the longest send worth waiting for.
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
            30.0, 60.0)
 STATES = ("new", "running", "stopping", "stopped", "failed")
+
+
+
+class Observed(Protocol):
+    """What this module reads of a dispatcher (``asyncworker.dispatcher.Dispatcher``
+    is one): the dispatcher imports this module, never the other way round."""
+
+    @property
+    def stats(self) -> Any: ...  # a DispatcherStats: the figures named below
+
+    @property
+    def concurrency(self) -> int: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def last_claim_ms(self) -> Optional[int]: ...
+
+    @property
+    def metrics(self) -> DispatcherMetrics: ...
+
+    async def check_health(self, timeout_s: float = ...) -> dict[str, Any]: ...
+
 
 # (metric name without _total, the DispatcherStats field, help)
 COUNTERS = (
@@ -91,7 +114,7 @@ class _StatsCollector:
     """The counters and gauges, read from the dispatcher at scrape time (on the
     event loop, where the figures change: a scrape sees one consistent moment)."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Observed) -> None:
         self._d = dispatcher
 
     def collect(self) -> Iterator[Metric]:
@@ -164,7 +187,7 @@ class DispatcherMetrics:
     ``observe_send`` and friends are the histograms' own bound ``observe``,
     called on the dispatcher's event loop: no lock per job."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Observed) -> None:
         # No describe(): the collector reads the dispatcher only when scraped,
         # never while the dispatcher is still being built.
         self.registry = CollectorRegistry()
@@ -191,9 +214,8 @@ class DispatcherMetrics:
         return encoder(self.registry), content_type
 
 
-def add_metrics_routes(app: web.Application, dispatcher: Dispatcher) -> None:
+def add_metrics_routes(app: web.Application, dispatcher: Observed) -> None:
     """``GET /metrics`` (Prometheus) and ``GET /healthz`` (200 healthy, 503 not)."""
-    from asyncworker.dispatcher import health_handler
 
     async def metrics(request: web.Request) -> web.Response:
         body, content_type = dispatcher.metrics.exposition(request.headers.get("Accept", ""))
@@ -204,13 +226,27 @@ def add_metrics_routes(app: web.Application, dispatcher: Dispatcher) -> None:
     app.router.add_get("/healthz", health_handler(dispatcher))
 
 
-def metrics_app(dispatcher: Dispatcher) -> web.Application:
+def health_handler(dispatcher: Observed, timeout_s: float = HEALTH_TIMEOUT_S
+                   ) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """An aiohttp handler: ``dispatcher.check_health()`` as JSON, 200 while it
+    is running and its store answers within ``timeout_s``, 503 otherwise (new,
+    stopping, stopped or failed, or the store unreachable)."""
+
+    async def health(request: web.Request) -> web.Response:
+        answer = await dispatcher.check_health(timeout_s)
+        return web.json_response(answer, status=200 if answer["healthy"] else 503,
+                                 headers={"Cache-Control": "no-store"})
+
+    return health
+
+
+def metrics_app(dispatcher: Observed) -> web.Application:
     app = web.Application()
     add_metrics_routes(app, dispatcher)
     return app
 
 
-async def start_metrics_server(dispatcher: Dispatcher, host: str,
+async def start_metrics_server(dispatcher: Observed, host: str,
                                port: int) -> tuple[web.AppRunner, str]:
     """Serve ``metrics_app`` on the running loop; returns the runner (clean it
     up) and the bound base URL (port 0 picks a free port). No access log:

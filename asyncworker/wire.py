@@ -7,10 +7,10 @@ dispatcher sends one kind of request, a small POST whose bytes and headers
 ``lease.http`` has already built and checked, and reads one kind of answer,
 at most ``ACK_LIMIT`` + 1 bytes. A ``ClientSession`` request builds a request
 object, a response object, header multidicts, timers and trace hooks for
-each send; measured against one receiver at 64 in flight, that is 150–190 µs
-of the event loop's CPU a request, against 30–40 for these few protocol
-callbacks. A benchmark tool must not spend more than the receiver it
-measures. Callers' own aiohttp sessions stay supported by ``send_http``.
+each send: several times the event loop's CPU a request that these few
+protocol callbacks take (measured: docs/benchmarks.md). A benchmark tool
+must not spend more than the receiver it measures. Callers' own aiohttp
+sessions stay supported by ``send_http``.
 
 What it keeps of a careful client: the whole exchange bounded by one
 deadline (the wait for a connection, DNS, connect, TLS handshake, the last

@@ -120,7 +120,7 @@ def prune_inbox(args: argparse.Namespace) -> int:
         raise UsageError(f"inbox file not found: {args.inbox}")
     if not os.path.isfile(args.inbox):
         raise UsageError(f"not a file: {args.inbox}")
-    from asyncworker import inbox
+    from asyncworker.receiving import inbox
 
     now = wall_clock_ms()
     try:

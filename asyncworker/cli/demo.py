@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from asyncworker.cli.running import CRASH_DRILL
-from asyncworker.inbox import read_arrivals, read_inbox
 from asyncworker.operations import receiver_stats, shown
+from asyncworker.receiving.inbox import read_arrivals, read_inbox
 from lease.policy import RetryPolicy
 from lease.store import Store, StoreError, open_store
 

@@ -21,7 +21,7 @@ def ui(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from asyncworker.bench import run_bench
+    from asyncworker.bench.command import run_bench
 
     if args.store is not None and args.store != "postgres" and not is_postgres_url(args.store):
         # refused before the SQLite table runs, not after it

@@ -240,7 +240,8 @@ def serve(args: argparse.Namespace) -> int:
     secrets = None if args.secret_file is None else read_secret_file(args.secret_file)
     if args.signature_tolerance_s is not None and secrets is None:
         raise UsageError("--signature-tolerance-s goes with --secret-file")
-    from asyncworker import eventloop, receiver
+    from asyncworker import eventloop
+    from asyncworker.receiving import server as receiver
 
     faults = receiver.Faults(latency_ms=args.latency_ms, p_503=args.p_503, p_drop=args.p_drop,
                     seed=args.seed)

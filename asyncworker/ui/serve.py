@@ -32,7 +32,7 @@ from asyncworker.operations import (
     served_tls,
     shown,
 )
-from asyncworker.receiver import server_tls_context
+from asyncworker.receiving.server import server_tls_context
 from asyncworker.ui.pages import ui_app
 from asyncworker.ui.safety import LOOPBACK_NAMES, Access, Hosts, is_loopback, parse_token_line
 from lease.policy import check_actor

@@ -20,8 +20,8 @@ import sqlite3
 
 from aiohttp import web
 
-from asyncworker.idempotent import Event, Reject, add_receiver
-from asyncworker.receiver import server_tls_context
+from asyncworker.receiving.idempotent import Event, Reject, add_receiver
+from asyncworker.receiving.server import server_tls_context
 from lease.signing import read_secrets
 
 SCHEMA = """CREATE TABLE IF NOT EXISTS orders (

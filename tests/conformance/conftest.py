@@ -21,10 +21,10 @@ from typing import Callable, Iterator, Optional
 import pytest
 from hypothesis import settings
 
+from asyncworker.devtools.postgres_server import drop_database, fresh_database
 from lease.postgres import PostgresStore
 from lease.sqlite import SQLiteStore
 from lease.store import Store
-from tests.support.postgres_server import drop_database, fresh_database
 from tests.support.queues import T0
 
 KINDS = ("sqlite", "sqlite-wal", "postgresql")

@@ -7,9 +7,9 @@ import io
 
 import pytest
 
-from asyncworker.bench_postgres import PEERS, run_postgres_bench
+from asyncworker.bench.postgres import PEERS, run_postgres_bench
+from asyncworker.devtools.postgres_server import Server, free_port
 from lease.worker import StoreError
-from tests.support.postgres_server import Server, free_port
 
 
 @pytest.mark.timeout(600)

@@ -18,9 +18,9 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 import pytest
 
+from asyncworker.devtools.postgres_server import free_port
 from lease.store import open_store
 from tests.support.commands import cli
-from tests.support.postgres_server import free_port
 from tests.support.servers import ReceiverProcess
 
 

@@ -46,11 +46,11 @@ import pytest
 from aiohttp import web
 
 from asyncworker import Dispatcher, DispatcherStats, make_app
+from asyncworker.devtools.postgres_server import PostgresServer
 from lease.policy import RetryPolicy
 from lease.postgres import CHANNEL, PostgresStore
 from lease.store import open_store
 from lease.worker import Busy
-from tests.support.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,6 +1,8 @@
-"""The suite's own PostgreSQL server (tests/support/postgres_server.py): it starts, it
-answers, it survives a crash with its commits, it honours TEST_DATABASE_URL, and
-it leaves nothing behind, whether closed, interrupted or failing to start."""
+"""The suite's own PostgreSQL server (the launcher
+asyncworker/devtools/postgres_server.py, the fixtures in
+tests/support/postgres_server.py): it starts, it answers, it survives a crash
+with its commits, it honours TEST_DATABASE_URL, and it leaves nothing behind,
+whether closed, interrupted or failing to start."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from typing import Callable, Iterator
 import psycopg
 import pytest
 
-from tests.support.postgres_server import (
+from asyncworker.devtools.postgres_server import (
     ExternalServer,
     PostgresServer,
     Server,
@@ -201,7 +203,7 @@ def test_an_interrupt_closes_the_server(scratch: Path) -> None:
         # ignores SIGINT (as a test runner may at that moment) would pass that on
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})
-        from tests.support.postgres_server import PostgresServer
+        from asyncworker.devtools.postgres_server import PostgresServer
         with PostgresServer(base_dir={str(scratch)!r}) as server:
             print(json.dumps({{"pids": server.processes(), "root": str(server.root)}}),
                   flush=True)
@@ -227,7 +229,7 @@ def test_an_interrupt_closes_the_server(scratch: Path) -> None:
 def test_a_killed_test_process_leaves_no_server(scratch: Path) -> None:
     script = textwrap.dedent(f"""
         import json, signal
-        from tests.support.postgres_server import PostgresServer
+        from asyncworker.devtools.postgres_server import PostgresServer
         server = PostgresServer(base_dir={str(scratch)!r}).start()
         print(json.dumps({{"pids": server.processes(), "root": str(server.root)}}),
               flush=True)
@@ -290,7 +292,7 @@ def test_an_unreachable_test_database_url_is_one_clear_line() -> None:
 CHILD_TEST = '''
 import os
 import psycopg
-from tests.support.postgres_server import ExternalServer
+from asyncworker.devtools.postgres_server import ExternalServer
 
 def test_on_the_given_server(postgres_server, postgres_url):
     assert isinstance(postgres_server, ExternalServer)

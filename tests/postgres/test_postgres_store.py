@@ -16,6 +16,7 @@ from typing import Any, Callable, Generic, Iterator, Optional, TypeVar
 import psycopg
 import pytest
 
+from asyncworker.devtools.postgres_server import database_of, free_port
 from lease.policy import PRODUCT, RetryPolicy
 from lease.postgres import (
     _MIGRATIONS,
@@ -27,7 +28,6 @@ from lease.postgres import (
     redact,
 )
 from lease.store import PATIENT, Attempt, Busy, Claimed, NotAQueue, StoreError, open_store
-from tests.support.postgres_server import database_of, free_port
 from tests.support.queues import T0
 from tests.support.waiting import WAIT_S, wait_until
 

@@ -1,5 +1,5 @@
 """The CPU benchmark's smoke run: tiny sizes, the figures not judged (the
-benchmark itself runs by hand: ``python -m asyncworker.bench_cpu``)."""
+benchmark itself runs by hand: ``python -m asyncworker.bench.cpu``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-from asyncworker.bench import _cpu_s, split_cpus
-from asyncworker.bench_cpu import (
+from asyncworker.bench.cpu import (
     QUICK_CASES,
     CpuBench,
     MemoryStore,
@@ -21,6 +20,7 @@ from asyncworker.bench_cpu import (
     run_cpu_bench,
     top_frames,
 )
+from asyncworker.bench.measure import cpu_s, split_cpus
 from lease.policy import stored_body
 from lease.store import open_store
 
@@ -127,18 +127,18 @@ def test_the_runtime_alone_hands_out_the_payloads_a_queue_would(tmp_path):
 
 
 def test_py_spy_stacks_become_own_and_total_time_entries():
-    raw = ("MainThread;main (asyncworker/bench_cpu.py:1);_post (asyncworker/sender.py:9) 3\n"
-           "MainThread;main (asyncworker/bench_cpu.py:2);select (selectors.py:4) 1\n"
+    raw = ("MainThread;main (asyncworker/bench/cpu.py:1);_post (asyncworker/sender.py:9) 3\n"
+           "MainThread;main (asyncworker/bench/cpu.py:2);select (selectors.py:4) 1\n"
            "not a stack line\n")
     assert top_frames(raw, 5) == [" 75.0%  _post (asyncworker/sender.py:9)",
                                   " 25.0%  select (selectors.py:4)"]
-    assert top_frames(raw, 1, inclusive=True) == ["100.0%  main (asyncworker/bench_cpu.py)"]
+    assert top_frames(raw, 1, inclusive=True) == ["100.0%  main (asyncworker/bench/cpu.py)"]
 
 
 def test_bad_arguments_are_one_line_refusals():
     with pytest.raises(ValueError, match="pairs must be at least 1"):
         CpuBench(0)
-    out = subprocess.run([sys.executable, "-m", "asyncworker.bench_cpu", "--pairs", "0"],
+    out = subprocess.run([sys.executable, "-m", "asyncworker.bench.cpu", "--pairs", "0"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--pairs must be at least 1" in out.stderr
     assert "Traceback" not in out.stderr
@@ -149,7 +149,7 @@ def test_cpu_time_is_read_finer_than_a_clock_tick():
     clock ticks (os.times, 10 ms) it was often nothing, and its ratios divided
     by zero. 2 ms of work must read as about 2 ms, never only as 0 or 10
     (three tries: another thread of this process may be busy during one)."""
-    for read in (_cpu_s, _loop_thread_s):  # the process's, and the loop's thread's
+    for read in (cpu_s, _loop_thread_s):  # the process's, and the loop's thread's
         readings = []
         for _ in range(3):
             started, thread_started = read(), time.thread_time()

@@ -1,6 +1,6 @@
 """How the benchmarks hold a ratio still: a receiver and its clients on two
 halves of the CPUs, so that a ratio against the receiver does not read how
-the scheduler happened to place them (``asyncworker.bench.split_cpus``), and
+the scheduler happened to place them (``asyncworker.bench.measure.split_cpus``), and
 a limit and what it bounds measured in alternating pairs; what the bulk
 redrive's row times."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncworker import bench
-from asyncworker.bench import (
+from asyncworker.bench import command, measure, sqlite
+from asyncworker.bench.measure import (
     Receiver,
     median_pair,
     on_cpus,
@@ -97,7 +97,7 @@ def test_a_receiver_scenario_reports_where_it_found_both_sides(tmp_path: Path, p
     and the client's thread during the run, not assumed from the flag."""
     halves = split_cpus()
     assert halves is not None
-    result = bench.scenario_receiver_limit(tmp_path, 40, 4, 0, pin=pin)
+    result = sqlite.scenario_receiver_limit(tmp_path, 40, 4, 0, pin=pin)
     assert result["rate"] > 0
     expected = [sorted(half) for half in halves] if pin else [sorted(ALLOWED)] * 2
     assert result["placement"] == expected
@@ -123,7 +123,7 @@ def test_the_main_table_header_names_the_placements_its_rows_found():
     import io
 
     out = io.StringIO()
-    bench.print_table([{"scenario": "a", "rate": 1.0, "placement": [[0], [1]]},
+    command.print_table([{"scenario": "a", "rate": 1.0, "placement": [[0], [1]]},
                        {"scenario": "b", "rate": 2.0}], out)
     header = out.getvalue().splitlines()[0]
     assert header.endswith("against the receiver: the receiver on CPU 0, its clients on CPU 1")
@@ -131,10 +131,11 @@ def test_the_main_table_header_names_the_placements_its_rows_found():
 
 def test_no_pin_reaches_both_benchmarks(monkeypatch: pytest.MonkeyPatch):
     """``--no-pin`` is passed on as pin=False, and its absence as pin=True."""
-    from asyncworker import bench_cpu, cli
+    from asyncworker import cli
+    from asyncworker.bench import cpu as bench_cpu
 
     seen: list = []
-    monkeypatch.setattr(bench, "run_bench", lambda **kwargs: seen.append(("bench", kwargs)))
+    monkeypatch.setattr(command, "run_bench", lambda **kwargs: seen.append(("bench", kwargs)))
     monkeypatch.setattr(bench_cpu, "run_cpu_bench",
                         lambda **kwargs: seen.append(("cpu", kwargs)))
     assert cli.main(["bench", "--quick", "--no-pin"]) == 0
@@ -155,7 +156,7 @@ def test_the_bulk_redrive_row_times_every_dead_job_redriven_in_transactions_of_a
 
     n = MAX_BATCH + 500
     with open_store(tmp_path / "q.db", create=True) as store:
-        result = bench.redrive_dead_letters(store, n)
+        result = measure.redrive_dead_letters(store, n)
         assert store.counts() == {"pending": n, "leased": 0, "done": 0, "dead": 0}
         assert store.snapshot(store.now_ms())["redrives"] == n
     assert result["transactions"] == 2

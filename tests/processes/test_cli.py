@@ -443,7 +443,7 @@ def test_the_crash_drill_names_its_job_for_the_evidence(tmp_path: Path):
 @pytest.mark.timeout(300)  # the receiver and each client on one core of their own
 def test_bench_quick_smoke():
     """The benchmark runs end to end and prints its table (figures are not judged)."""
-    from asyncworker.bench import placement, split_cpus
+    from asyncworker.bench.measure import placement, split_cpus
 
     out = cli("bench", "--quick", timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

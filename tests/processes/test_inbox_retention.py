@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncworker.inbox import Inbox, prune_inbox, read_inbox
+from asyncworker.receiving.inbox import Inbox, prune_inbox, read_inbox
 from tests.support.receiving import FOREIGN, Running, folder_state, post_event, snapshot
 from tests.support.servers import ReceiverProcess
 

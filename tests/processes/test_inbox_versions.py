@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from asyncworker import make_app
-from asyncworker.inbox import INBOX_VERSION, Inbox, prune_inbox, read_inbox
+from asyncworker.receiving.inbox import INBOX_VERSION, Inbox, prune_inbox, read_inbox
 from tests.support import DATA
 from tests.support.receiving import folder_state, post_event
 from tests.support.servers import ReceiverProcess

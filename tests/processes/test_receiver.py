@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncworker import Faults, make_app, send_http
-from asyncworker.inbox import Arrival, Inbox, Kept, decide_group, read_inbox
-from asyncworker.receiver import Limits, serve
-from asyncworker.receiver import stats as receiver_stats
+from asyncworker.receiving.inbox import Arrival, Inbox, Kept, decide_group, read_inbox
+from asyncworker.receiving.server import Limits, serve
+from asyncworker.receiving.server import stats as receiver_stats
 from lease import http as sync_http
 from lease.worker import Permanent, Retryable
 from tests.support.receiving import (

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncworker.inbox import read_inbox
+from asyncworker.receiving.inbox import read_inbox
 from lease import http as sync_http
 from tests.support.receiving import FOREIGN, folder_state, snapshot
 from tests.support.servers import ReceiverProcess

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from asyncworker.inbox import read_inbox
+from asyncworker.receiving.inbox import read_inbox
 from lease.policy import MAX_BODY_BYTES, canonical_body
 from tests.support.receiving import Running, snapshot
 from tests.support.servers import ReceiverProcess

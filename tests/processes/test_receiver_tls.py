@@ -18,7 +18,7 @@ import pytest
 import trustme
 from cryptography.hazmat.primitives import serialization
 
-from asyncworker.receiver import Limits, check_host, serve, server_tls_context
+from asyncworker.receiving.server import Limits, check_host, serve, server_tls_context
 from lease import signing
 from tests.support.receiving import Running, snapshot
 from tests.support.servers import ReceiverProcess, free_port
@@ -184,7 +184,7 @@ def test_loopback_needs_no_secret(host: str):
 
 SERVE = textwrap.dedent("""
     import asyncio, json, sys
-    from asyncworker.receiver import serve
+    from asyncworker.receiving.server import serve
     from lease.signing import read_secrets
     spec = json.loads(sys.argv[1])
     asyncio.run(serve(spec["inbox"], spec["host"], 0, secrets=read_secrets(spec["secrets"]),

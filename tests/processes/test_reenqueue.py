@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncworker.inbox import read_inbox
+from asyncworker.receiving.inbox import read_inbox
 from lease import worker
 from lease.http import send_http
 from lease.policy import canonical_body

@@ -1,4 +1,4 @@
-"""asyncworker.idempotent: the user's effect and the record of the event's id
+"""asyncworker.receiving.idempotent: the user's effect and the record of the event's id
 in one transaction on the user's own SQLite file, answered after COMMIT."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from asyncworker.idempotent import TABLE, Event, Reject, add_receiver, receiver_app
+from asyncworker.receiving.idempotent import TABLE, Event, Reject, add_receiver, receiver_app
 from lease import signing
 
 KEY = bytes(range(32))

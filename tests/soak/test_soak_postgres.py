@@ -29,10 +29,10 @@ from typing import Callable, TypeVar
 
 import pytest
 
+from asyncworker.devtools.postgres_server import PostgresServer
 from lease.policy import RetryPolicy
 from lease.store import open_store
 from lease.worker import StoreError
-from tests.support.postgres_server import PostgresServer
 from tests.support.servers import ReceiverProcess
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(3600)]

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 
 from asyncworker import make_app
-from asyncworker.receiver import Listener
+from asyncworker.receiving.server import Listener
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

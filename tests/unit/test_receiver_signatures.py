@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from standardwebhooks import Webhook
 
-from asyncworker.receiver import make_app
+from asyncworker.receiving.server import make_app
 from lease import signing
 from tests.support.receiving import Running, snapshot
 

@@ -54,13 +54,14 @@ import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Callable, Iterator, Optional, Sequence, Union
 
-from aiohttp import StreamReader, web
+from aiohttp import web
 
+from asyncworker.receiving.requests import Signatures, check_signature, error, read_body
 from lease.http import ID_HEADER
 from lease.policy import MAX_BODY_BYTES, PRODUCT, canonical_body
-from lease.signing import TOLERANCE_S, SignatureError, check_secrets, verify
+from lease.signing import TOLERANCE_S
 from lease.worker import _immediate, check_job_id, parse_json
 
 __all__ = [
@@ -72,10 +73,8 @@ __all__ = [
     "Event",
     "IdempotentReceiver",
     "Reject",
-    "Signatures",
     "add_receiver",
     "receiver_app",
-    "signature_refused",
 ]
 
 APPLIED, DUPLICATE, CONFLICT = "applied", "duplicate", "conflict"
@@ -83,9 +82,7 @@ TABLE = "received_events"
 _COLUMNS = ["id", "digest", "first_seen_ms"]
 _CREATE = f"""CREATE TABLE IF NOT EXISTS {TABLE} (
   id TEXT PRIMARY KEY, digest TEXT NOT NULL, first_seen_ms INTEGER NOT NULL)"""
-MAX_TOLERANCE_S = 86_400  # a day: wider, and a captured request replays for too long
-
-log = logging.getLogger(__name__)
+log = logging.getLogger("asyncworker.idempotent")
 
 
 @dataclass(frozen=True)
@@ -104,55 +101,6 @@ Effect = Callable[[sqlite3.Connection, Event], None]
 class Reject(Exception):
     """Raised by an effect to refuse an event for good (422, nothing committed):
     its message is the answer's error. The sender does not retry a 422."""
-
-
-@dataclass(frozen=True)
-class Signatures:
-    """Who may post: the secrets a request's signature must verify with (any of
-    them: two during a rotation), how far its timestamp may be from ``clock()``."""
-
-    secrets: tuple[bytes, ...]
-    tolerance_s: int = TOLERANCE_S
-    clock: Callable[[], float] = time.time
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.secrets, tuple):
-            raise ValueError("secrets must be a tuple of key bytes "
-                             "(lease.signing.read_secrets makes one)")
-        check_secrets(self.secrets)
-        check_tolerance(self.tolerance_s)
-        if not callable(self.clock):
-            raise ValueError(f"clock must be callable, got {type(self.clock).__name__}")
-
-    @classmethod
-    def of(cls, secrets: Optional[Sequence[bytes]], tolerance_s: int = TOLERANCE_S,
-           clock: Callable[[], float] = time.time) -> Optional[Signatures]:
-        """The check for these secrets; None (nothing checked) when secrets is None."""
-        check_tolerance(tolerance_s)
-        if secrets is None:
-            return None
-        keys = tuple(secrets) if isinstance(secrets, (list, tuple)) else secrets
-        return cls(keys, tolerance_s, clock)  # type: ignore[arg-type]  # checked there
-
-    def check(self, headers: Mapping[str, str], body: bytes) -> str:
-        """The signed ``webhook-id``, else SignatureError naming the kind."""
-        return verify(self.secrets, headers, body, int(self.clock()), self.tolerance_s)
-
-
-def check_tolerance(tolerance_s: object) -> int:
-    if type(tolerance_s) is not int or not 1 <= tolerance_s <= MAX_TOLERANCE_S:
-        raise ValueError(f"tolerance_s must be an int in 1..{MAX_TOLERANCE_S} seconds, "
-                         f"got {tolerance_s!r}")
-    return tolerance_s
-
-
-def signature_refused(exc: SignatureError) -> web.Response:
-    """The 401 for a request whose signature does not verify."""
-    return _error(401, f"signature {exc.kind}: {exc}")
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
 
 
 # ------------------------------------------------------------------ the transaction
@@ -305,19 +253,16 @@ class IdempotentReceiver:
         return await asyncio.get_running_loop().run_in_executor(self._thread, function, *args)
 
     async def handle(self, request: web.Request) -> web.Response:
-        body = await _read_body(request, self._options.read_timeout)
+        body = await read_body(request, self._options.read_timeout)
         if isinstance(body, web.Response):
             return body
-        signatures = self._options.signatures
-        if signatures is not None:
-            try:
-                signatures.check(request.headers, body)
-            except SignatureError as exc:
-                return signature_refused(exc)
+        refused = check_signature(self._options.signatures, request, body)
+        if refused is not None:
+            return refused
         try:
             event = parse_event(request.content_type, body, request.headers.getall(ID_HEADER, []))
         except ValueError as exc:
-            return _error(400, str(exc))
+            return error(400, str(exc))
         return await self._apply(event)
 
     async def _apply(self, event: Event) -> web.Response:
@@ -326,15 +271,15 @@ class IdempotentReceiver:
         try:
             outcome = await self._on_thread(receive, self._con, event, self._effect, now_ms)
         except Reject as exc:
-            return _error(422, str(exc) or "rejected by the effect")
+            return error(422, str(exc) or "rejected by the effect")
         except EffectFailed as exc:
             log.error("effect failed for %r", event.id, exc_info=exc.__cause__)
-            return _error(500, f"the effect raised {exc}; nothing was committed")
+            return error(500, f"the effect raised {exc}; nothing was committed")
         except sqlite3.Error as exc:
-            return _error(503, f"the receiver's database could not commit ({exc}); "
+            return error(503, f"the receiver's database could not commit ({exc}); "
                                f"nothing was committed")
         if outcome == CONFLICT:
-            return _error(409, f"{event.id!r} was received with another body; "
+            return error(409, f"{event.id!r} was received with another body; "
                                f"this one (sha256 {event.digest[:16]}...) was not applied")
         return web.json_response({"id": event.id, "status": outcome})
 
@@ -350,37 +295,6 @@ def parse_event(content_type: str, body: bytes, id_headers: list[str]) -> Event:
     _, digest = canonical_body(value)  # a JSON object, or ValueError
     assert type(value) is dict  # canonical_body takes nothing else
     return Event(event_id, value, digest)
-
-
-async def _read_body(request: web.Request, timeout: float) -> Union[bytes, web.Response]:
-    """The whole body, or the answer for one too large (413) or too slow (408).
-    The cap is read here, not from the app: a sub-application's own
-    client_max_size is not the one aiohttp applies."""
-    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        return _closing(413, f"body is larger than {MAX_BODY_BYTES} bytes")
-    try:
-        data = await asyncio.wait_for(_read_capped(request.content), timeout)
-    except TimeoutError:
-        return _closing(408, f"request body not received within {timeout:g} s")
-    except ConnectionError as exc:
-        return _closing(400, f"request body is incomplete: {exc}")
-    if len(data) > MAX_BODY_BYTES:
-        return _closing(413, f"body is larger than {MAX_BODY_BYTES} bytes")
-    return data
-
-
-async def _read_capped(content: StreamReader) -> bytes:
-    """The body, or its first MAX_BODY_BYTES + 1 bytes if it is longer."""
-    data = b""
-    while len(data) <= MAX_BODY_BYTES and not content.at_eof():
-        data += await content.read(MAX_BODY_BYTES + 1 - len(data))
-    return data
-
-
-def _closing(status: int, message: str) -> web.Response:
-    answer = _error(status, message)
-    answer.force_close()  # what is left of the body is not waited for
-    return answer
 
 
 def add_receiver(app: web.Application, path: str, db_path: Union[str, os.PathLike],

@@ -1,4 +1,4 @@
-"""``python -m asyncworker.bench_cpu``: is the dispatcher ever the bottleneck?
+"""``python -m asyncworker.bench.cpu``: is the dispatcher ever the bottleneck?
 
 A ratio against the receiver only holds still when its two sides are
 measured side by side: the receiver's own rate swings with whatever else the
@@ -50,7 +50,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from asyncworker.bench import _cpu_s, cpus_of, placements, receiver_apart
+from asyncworker.bench.measure import cpu_s, cpus_of, placements, receiver_apart
 from asyncworker.eventloop import LOOPS
 
 __all__ = ["CpuBench", "fill_queue", "run_cpu_bench"]
@@ -152,9 +152,9 @@ async def _plain_client(url: str, n: int, concurrency: int, prefix: str,
                     if answer.status != 200:
                         raise RuntimeError(f"the receiver answered {answer.status}")
 
-        started, cpu, system = time.perf_counter(), _cpu_s(), _sys_s()
+        started, cpu, system = time.perf_counter(), cpu_s(), _sys_s()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return {"seconds": time.perf_counter() - started, "cpu_s": _cpu_s() - cpu,
+        return {"seconds": time.perf_counter() - started, "cpu_s": cpu_s() - cpu,
                 "sys_s": _sys_s() - system, "jobs": n}
 
 
@@ -176,9 +176,9 @@ async def _plain_wire_client(url: str, n: int, concurrency: int, prefix: str,
                 if status != 200:
                     raise RuntimeError(f"the receiver answered {status}")
 
-        started, cpu, system = time.perf_counter(), _cpu_s(), _sys_s()
+        started, cpu, system = time.perf_counter(), cpu_s(), _sys_s()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return {"seconds": time.perf_counter() - started, "cpu_s": _cpu_s() - cpu,
+        return {"seconds": time.perf_counter() - started, "cpu_s": cpu_s() - cpu,
                 "sys_s": _sys_s() - system, "jobs": n}
 
 
@@ -270,16 +270,16 @@ async def _dispatch(queue: str, concurrency: int, batch: int, *, url: Optional[s
     async with Dispatcher(target, "bench", url=url, send=None if url else send,
                           concurrency=concurrency, batch_size=batch, lease_ms=30_000,
                           poll_interval=0.01) as d:
-        started, cpu, system, loop_s = time.perf_counter(), _cpu_s(), _sys_s(), _loop_thread_s()
+        started, cpu, system, loop_s = time.perf_counter(), cpu_s(), _sys_s(), _loop_thread_s()
         stats = await d.run(until_idle=True)
-        seconds, cpu_s = time.perf_counter() - started, _cpu_s() - cpu
+        seconds, used_s = time.perf_counter() - started, cpu_s() - cpu
         sys_s = _sys_s() - system
         loop_now = _loop_thread_s()
         # the seconds spent sending, over the run's: how many sends were in flight on average
         sending_mean = d.metrics.send.sum / seconds
     if stats.ok == 0 or stats.errors or stats.bad_acks:
         raise RuntimeError(f"the dispatcher did not deliver cleanly: {stats.as_dict()}")
-    return {"seconds": seconds, "cpu_s": cpu_s, "sys_s": sys_s, "jobs": stats.ok,
+    return {"seconds": seconds, "cpu_s": used_s, "sys_s": sys_s, "jobs": stats.ok,
             "loop_cpu_s": loop_now - loop_s,
             "peak_sending": stats.peak_sending, "sending_mean": sending_mean,
             "claims_per_job": stats.claim_calls / stats.ok,
@@ -293,7 +293,7 @@ def _store_alone(queue: str, per_transaction: int) -> dict:
 
     store = open_store(queue)
     jobs = 0
-    started, cpu, system = time.perf_counter(), _cpu_s(), _sys_s()
+    started, cpu, system = time.perf_counter(), cpu_s(), _sys_s()
     try:
         while (claimed := store.claim_jobs("bench", 30_000, per_transaction)).leased:
             seen = Attempt.of(claimed.now_ms, 1, None)
@@ -301,7 +301,7 @@ def _store_alone(queue: str, per_transaction: int) -> dict:
             jobs += len(claimed.leased)
     finally:
         store.close()
-    return {"seconds": time.perf_counter() - started, "cpu_s": _cpu_s() - cpu,
+    return {"seconds": time.perf_counter() - started, "cpu_s": cpu_s() - cpu,
             "sys_s": _sys_s() - system, "jobs": jobs}
 
 
@@ -336,7 +336,7 @@ def child_main(argv: Sequence[str]) -> None:
 
 
 def _child_command(loop: str, *args: object) -> list[str]:
-    return [sys.executable, "-m", "asyncworker.bench_cpu", "--child", loop, *map(str, args)]
+    return [sys.executable, "-m", "asyncworker.bench.cpu", "--child", loop, *map(str, args)]
 
 
 def _run(command: list[str], timeout: float = 600) -> dict:
@@ -677,7 +677,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args[:1] == ["--child"]:
         child_main(args[1:])
         return 0
-    parser = argparse.ArgumentParser(prog="python -m asyncworker.bench_cpu",
+    parser = argparse.ArgumentParser(prog="python -m asyncworker.bench.cpu",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("what", nargs="?", choices=("table", "profile"), default="table")
     parser.add_argument("--pairs", type=int, default=5, help="A B pairs per case (default 5)")

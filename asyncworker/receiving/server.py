@@ -7,7 +7,7 @@ into the inbox, and the id it signed (``webhook-id``) is the event's id.
 ``serve`` binds an address beyond loopback only with secrets, and serves
 https with a certificate and its key; the limits are the same either way.
 
-Two kinds of event arrive (see ``asyncworker.inbox``). A body that is exactly
+Two kinds of event arrive (see ``asyncworker.receiving.inbox``). A body that is exactly
 ``{"id", "qty"}`` is a lab event, checked by the contract's rule
 (``lease.worker.check_event``); a ``webhook-id`` header, if sent, must be its
 id. Any other JSON object is a payload event: its ``webhook-id`` header is its
@@ -62,8 +62,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from asyncworker.idempotent import Signatures, signature_refused
-from asyncworker.inbox import (
+from asyncworker.logs import say
+from asyncworker.receiving.inbox import (
     CONFLICT,
     DUPLICATE,
     STALE,
@@ -74,7 +74,7 @@ from asyncworker.inbox import (
     check_max_group,
     probe_inbox,
 )
-from asyncworker.logs import say
+from asyncworker.receiving.requests import Signatures, check_signature, error, read_body
 from lease.http import ID_HEADER, TOKEN_HEADER
 from lease.policy import MAX_BODY_BYTES, PRODUCT, canonical_body
 from lease.signing import TOLERANCE_S, SignatureError
@@ -164,10 +164,6 @@ class BadRequest(ValueError):
     """A request the inbox must never see; its message names the problem."""
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
-
-
 def parse_request(content_type: str, body: bytes, token_headers: list[str],
                   id_headers: list[str]) -> Arrival:
     """What the inbox is to decide for a valid request, else BadRequest naming
@@ -240,32 +236,6 @@ def _parse_token(headers: list[str]) -> Optional[int]:
     return int(header)
 
 
-async def _read_body(request: web.Request) -> Union[bytes, web.Response]:
-    """The body, or the answer for one too large (413) or too slow (408)."""
-    counters, timeout = request.app[COUNTERS], request.app[LIMITS].read_timeout
-    try:
-        return await asyncio.wait_for(request.read(), timeout)
-    except web.HTTPRequestEntityTooLarge:
-        counters.add("too_large")
-        answer = _error(413, f"body is larger than {BODY_LIMIT} bytes")
-        answer.force_close()  # the rest of the body is read only to let the answer arrive
-        return answer
-    except (ConnectionError, HttpProcessingError) as exc:  # gone, or a malformed chunk
-        counters.add("incomplete")
-        answer = _error(400, f"request body is incomplete: {exc}")
-        answer.force_close()
-        return answer
-    except TimeoutError:
-        counters.add("timed_out")
-    answer = _error(408, f"request body not received within {timeout:g} s")
-    answer.force_close()
-    await answer.prepare(request)
-    await answer.write_eof()
-    if request.transport is not None:
-        request.transport.close()  # a client this slow is not waited for any longer
-    return answer
-
-
 async def post_event(request: web.Request) -> web.StreamResponse:
     counters = request.app[COUNTERS]
     counters.add("requests")
@@ -279,10 +249,10 @@ async def post_event(request: web.Request) -> web.StreamResponse:
 async def _handle(request: web.Request) -> web.StreamResponse:
     app = request.app
     counters, faults, rng = app[COUNTERS], app[FAULTS], app[RANDOM]
-    body = await _read_body(request)
+    body = await read_body(request, app[LIMITS].read_timeout, counters.add)
     if isinstance(body, web.Response):
         return body
-    refused = _check_signature(request, body)
+    refused = check_signature(app[SIGNATURES], request, body, counters.add)
     if refused is not None:
         return refused
     try:
@@ -291,44 +261,29 @@ async def _handle(request: web.Request) -> web.StreamResponse:
                                 request.headers.getall(ID_HEADER, []))
     except BadRequest as exc:
         counters.add("rejected")
-        return _error(400, str(exc))
+        return error(400, str(exc))
     if faults.latency_ms:
         await asyncio.sleep(faults.latency_ms / 1000)
     if faults.p_503 and rng.random() < faults.p_503:
         counters.add("injected_503")
-        return _error(503, "injected: unavailable before commit")
+        return error(503, "injected: unavailable before commit")
     try:
         delivery = await app[INBOX].deliver(*arrival)
     except InboxClosed:
         counters.add("unavailable")
-        return _error(503, "receiver is shutting down")
+        return error(503, "receiver is shutting down")
     if faults.p_drop and rng.random() < faults.p_drop:
         counters.add("dropped_after_commit")
         if request.transport is not None:
             request.transport.abort()  # committed, and no answer ever leaves
         return web.Response(status=200)
     if delivery.outcome == CONFLICT:
-        return _error(409, _conflict(delivery))
+        return error(409, _conflict(delivery))
     # a stale sender's event is the one applied: a duplicate to it (counted apart)
     status = DUPLICATE if delivery.outcome == STALE else delivery.outcome
     if arrival.digest is None:  # a lab event: its ACK as ever
         return web.json_response({"id": arrival.id, "qty": arrival.qty, "status": status})
     return web.json_response({"id": arrival.id, "status": status})
-
-
-def _check_signature(request: web.Request, body: bytes) -> Optional[web.Response]:
-    """None when no secret is configured or the signature verifies, else the 401.
-    Before the body is parsed: an unsigned request reaches nothing. The id it
-    signs is the ``webhook-id`` that parse_request then takes as the event's."""
-    signatures = request.app[SIGNATURES]
-    if signatures is None:
-        return None
-    try:
-        signatures.check(request.headers, body)
-    except SignatureError as exc:
-        request.app[COUNTERS].add(f"refused_signature_{exc.kind}")
-        return signature_refused(exc)
-    return None
 
 
 def _conflict(delivery: Delivery) -> str:

@@ -1,6 +1,6 @@
 """``asyncworker bench --store postgresql://...``: the PostgreSQL table.
 
-The same shape as ``asyncworker.bench`` (each scenario in a fresh child
+The same shape as ``asyncworker.bench.sqlite`` (each scenario in a fresh child
 process, each figure beside its limit, one table from one run), on one
 PostgreSQL server: the durable commit rate (the storage's limit), one and
 two dispatcher processes with an in-process send and against the receiver,
@@ -12,7 +12,7 @@ server in the same run.
 Every scenario gets a database of its own (``CREATE DATABASE``, dropped
 after), so no figure pays for another's rows. ``--store postgres`` starts a
 server for the run with durable settings (fsync and synchronous_commit on)
-through the test suite's ``tests/support/postgres_server.py``: from a checkout.
+from the machine's PostgreSQL binaries (``asyncworker.devtools.postgres_server``).
 
 Two measurements write SQL of their own, on purpose: the raw commit (which
 by definition does not go through the queue's API) and the bulk load of
@@ -112,12 +112,12 @@ def scenario_dispatch(url: str, n: int, processes: int, receiver: bool = False) 
         _enqueue(db, n)
         target = "-"
         if receiver:
-            from asyncworker.bench import Receiver
+            from asyncworker.bench.measure import Receiver
 
             folder = stack.enter_context(_temporary_folder())
             target = stack.enter_context(Receiver(folder, 0)).url
         workers = [subprocess.Popen(
-            [sys.executable, "-m", "asyncworker.bench_postgres", "worker",
+            [sys.executable, "-m", "asyncworker.bench.postgres", "worker",
              json.dumps({"url": db, "owner": f"bench-{k}", "target": target})],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             for k in range(processes)]
@@ -204,8 +204,8 @@ def scenario_history(url: str, finished: int, probes: int) -> dict:
 
 
 def scenario_redrive(url: str, n: int) -> dict:
-    """A bulk redrive of n dead jobs (``asyncworker.bench.redrive_dead_letters``)."""
-    from asyncworker.bench import redrive_dead_letters
+    """A bulk redrive of n dead jobs (``asyncworker.bench.measure.redrive_dead_letters``)."""
+    from asyncworker.bench.measure import redrive_dead_letters
     from lease.store import open_store
 
     with database(url) as db, open_store(db, create=True) as store:
@@ -335,7 +335,7 @@ def _at(ordered: list[float], q: float) -> Optional[float]:
 
 def run_child(name: str, params: dict) -> dict:
     """One scenario in a fresh process: its figures plus its peak RSS."""
-    out = subprocess.run([sys.executable, "-m", "asyncworker.bench_postgres", name,
+    out = subprocess.run([sys.executable, "-m", "asyncworker.bench.postgres", name,
                           json.dumps(params)], capture_output=True, text=True,
                          timeout=CHILD_TIMEOUT_S)
     if out.returncode != 0:
@@ -370,15 +370,8 @@ def server_for(store: str) -> Iterator[str]:
     if store != "postgres":
         yield store
         return
-    checkout = str(Path(__file__).resolve().parent.parent)
-    if (Path(checkout) / "tests" / "postgres_server.py").is_file() and checkout not in sys.path:
-        sys.path.append(checkout)
-    try:
-        from tests.support.postgres_server import PostgresServer
-    except ImportError:
-        raise RuntimeError("--store postgres starts a server with the test suite's "
-                           "tests/support/postgres_server.py: run from a checkout, or give a "
-                           "postgresql:// URL") from None
+    from asyncworker.devtools.postgres_server import PostgresServer
+
     # durable: every commit waits for its WAL flush (fsync and synchronous_commit on)
     with PostgresServer(fsync=True, settings={"synchronous_commit": "on",
                                               "shared_buffers": "256MB"}) as server:
@@ -503,7 +496,7 @@ def targets(rows: list[dict]) -> list[tuple[str, str, bool]]:
 
 
 def print_table(rows: list[dict], version: str, out: Any) -> None:
-    from asyncworker.bench import _fmt
+    from asyncworker.bench.measure import fmt
 
     header = ("scenario", "jobs/s", "p50 ms", "p99 ms", "commits/job", "RSS MB", "limit",
               "ratio", "limit is")
@@ -512,11 +505,11 @@ def print_table(rows: list[dict], version: str, out: Any) -> None:
         if "claim_small" in r:
             lines.append((r["scenario"], f"claim {r['claim_small']} -> {r['claim_big']} ms",
                           f"finish {r['finish_small']} -> {r['finish_big']} ms", "", "",
-                          _fmt(r["rss_mb"], 1), "", _fmt(r["ratio"], 2), r["limit_label"]))
+                          fmt(r["rss_mb"], 1), "", fmt(r["ratio"], 2), r["limit_label"]))
             continue
-        lines.append((r["scenario"], _fmt(r.get("rate")), _fmt(r.get("p50_ms"), 2),
-                      _fmt(r.get("p99_ms"), 2), _fmt(r.get("commits_per_job"), 3),
-                      _fmt(r.get("rss_mb"), 1), _fmt(r.get("limit")), _fmt(r.get("ratio"), 2),
+        lines.append((r["scenario"], fmt(r.get("rate")), fmt(r.get("p50_ms"), 2),
+                      fmt(r.get("p99_ms"), 2), fmt(r.get("commits_per_job"), 3),
+                      fmt(r.get("rss_mb"), 1), fmt(r.get("limit")), fmt(r.get("ratio"), 2),
                       r.get("limit_label") or r.get("note", "")))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     out.write(f"\nPostgreSQL: {version}; machine: {platform.machine()}, {os.cpu_count()} "

@@ -1,8 +1,8 @@
 """The SQLite store's CPU per job, old code against new: claim_jobs +
 finish_jobs of 12 and of 64 jobs a transaction on one thread, as
-``asyncworker.bench_cpu``'s "store alone" rows, in paired rounds (A B A B ...).
+``asyncworker.bench.cpu``'s "store alone" rows, in paired rounds (A B A B ...).
 
-    python benchmarks/store_cpu.py A_TREE B_TREE [--rounds 4] [--jobs 6000]
+    python -m asyncworker.bench.store_cpu A_TREE B_TREE [--rounds 4] [--jobs 6000]
 
 A_TREE and B_TREE are source trees (each with its own ``lease`` package, say a
 ``git worktree`` of the old commit and this one). Each run is a fresh process
