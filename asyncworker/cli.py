@@ -2,7 +2,7 @@
 
 QUEUE, wherever a command names one, is a SQLite file's path or a
 ``postgresql://`` (``postgres://``) URL: every command opens it through
-``lease.store.open_store`` and speaks to the ``Store`` alone, so a command
+``lease.stores.open_store`` and speaks to the ``Store`` alone, so a command
 does the same on either store. A URL is shown without its password, in every
 line the command prints.
 
@@ -72,8 +72,10 @@ from lease.policy import (
     check_ordering_key,
     check_product_event,
 )
+from lease.records import Conflicts, NotAQueue, StoreError
 from lease.signing import TOLERANCE_S
-from lease.store import Conflicts, NotAQueue, Store, StoreError, is_postgres_url, open_store
+from lease.store import Store
+from lease.stores import is_postgres_url, open_store
 from lease.worker import (
     MAX_BATCH,
     MAX_QTY,
@@ -1771,7 +1773,7 @@ def _prune_inbox(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from asyncworker.bench import run_bench
-    from lease.store import is_postgres_url
+    from lease.stores import is_postgres_url
 
     if args.store is not None and args.store != "postgres" and not is_postgres_url(args.store):
         # refused before the SQLite table runs, not after it

@@ -45,7 +45,9 @@ from typing import Any, Optional
 from asyncworker.cli import CRASH_DRILL, receiver_stats, shown
 from asyncworker.inbox import read_arrivals, read_inbox
 from lease.policy import RetryPolicy
-from lease.store import Store, StoreError, open_store
+from lease.records import StoreError
+from lease.store import Store
+from lease.stores import open_store
 
 LEASE_MS = 1500
 

@@ -66,7 +66,8 @@ from asyncworker.store import AsyncStore, Target
 from asyncworker.wire import WireClient
 from lease.http import Destination
 from lease.policy import DEFAULT_POLICY, PRODUCT, RetryPolicy, retry_delay_ms
-from lease.store import Attempt, Claimed, Store
+from lease.records import Attempt, Claimed
+from lease.store import Store
 from lease.worker import (
     MAX_BATCH,
     BadAck,

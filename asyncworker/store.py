@@ -11,7 +11,7 @@ different jobs commit side by side. The store's SQL lives in the store alone.
 
 ``Busy`` (a SQLite write lock held by another process, a PostgreSQL
 serialization failure or lost connection) is retried here, by the pause and
-patience of ``lease.store.BusyRetry``; each caller only says how long the
+patience of ``lease.retrying.BusyRetry``; each caller only says how long the
 answer is still worth having (``keep_trying``). With PostgreSQL a listener
 thread turns the store's NOTIFY into ``work_arrived``, so an idle dispatcher
 wakes when work is enqueued or redriven instead of at its next poll.
@@ -33,8 +33,10 @@ from typing import Any, Callable, Optional, TypeVar, Union
 
 from lease import worker
 from lease.policy import DEFAULT_POLICY, RetryPolicy
+from lease.retrying import PATIENT, BusyRetry
 from lease.sqlite import _store_errors
-from lease.store import PATIENT, BusyRetry, Store, is_postgres_url, open_store
+from lease.store import Store
+from lease.stores import is_postgres_url, open_store
 from lease.worker import Busy, Conflict
 
 __all__ = ["AsyncStore", "QueueThread", "POSTGRES_THREADS"]

@@ -74,6 +74,7 @@ from lease.policy import (
     check_ordering_key,
     check_product_event,
 )
+from lease.records import MAX_ERROR_CHARS, Claimed, Leased, check_on_conflict, judge_intake
 from lease.sqlite import (
     _TABLES_V1,
     _TABLES_V2,
@@ -85,7 +86,6 @@ from lease.sqlite import (
     _in_flight_refusals,
     _kept_audits,
 )
-from lease.store import MAX_ERROR_CHARS, Claimed, Leased, check_on_conflict, judge_intake
 from lease.worker import (
     _COLUMNS,
     _MARKED,

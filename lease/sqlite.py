@@ -72,7 +72,7 @@ from lease.policy import (
     check_note,
     check_product_event,
 )
-from lease.store import (
+from lease.records import (
     MAX_ERROR_CHARS,
     Attempt,
     Claimed,

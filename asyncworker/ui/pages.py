@@ -60,7 +60,10 @@ from asyncworker.ui.safety import (
 from lease.http import Destination
 from lease.observe import MAX_PAGE, STATUSES
 from lease.policy import PRODUCT, check_actor
-from lease.store import PATIENT, Store, StoreError, is_postgres_url, open_store
+from lease.records import StoreError
+from lease.retrying import PATIENT
+from lease.store import Store
+from lease.stores import is_postgres_url, open_store
 from lease.worker import MAX_BATCH, check_job_id
 
 __all__ = ["ui_app"]

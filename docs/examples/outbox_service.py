@@ -17,7 +17,7 @@ import sqlite3
 import sys
 
 from lease.sqlite import SQLiteStore, enqueue_in
-from lease.store import run_once
+from lease.stores import run_once
 
 
 def open_shop(path: str) -> sqlite3.Connection:

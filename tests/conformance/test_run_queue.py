@@ -1,4 +1,4 @@
-"""The synchronous API on any store: ``lease.store.run_once`` (claim, send with
+"""The synchronous API on any store: ``lease.stores.run_once`` (claim, send with
 no transaction open, finish with the attempt's evidence) and ``run_queue``,
 which owns its store for one cycle, on a file's path or a postgresql:// URL."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lease.policy import RetryPolicy
-from lease.store import open_store, run_once, run_queue
+from lease.stores import open_store, run_once, run_queue
 from lease.worker import BadAck, Permanent, Retryable
 from tests.support.queues import T0
 

@@ -18,7 +18,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from lease.store import open_store
+from lease.stores import open_store
 from tests.support.commands import cli
 from tests.support.postgres_server import free_port
 from tests.support.servers import ReceiverProcess

@@ -48,7 +48,7 @@ from aiohttp import web
 from asyncworker import Dispatcher, DispatcherStats, make_app
 from lease.policy import RetryPolicy
 from lease.postgres import CHANNEL, PostgresStore
-from lease.store import open_store
+from lease.stores import open_store
 from lease.worker import Busy
 from tests.support.postgres_server import PostgresServer
 

@@ -26,7 +26,9 @@ from lease.postgres import (
     PostgresStore,
     redact,
 )
-from lease.store import PATIENT, Attempt, Busy, Claimed, NotAQueue, StoreError, open_store
+from lease.records import Attempt, Busy, Claimed, NotAQueue, StoreError
+from lease.retrying import PATIENT
+from lease.stores import open_store
 from tests.support.postgres_server import database_of, free_port
 from tests.support.queues import T0
 from tests.support.waiting import WAIT_S, wait_until

@@ -22,7 +22,7 @@ from asyncworker.bench_cpu import (
     top_frames,
 )
 from lease.policy import stored_body
-from lease.store import open_store
+from lease.stores import open_store
 
 
 @pytest.mark.timeout(300)

@@ -17,7 +17,8 @@ from lease import sqlite as store
 from lease import worker
 from lease.http import send_http
 from lease.policy import DEFAULT_POLICY, MAX_BODY_BYTES, RetryPolicy, canonical_body
-from lease.store import Attempt, open_store
+from lease.records import Attempt
+from lease.stores import open_store
 from tests.support import DATA
 from tests.support.commands import cli
 from tests.support.queues import T0, job_rows, rows, run_on_a_terminal

@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from asyncworker import Dispatcher, dispatcher_context
 from asyncworker.metrics import add_metrics_routes, metrics_app
 from lease.policy import RetryPolicy
-from lease.store import open_store
+from lease.stores import open_store
 from tests.support.postgres_server import fresh_database
 from tests.support.scenario import LEASE_MS, SENDS, ScenarioClock, Script, T, run_scenario
 from tests.support.servers import ReceiverProcess

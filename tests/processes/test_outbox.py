@@ -20,8 +20,9 @@ from psycopg.rows import dict_row
 
 from lease import observe, postgres, sqlite, worker
 from lease.postgres import PostgresStore
+from lease.records import Conflicts, NotAQueue
 from lease.sqlite import SQLiteStore
-from lease.store import Conflicts, NotAQueue, open_store
+from lease.stores import open_store
 from tests.support.queues import T0
 
 ROOT = Path(__file__).resolve().parents[2]

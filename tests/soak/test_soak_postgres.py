@@ -30,7 +30,7 @@ from typing import Callable, TypeVar
 import pytest
 
 from lease.policy import RetryPolicy
-from lease.store import open_store
+from lease.stores import open_store
 from lease.worker import StoreError
 from tests.support.postgres_server import PostgresServer
 from tests.support.servers import ReceiverProcess

@@ -12,8 +12,8 @@ import pytest
 
 from lease import sqlite as product
 from lease import worker
+from lease.records import Attempt
 from lease.sqlite import SQLiteStore
-from lease.store import Attempt
 from tests.support.queues import T0
 
 # lab events, payloads (with text JSON must escape) and ordered keys
