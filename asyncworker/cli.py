@@ -63,6 +63,7 @@ from typing import (
 )
 from urllib.parse import quote
 
+from lease.clock import wall_clock_ms
 from lease.policy import (
     DEFAULT_POLICY,
     MAX_BODY_BYTES,
@@ -122,10 +123,6 @@ PROGRESS_EVERY = 10_000  # enqueue --file: a progress line on a terminal this of
 _BOM = b"\xef\xbb\xbf"
 _AGE_UNITS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000, "ms": 1, "": 1}
 MAX_AGE_MS = 36_500 * _AGE_UNITS["d"]  # a hundred years: far beyond any retention
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def package_version() -> str:

@@ -61,7 +61,8 @@ from aiohttp import StreamReader, web
 from lease.http import ID_HEADER
 from lease.policy import MAX_BODY_BYTES, PRODUCT, canonical_body
 from lease.signing import TOLERANCE_S, SignatureError, check_secrets, verify
-from lease.worker import _immediate, check_job_id, parse_json
+from lease.worker import check_job_id, parse_json
+from lease.worker import immediate as _immediate
 
 __all__ = [
     "APPLIED",

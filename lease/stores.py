@@ -17,16 +17,17 @@ from lease.retrying import PATIENT
 from lease.store import Store
 from lease.worker import (
     StoreError,
-    _check_callable,
-    _check_int,
+    check_callable,
     check_identifier,
+    check_int,
     check_jitter,
     check_now,
     check_second_clock,
     classify_result,
+    cycle_result,
 )
 
-__all__ = ["POSTGRES_SCHEMES", "is_postgres_url", "open_store", "run_once", "run_queue"]
+__all__ = ["POSTGRES_SCHEMES", "is_postgres_url", "open_store", "run_queue", "run_store_once"]
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
@@ -73,7 +74,7 @@ def open_store(target: Union[str, os.PathLike[str]], *, create: bool = False,
 # ------------------------------------------------------------------ one cycle
 
 
-def run_once(
+def run_store_once(
     store: Store,
     owner: str,
     send: Callable[[dict], object],
@@ -84,7 +85,10 @@ def run_once(
     clock: Optional[Callable[[], int]] = None,
 ) -> Optional[dict]:
     """Claim one job of any store, send it with no transaction open, finish it
-    with its attempt's evidence: the product's twin of ``lease.worker.run_once``.
+    with its attempt's evidence: the product's member of the run_once family
+    (``lease.worker.run_once``, the contract on one file, and
+    ``asyncworker.run_once``, the contract on an event loop, share its last
+    step, ``cycle_result``).
 
     None when there is no work, else {"id", "token", "status"} (the finish's
     status, or "stale"). ``send(event)`` gets {"id", "qty"} or {"id", "body"};
@@ -95,10 +99,10 @@ def run_once(
     """
     check_jitter(jitter)  # first, before any clock is read, as the contract's run_once
     check_identifier("owner", owner)
-    _check_int("lease_ms", lease_ms, 1, PRODUCT.max_lease_ms)
-    _check_callable("send", send)
+    check_int("lease_ms", lease_ms, 1, PRODUCT.max_lease_ms)
+    check_callable("send", send)
     if clock is not None:
-        _check_callable("clock", clock)
+        check_callable("clock", clock)
     first = None if clock is None else check_now(clock(), "clock value")
     claimed = PATIENT.call(lambda: store.claim_jobs(owner, lease_ms, 1, now_ms=first))
     if not claimed.leased:
@@ -121,8 +125,7 @@ def run_once(
     if verdict is None:
         assert error is not None
         raise error
-    status = finished[0] if finished else "stale"
-    return {"id": ticket["id"], "token": ticket["token"], "status": status}
+    return cycle_result(ticket, finished and finished[0])
 
 
 def run_queue(
@@ -135,11 +138,11 @@ def run_queue(
     policy: RetryPolicy = DEFAULT_POLICY,
     clock: Optional[Callable[[], int]] = None,
 ) -> Optional[dict]:
-    """run_once on an existing queue (a file's path or a ``postgresql://`` URL),
+    """run_store_once on an existing queue (a file's path or a ``postgresql://`` URL),
     with a store opened for it and always closed: the equivalent of
     ``lease.worker.run_file`` on any store. A missing queue is never created."""
     store = open_store(target, create=False)
     try:
-        return run_once(store, owner, send, jitter, lease_ms, policy=policy, clock=clock)
+        return run_store_once(store, owner, send, jitter, lease_ms, policy=policy, clock=clock)
     finally:
         store.close()

@@ -58,10 +58,10 @@ from asyncworker.ui.safety import (
     cross_site,
 )
 from lease.http import Destination
-from lease.observe import MAX_PAGE, STATUSES
 from lease.policy import PRODUCT, check_actor
 from lease.records import StoreError
 from lease.retrying import PATIENT
+from lease.rules import MAX_PAGE, STATUSES
 from lease.store import Store
 from lease.stores import is_postgres_url, open_store
 from lease.worker import MAX_BATCH, check_job_id

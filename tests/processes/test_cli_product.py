@@ -579,7 +579,7 @@ def test_stats_shows_the_keys_a_dead_job_blocks(queue: Path):
         store.enqueue_events(con, [{"id": f"e{n}", "qty": 1, "key": "ann"} for n in range(3)],
                              T0, DEFAULT_POLICY)
         [job] = store.claim_jobs(con, "w", T0, 1000, 1)[0]
-        seen = store.Attempt(T0, 1, 410, "gone")
+        seen = Attempt(T0, 1, 410, "gone")
         assert store.finish_jobs(con, [(job.ticket, "permanent", 0, seen)], T0 + 1) == [
             ("dead", "permanent")]
     finally:
