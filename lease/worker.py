@@ -338,7 +338,7 @@ def immediate(con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 
 
 def select_rows(con: sqlite3.Connection, sql: str, params: object = (),
-            row_factory: Any = sqlite3.Row) -> sqlite3.Cursor:
+                row_factory: Any = sqlite3.Row) -> sqlite3.Cursor:
     """A query whose rows read by column name. The factory is set on this cursor
     only: the connection a caller gets from open_queue returns plain tuples."""
     cursor = con.cursor()

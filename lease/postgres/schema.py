@@ -47,7 +47,7 @@ NOW = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 TABLES = {1: {**TABLES_V1, "redrives": CONTRACT_COLUMNS["redrives"]}, 2: TABLES_V2,
            3: TABLES_V3}
 
-_MIGRATIONS: dict[int, tuple[str, ...]] = {
+MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
         # The SQLite product file's tables, column for column and in its order.
         """CREATE TABLE lease.jobs (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -201,7 +201,7 @@ def migrate(conn: psycopg.Connection, name: str) -> None:
             if version == SCHEMA_VERSION:
                 return
             try:
-                for statement in _MIGRATIONS[version + 1]:
+                for statement in MIGRATIONS[version + 1]:
                     conn.execute(statement)
             except errors.DuplicateTable as exc:
                 raise NotAQueue(f"not a queue: {name} holds other tables in schema lease "

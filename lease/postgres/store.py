@@ -91,7 +91,8 @@ from lease.worker import (
     check_job_id,
     check_now,
     check_ticket,
-    finish_decision,
+    extended_until,
+    judge_finish,
     marker_matches,
     redrive_decisions,
 )
@@ -304,8 +305,7 @@ class PostgresStore:
             row = _lock(conn, MARKED, [ticket["id"]]).get(ticket["id"])
             if row is None or not marker_matches(row, ticket, now):
                 return False
-            # lease.worker._extend_tx's rule: never backwards, never past the deadline
-            new_until = max(row["lease_until"], min(now + lease_ms, row["deadline"]))
+            new_until = extended_until(row["lease_until"], row["deadline"], now, lease_ms)
             if conn.execute(EXTEND_IF_STILL_LEASED, {
                     "new_until": new_until, "now": now, "seq": row["seq"], **_marker(ticket)},
                     ).rowcount != 1:
@@ -673,13 +673,11 @@ def _finish_marked(conn: psycopg.Connection, items: list, now: int) -> list:
         if outcome is None:
             continue
         row = rows.get(ticket["id"])
-        if row is None or not marker_matches(row, ticket, now):
+        judged = judge_finish(row, ticket, outcome, delay_ms, now)
+        if judged is None or row is None:
             verdicts.append(False)
             continue
-        status, reason, available_at = finish_decision(
-            outcome, row["attempts"], row["max_attempts"], row["deadline"], now, delay_ms)
-        row.update(status=status, reason=reason, available_at=available_at, owner=None,
-                   lease_until=None)
+        status, reason, available_at = judged
         writes.append((row["seq"], status, reason, available_at, *_marker(ticket).values()))
         verdicts.append((status, reason, row["seq"]))
     if not writes:
