@@ -3,10 +3,12 @@
 The dispatcher, the synchronous API, the CLI, the observations and the
 operator's tools speak to a ``Store``; ``lease.sqlite.SQLiteStore`` (one
 file, one writer at a time) and ``lease.postgres.PostgresStore`` (many
-hosts, one database) implement it. The rules are not here: validation, the
-retry delay, the verdicts, the finish decision and the marker check live in
-``lease.worker`` and every store calls them. A store adds only how its
-rows are read and written.
+hosts, one database) implement it, and ``lease.stores.open_store`` opens the
+one a queue is named by; this module imports neither. The rules are not here:
+validation, the retry delay, the verdicts, the finish decision and the marker
+check live in ``lease.worker``, the product's own in ``lease.rules``, and
+every store calls them. A store adds only how its rows are read and written.
+The records it takes and gives are in ``lease.records``.
 
 Time. Every operation that judges a lease takes ``now_ms``; None (the
 default) means *the store's clock*: the host's wall clock for a SQLite file
@@ -21,7 +23,8 @@ write lock held by another process; a PostgreSQL serialization failure,
 deadlock or lost connection before COMMIT), ``NotAQueue`` for a file or
 database that is not a queue it can use, ``Conflict`` per event at intake,
 and ValueError for a bad argument. How long to keep retrying ``Busy`` is
-decided in one place, ``BusyRetry``; each caller only says when to give up.
+decided in one place, ``lease.retrying.BusyRetry``; each caller only says
+when to give up.
 """
 
 from __future__ import annotations

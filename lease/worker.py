@@ -19,7 +19,10 @@ a stale send from reaching a receiver: the receiver's inbox, deduplicating by
 ID and quantity, is what makes a duplicate send harmless.
 
 Layout: exceptions, validators, the transaction helper, pure decisions, then
-the public functions in lifecycle order.
+the public functions in lifecycle order. The validators, the transaction
+helper and the pure decisions (rows in, decisions out) have public names: the
+product's drivers (``lease.sqlite``, ``lease.postgres``) call them and run
+transactions of their own. ``__all__`` lists the lab's API alone.
 """
 
 from __future__ import annotations
