@@ -63,9 +63,11 @@ from asyncworker.metrics import HEALTH_TIMEOUT_S, DispatcherMetrics
 from asyncworker.sender import deliver
 from asyncworker.store import AsyncStore, Target
 from asyncworker.wire import WireClient
+from lease.clock import wall_clock_ms
 from lease.http import Destination
 from lease.policy import DEFAULT_POLICY, PRODUCT, RetryPolicy, retry_delay_ms
-from lease.store import Attempt, Claimed, Store
+from lease.records import Attempt, Claimed
+from lease.store import Store
 from lease.worker import (
     MAX_BATCH,
     BadAck,
@@ -77,9 +79,11 @@ from lease.worker import (
     check_run_args,
     check_second_clock,
     claim,
-    classify_error,
     classify_result,
+    cycle_result,
     finish,
+    lab_event,
+    lab_verdict,
 )
 
 __all__ = [
@@ -98,10 +102,6 @@ MAX_PREFETCH = 10_000
 
 # (event {"id", "qty"} or {"id", "body": canonical JSON text}, claim token)
 Send = Callable[[dict, int], Awaitable[object]]
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class LeaseLost(Exception):
@@ -952,7 +952,9 @@ async def run_once(
     jitter: float,
     lease_ms: int = 1000,
 ) -> Optional[dict]:
-    """The async twin of ``lease.run_once``: the same contract, the same rules.
+    """The async twin of ``lease.run_once`` (the contract's cycle on an event
+    loop): the same steps (``lab_event``, ``lab_verdict``, ``cycle_result``).
+    Its product sibling on any store is ``lease.stores.run_store_once``.
 
     ``queue`` is an open AsyncStore on a SQLite file (the contract's own
     functions run there); ``send`` is a coroutine function.
@@ -963,16 +965,13 @@ async def run_once(
     if ticket is None:
         return None
     try:
-        verdict = classify_result(await send({"id": ticket["id"], "qty": ticket["qty"]}))
+        verdict = classify_result(await send(lab_event(ticket)))
     except BaseException as error:
-        classified = classify_error(error, ticket["attempt"], jitter)
-        if classified is None:
-            raise
-        verdict = classified
+        verdict = lab_verdict(error, ticket["attempt"], jitter)
     second_ms = check_second_clock(first_ms, clock())
     outcome, delay_ms = verdict
     status = await queue.call_contract(finish, ticket, outcome, second_ms, delay_ms)
-    return {"id": ticket["id"], "token": ticket["token"], "status": status or "stale"}
+    return cycle_result(ticket, status)
 
 
 async def run_until_signalled(dispatcher: Dispatcher, *, until_idle: bool = False,

@@ -21,7 +21,8 @@ from typing import Callable, NamedTuple, Optional, Union
 
 from asyncworker.leases import Held, StoreTime
 from asyncworker.store import AsyncStore
-from lease.store import Attempt, Store
+from lease.records import Attempt
+from lease.store import Store
 from lease.worker import MAX_BATCH, Busy, check_second_clock
 
 __all__ = ["BUSY", "Judged", "Recorded", "GroupFinisher"]

@@ -28,7 +28,9 @@ import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
-from lease.store import NotAQueue, Store, StoreError, is_postgres_url, open_store
+from lease.records import NotAQueue, StoreError
+from lease.store import Store
+from lease.stores import is_postgres_url, open_store
 from lease.worker import MAX_BATCH
 
 if TYPE_CHECKING:

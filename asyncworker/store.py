@@ -11,7 +11,7 @@ different jobs commit side by side. The store's SQL lives in the store alone.
 
 ``Busy`` (a SQLite write lock held by another process, a PostgreSQL
 serialization failure or lost connection) is retried here, by the pause and
-patience of ``lease.store.BusyRetry``; each caller only says how long the
+patience of ``lease.retrying.BusyRetry``; each caller only says how long the
 answer is still worth having (``keep_trying``). With PostgreSQL a listener
 thread turns the store's NOTIFY into ``work_arrived``, so an idle dispatcher
 wakes when work is enqueued or redriven instead of at its next poll.
@@ -27,14 +27,15 @@ import contextlib
 import os
 import random
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from lease import worker
 from lease.policy import DEFAULT_POLICY, RetryPolicy
-from lease.sqlite import _store_errors
-from lease.store import PATIENT, BusyRetry, Store, is_postgres_url, open_store
+from lease.retrying import PATIENT, BusyRetry
+from lease.sqlite.errors import store_errors
+from lease.store import Store
+from lease.stores import is_postgres_url, open_store
 from lease.worker import Busy, Conflict
 
 __all__ = ["AsyncStore", "QueueThread", "POSTGRES_THREADS"]
@@ -146,17 +147,8 @@ class AsyncStore:
                    draw: Callable[[], float] = random.random) -> T:
         """``fn(store)``, retried after a short jittered pause while the store is
         Busy: for ``retry.patience_s``, or as long as ``keep_trying()`` says."""
-        give_up = time.monotonic() + retry.patience_s
-        while True:
-            try:
-                return await self.run(fn)
-            except Busy as busy:
-                if on_busy is not None:
-                    on_busy(busy)
-                still = keep_trying() if keep_trying is not None else time.monotonic() < give_up
-                if not still:
-                    raise
-            await asyncio.sleep(retry.pause_s(draw()))
+        return await retry.call_async(lambda: self.run(fn), on_busy=on_busy,
+                                      keep_trying=keep_trying, draw=draw)
 
     async def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on a store thread, its answer handed straight to an
@@ -175,14 +167,7 @@ class AsyncStore:
             raise
 
     async def _patiently(self, fn: Callable[[], T]) -> T:
-        give_up = time.monotonic() + PATIENT.patience_s
-        while True:
-            try:
-                return await self._on_thread(fn)
-            except Busy:
-                if time.monotonic() >= give_up:
-                    raise
-            await asyncio.sleep(PATIENT.pause_s(random.random()))
+        return await PATIENT.call_async(lambda: self._on_thread(fn))
 
     # ------------------------------------------------------------ wake-ups
 
@@ -292,7 +277,7 @@ QueueThread = AsyncStore  # the name of the SQLite-only runtime before the store
 
 def _translate_locked(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """The contract raises sqlite3's own error for a held lock: in the store's words."""
-    with _store_errors():
+    with store_errors():
         return fn(*args, **kwargs)
 
 

@@ -28,8 +28,8 @@ from lease.worker import (
     MAX_QTY,
     Limits,
     Verdict,
-    _check_int,
     check_event,
+    check_int,
     check_jitter,
     check_job_id,
     classify_error,
@@ -91,13 +91,13 @@ class RetryPolicy:
     lease_ms: int = 30_000
 
     def __post_init__(self) -> None:
-        _check_int("max_attempts", self.max_attempts, 1, PRODUCT.max_attempts)
-        _check_int("backoff_base_ms", self.backoff_base_ms, 1, PRODUCT.max_delay_ms)
-        _check_int("backoff_cap_ms", self.backoff_cap_ms, self.backoff_base_ms,
+        check_int("max_attempts", self.max_attempts, 1, PRODUCT.max_attempts)
+        check_int("backoff_base_ms", self.backoff_base_ms, 1, PRODUCT.max_delay_ms)
+        check_int("backoff_cap_ms", self.backoff_cap_ms, self.backoff_base_ms,
                    PRODUCT.max_delay_ms)
         check_jitter(self.jitter)
-        _check_int("ttl_ms", self.ttl_ms, 1, PRODUCT.max_ttl_ms)
-        _check_int("lease_ms", self.lease_ms, 1, PRODUCT.max_lease_ms)
+        check_int("ttl_ms", self.ttl_ms, 1, PRODUCT.max_ttl_ms)
+        check_int("lease_ms", self.lease_ms, 1, PRODUCT.max_lease_ms)
 
     def ratio(self, random_ratio: float) -> float:
         """The jitter ratio of the retry rule, from a uniform draw in 0..1."""
@@ -267,4 +267,4 @@ def check_actor(actor: object) -> Optional[str]:
 
 def check_not_before(value: Any, now_ms: int) -> int:
     """A delayed delivery's first moment: a clock value, not before now."""
-    return _check_int("not_before_ms", value, now_ms, MAX_NOW_MS)
+    return check_int("not_before_ms", value, now_ms, MAX_NOW_MS)

@@ -19,7 +19,10 @@ a stale send from reaching a receiver: the receiver's inbox, deduplicating by
 ID and quantity, is what makes a duplicate send harmless.
 
 Layout: exceptions, validators, the transaction helper, pure decisions, then
-the public functions in lifecycle order.
+the public functions in lifecycle order. The validators, the transaction
+helper and the pure decisions (rows in, decisions out) have public names: the
+product's drivers (``lease.sqlite``, ``lease.postgres``) call them and run
+transactions of their own. ``__all__`` lists the lab's API alone.
 """
 
 from __future__ import annotations
@@ -162,7 +165,7 @@ Verdict = Tuple[str, int]
 # ---------------------------------------------------------------------------
 
 
-def _check_int(name: str, value: object, low: int, high: int) -> int:
+def check_int(name: str, value: object, low: int, high: int) -> int:
     # type() is, not isinstance: bool is an int subclass and is rejected.
     if type(value) is not int:
         raise ValueError(f"{name} must be an int, got {type(value).__name__}")
@@ -194,17 +197,17 @@ def _check_exact_dict(name: str, value: object, keys: frozenset) -> dict:
     return value
 
 
-def _check_fault(fault: object) -> None:
+def check_fault(fault: object) -> None:
     if fault is not None and not callable(fault):
         raise ValueError("fault must be None or callable")
 
 
-def _check_callable(name: str, value: object) -> None:
+def check_callable(name: str, value: object) -> None:
     if not callable(value):
         raise ValueError(f"{name} must be callable")
 
 
-def _check_connection(con: object) -> sqlite3.Connection:
+def check_connection(con: object) -> sqlite3.Connection:
     if not isinstance(con, sqlite3.Connection):
         raise ValueError(f"con must be a sqlite3.Connection, got {type(con).__name__}")
     if con.in_transaction:
@@ -214,7 +217,7 @@ def _check_connection(con: object) -> sqlite3.Connection:
 
 def check_now(value: object, name: str = "now_ms") -> int:
     """Validate a clock value: an exact int in 0..MAX_NOW_MS."""
-    return _check_int(name, value, 0, MAX_NOW_MS)
+    return check_int(name, value, 0, MAX_NOW_MS)
 
 
 def check_jitter(jitter: object) -> float:
@@ -242,7 +245,7 @@ def check_event(event: object) -> dict:
     _check_exact_dict("event", event, EVENT_KEYS)
     assert isinstance(event, dict)
     check_identifier("event id", event["id"])
-    _check_int("event qty", event["qty"], 1, MAX_QTY)
+    check_int("event qty", event["qty"], 1, MAX_QTY)
     return event
 
 
@@ -301,10 +304,10 @@ def check_ticket(ticket: object, limits: Limits = LAB) -> dict:
     assert isinstance(ticket, dict)
     check_job_id("ticket id", ticket["id"], limits)
     check_identifier("ticket owner", ticket["owner"])
-    _check_int("ticket qty", ticket["qty"], limits.min_qty, limits.max_qty)
-    _check_int("ticket token", ticket["token"], 1, MAX_TOKEN)
-    _check_int("ticket attempt", ticket["attempt"], 1, limits.max_attempts)
-    _check_int("ticket lease_until", ticket["lease_until"], 1, MAX_TOKEN)
+    check_int("ticket qty", ticket["qty"], limits.min_qty, limits.max_qty)
+    check_int("ticket token", ticket["token"], 1, MAX_TOKEN)
+    check_int("ticket attempt", ticket["attempt"], 1, limits.max_attempts)
+    check_int("ticket lease_until", ticket["lease_until"], 1, MAX_TOKEN)
     return ticket
 
 
@@ -320,7 +323,7 @@ def check_outcome(outcome: object) -> str:
 
 
 @contextmanager
-def _immediate(con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def immediate(con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """BEGIN IMMEDIATE ... COMMIT; roll back and re-raise on any exception.
 
     BEGIN stays outside the try: if it fails, there is nothing of ours to roll
@@ -337,8 +340,8 @@ def _immediate(con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         raise
 
 
-def _select(con: sqlite3.Connection, sql: str, params: object = (),
-            row_factory: Any = sqlite3.Row) -> sqlite3.Cursor:
+def select_rows(con: sqlite3.Connection, sql: str, params: object = (),
+                row_factory: Any = sqlite3.Row) -> sqlite3.Cursor:
     """A query whose rows read by column name. The factory is set on this cursor
     only: the connection a caller gets from open_queue returns plain tuples."""
     cursor = con.cursor()
@@ -346,12 +349,12 @@ def _select(con: sqlite3.Connection, sql: str, params: object = (),
     return cursor.execute(sql, params)  # type: ignore[arg-type]
 
 
-def _tuples(con: sqlite3.Connection, sql: str, params: object = ()) -> sqlite3.Cursor:
+def select_tuples(con: sqlite3.Connection, sql: str, params: object = ()) -> sqlite3.Cursor:
     """A query whose rows are plain tuples, whatever factory the connection has."""
-    return _select(con, sql, params, None)
+    return select_rows(con, sql, params, None)
 
 
-def _call(fault: Fault, point: str) -> None:
+def call_fault(fault: Fault, point: str) -> None:
     if fault is not None:
         fault(point)
 
@@ -366,9 +369,9 @@ def retry_delay(
     attempt: int, base_ms: int, cap_ms: int, jitter: float, *, limits: Limits = LAB
 ) -> int:
     """floor(min(cap_ms, base_ms * 2**(attempt-1)) * jitter): cap first, then jitter."""
-    _check_int("attempt", attempt, 1, limits.max_attempts)
-    _check_int("base_ms", base_ms, 1, limits.max_delay_ms)
-    _check_int("cap_ms", cap_ms, base_ms, limits.max_delay_ms)
+    check_int("attempt", attempt, 1, limits.max_attempts)
+    check_int("base_ms", base_ms, 1, limits.max_delay_ms)
+    check_int("cap_ms", cap_ms, base_ms, limits.max_delay_ms)
     check_jitter(jitter)
     return math.floor(min(cap_ms, base_ms * 2 ** (attempt - 1)) * jitter)
 
@@ -416,7 +419,43 @@ def finish_decision(
     return ("pending", "retry", now_ms + delay_ms)
 
 
-def _marker_matches(row: Mapping, ticket: dict, now_ms: int) -> bool:
+def lease_ticket(row: Mapping, owner: str, now_ms: int, lease_ms: int) -> dict:
+    """The ticket of a picked row (seq, id, qty, attempts, token, deadline)
+    leased to ``owner``: the next attempt and token, a lease capped by the
+    deadline. Every store's claim writes these values."""
+    return {
+        "id": row["id"],
+        "qty": row["qty"],
+        "owner": owner,
+        "token": row["token"] + 1,
+        "attempt": row["attempts"] + 1,
+        "lease_until": min(now_ms + lease_ms, row["deadline"]),
+    }
+
+
+def extended_until(lease_until: int, deadline: int, now_ms: int, lease_ms: int) -> int:
+    """An extended lease's end: never backwards, never past the deadline."""
+    return max(lease_until, min(now_ms + lease_ms, deadline))
+
+
+def judge_finish(
+    row: Optional[dict], ticket: dict, outcome: str, delay_ms: int, now_ms: int
+) -> Optional[Tuple[str, Optional[str], int]]:
+    """One fenced finish on the row of its job (the marker and budget columns,
+    None when missing): (status, reason, available_at), or None for a stale
+    ticket. The row is updated in place, so a later finish of the same job in
+    one transaction sees it finished, as single finishes in sequence would."""
+    if row is None or not marker_matches(row, ticket, now_ms):
+        return None
+    status, reason, available_at = finish_decision(
+        outcome, row["attempts"], row["max_attempts"], row["deadline"], now_ms, delay_ms
+    )
+    row.update(status=status, reason=reason, available_at=available_at, owner=None,
+               lease_until=None)
+    return status, reason, available_at
+
+
+def marker_matches(row: Mapping, ticket: dict, now_ms: int) -> bool:
     """The whole marker, and the time: an owner alone can be a stale run."""
     return (
         row["status"] == "leased"
@@ -434,7 +473,7 @@ def _marker_matches(row: Mapping, ticket: dict, now_ms: int) -> bool:
 # Storage.
 # ---------------------------------------------------------------------------
 
-_SCHEMA = (
+CONTRACT_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT,
   id TEXT NOT NULL UNIQUE, qty INTEGER NOT NULL,
   status TEXT NOT NULL CHECK(status IN ('pending','leased','done','dead')),
@@ -458,7 +497,7 @@ _SCHEMA = (
 )
 _INDEXES = ("jobs_live", "jobs_live_deadline", "jobs_leased_until", "jobs_pending_spent")
 
-_COLUMNS = {
+CONTRACT_COLUMNS = {
     "jobs": [
         "seq", "id", "qty", "status", "attempts", "max_attempts", "token",
         "available_at", "deadline", "owner", "lease_until", "reason",
@@ -467,7 +506,7 @@ _COLUMNS = {
 }
 
 
-def _check_schema(con: sqlite3.Connection) -> bool:
+def check_schema(con: sqlite3.Connection) -> bool:
     """True if the queue is complete, False if something is still to create;
     ValueError for a SQLite file that holds something other than a queue.
 
@@ -477,7 +516,8 @@ def _check_schema(con: sqlite3.Connection) -> bool:
     """
     version = con.execute("PRAGMA user_version").fetchone()[0]
     present = {
-        name: [col[1] for col in con.execute(f"PRAGMA table_info({name})")] for name in _COLUMNS
+        name: [col[1] for col in con.execute(f"PRAGMA table_info({name})")]
+        for name in CONTRACT_COLUMNS
     }
     if not any(present.values()):
         others = con.execute(
@@ -486,7 +526,7 @@ def _check_schema(con: sqlite3.Connection) -> bool:
         if others:
             raise NotAQueue(f"not a queue file: it holds other tables ({others[0][0]!r}, ...)")
         return False
-    for name, columns in _COLUMNS.items():
+    for name, columns in CONTRACT_COLUMNS.items():
         have = present[name]
         if have != columns and not (version >= 1 and have[:len(columns)] == columns):
             raise NotAQueue(f"not a queue file: table {name!r} has columns {have}")
@@ -494,7 +534,7 @@ def _check_schema(con: sqlite3.Connection) -> bool:
     return found.issuperset(_INDEXES)
 
 
-def _check_path(path: object, what: str = "path") -> str:
+def check_path(path: object, what: str = "path") -> str:
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"{what} must be a str or os.PathLike, got {type(path).__name__}")
     text = os.fsdecode(path)
@@ -503,7 +543,7 @@ def _check_path(path: object, what: str = "path") -> str:
     return text
 
 
-def _connect_file(text: str, create: bool) -> sqlite3.Connection:
+def connect_file(text: str, create: bool) -> sqlite3.Connection:
     """An autocommit connection that waits 1 s for a competing writer; with
     create=False the file must exist and is opened read-write, never created."""
     if create:
@@ -526,13 +566,13 @@ def open_queue(path: Union[str, os.PathLike[str]], *, create: bool = True) -> sq
     With create=False the file must already exist: it is opened read-write,
     never created.
     """
-    return _open_file(_check_path(path), create, "DELETE")
+    return open_file(check_path(path), create, "DELETE")
 
 
-def _open_file(text: str, create: bool, journal: Optional[str]) -> sqlite3.Connection:
+def open_file(text: str, create: bool, journal: Optional[str]) -> sqlite3.Connection:
     """``open_queue`` with the journal mode to set (the contract's DELETE), or
     None to keep the file's own (a product file made WAL keeps it)."""
-    con = _connect_file(text, create)
+    con = connect_file(text, create)
     try:
         if journal is not None:
             mode = con.execute(f"PRAGMA journal_mode={journal}").fetchone()[0]
@@ -542,10 +582,10 @@ def _open_file(text: str, create: bool, journal: Optional[str]) -> sqlite3.Conne
         con.execute("PRAGMA synchronous=FULL")
         # A queue that is already complete needs no write lock to open: another
         # process may be writing it right now.
-        if not _check_schema(con):
-            with _immediate(con):
-                _check_schema(con)
-                for statement in _SCHEMA:
+        if not check_schema(con):
+            with immediate(con):
+                check_schema(con)
+                for statement in CONTRACT_SCHEMA:
                     con.execute(statement)
     except BaseException:
         con.close()
@@ -566,17 +606,17 @@ def enqueue(
     Another qty for a known id raises Conflict. A duplicate intake never
     resets the budget: the existing row is left exactly as it is.
     """
-    _check_connection(con)
+    check_connection(con)
     check_event(event)
     check_now(now_ms)
-    _check_int("ttl_ms", ttl_ms, 1, MAX_MS)
-    _check_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
-    _check_fault(fault)
-    with _immediate(con):
+    check_int("ttl_ms", ttl_ms, 1, MAX_MS)
+    check_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
+    check_fault(fault)
+    with immediate(con):
         if not _insert_new(con, event, now_ms, ttl_ms, max_attempts):
             return False
-        _call(fault, "after-enqueue")
-    _call(fault, "after-commit")
+        call_fault(fault, "after-enqueue")
+    call_fault(fault, "after-commit")
     return True
 
 
@@ -614,16 +654,16 @@ def enqueue_many(
     instance that enqueue would have raised; a conflict does not stop the
     others. The input list and its dicts are not changed.
     """
-    _check_connection(con)
+    check_connection(con)
     if type(events) is not list:
         raise ValueError(f"events must be a list, got {type(events).__name__}")
     for event in events:
         check_event(event)
     check_now(now_ms)
-    _check_int("ttl_ms", ttl_ms, 1, MAX_MS)
-    _check_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
+    check_int("ttl_ms", ttl_ms, 1, MAX_MS)
+    check_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
     results: list = []
-    with _immediate(con):
+    with immediate(con):
         for event in events:
             try:
                 results.append(_insert_new(con, event, now_ms, ttl_ms, max_attempts))
@@ -669,56 +709,23 @@ _QUARANTINE_DUE = "SELECT " + " OR ".join(
 def _quarantine(con: sqlite3.Connection, now_ms: int) -> dict:
     """Inside a transaction: the contract's quarantine; the rows moved, by reason."""
     moved = {"deadline": 0, "exhausted": 0}
-    if not _tuples(con, _QUARANTINE_DUE, {"now": now_ms}).fetchone()[0]:
+    if not select_tuples(con, _QUARANTINE_DUE, {"now": now_ms}).fetchone()[0]:
         return moved  # none has a candidate, and a statement moving nothing changes none's
     for reason, statement in _QUARANTINE:
         moved[reason] += con.execute(statement, {"now": now_ms}).rowcount
     return moved
 
 
-class _RowAtATime:
-    """How a transaction reads and writes the rows of a batch: the contract's
-    way, one SQLite step per row, on any SQLite. lease.sqlite subclasses it
-    to run a batch in one statement."""
-
-    def read(self, con: sqlite3.Connection, names: Tuple[str, ...], select: str,
-             params: object) -> list:
-        """The rows of ``select``, whose columns are ``names``, as sequences."""
-        return _tuples(con, select, params).fetchall()
-
-    def update(self, con: sqlite3.Connection, fixed: str, names: Tuple[str, ...],
-               rows: list) -> None:
-        """``UPDATE jobs SET fixed, names...`` per row of ``rows``: the values of
-        ``names``, then the row's seq. The seqs are distinct."""
-        sets = ", ".join([fixed, *(f"{name} = ?" for name in names)])
-        con.executemany(f"UPDATE jobs SET {sets} WHERE seq = ?", rows)
-
-
-_ROW_AT_A_TIME = _RowAtATime()
-
-
-def _lease_rows(
-    con: sqlite3.Connection, rows: list, owner: str, now_ms: int, lease_ms: int,
-    batch: _RowAtATime = _ROW_AT_A_TIME,
-) -> list:
+def _lease_rows(con: sqlite3.Connection, rows: list, owner: str, now_ms: int,
+                lease_ms: int) -> list:
     """Inside a transaction: lease the picked rows (mappings) to owner; their
     tickets, in order."""
-    tickets, updates = [], []
-    for row in rows:
-        attempt, token = row["attempts"] + 1, row["token"] + 1
-        lease_until = min(now_ms + lease_ms, row["deadline"])
-        updates.append((attempt, token, owner, lease_until, row["seq"]))
-        tickets.append({
-            "id": row["id"],
-            "qty": row["qty"],
-            "owner": owner,
-            "token": token,
-            "attempt": attempt,
-            "lease_until": lease_until,
-        })
-    if updates:
-        batch.update(con, "status = 'leased', reason = NULL",
-                     ("attempts", "token", "owner", "lease_until"), updates)
+    tickets = [lease_ticket(row, owner, now_ms, lease_ms) for row in rows]
+    con.executemany(
+        "UPDATE jobs SET status = 'leased', reason = NULL, attempts = ?, token = ?, owner = ?,"
+        " lease_until = ? WHERE seq = ?",
+        [(t["attempt"], t["token"], owner, t["lease_until"], row["seq"])
+         for row, t in zip(rows, tickets, strict=True)])
     return tickets
 
 
@@ -769,41 +776,34 @@ def claim_batch(
     """claim_many, and what its quarantine moved: ``(tickets, {"deadline": n,
     "exhausted": m})``, so a dispatcher can count every job that ended in its
     run, the ones its claims moved to dead included."""
-    _check_connection(con)
+    check_connection(con)
     check_identifier("owner", owner)
     check_now(now_ms)
-    _check_int("lease_ms", lease_ms, 1, MAX_MS)
-    _check_int("limit", limit, 1, MAX_BATCH)
-    _check_fault(fault)
-    _, tickets, moved = _claim_tx(con, owner, now_ms, lease_ms, limit, fault)
-    return tickets, moved
+    check_int("lease_ms", lease_ms, 1, MAX_MS)
+    check_int("limit", limit, 1, MAX_BATCH)
+    check_fault(fault)
+    return _claim_tx(con, owner, now_ms, lease_ms, limit, fault)
 
 
 def _claim_tx(
-    con: sqlite3.Connection, owner: str, now_ms: int, lease_ms: int, limit: int, fault: Fault,
-    pick: str = _PICK, names: Tuple[str, ...] = _PICK_NAMES,
-    batch: _RowAtATime = _ROW_AT_A_TIME,
-) -> Tuple[list, list, dict]:
-    """The claim transaction, arguments already checked: (picked rows as
-    dicts, tickets, quarantine moves). Every front end's claim is this one;
-    ``pick`` (the statement choosing the rows, with :now and :limit; its
-    columns are ``names``) is the contract's unless a product file narrows it
-    (its ordered keys); ``batch``: see _RowAtATime."""
-    with _immediate(con):
+    con: sqlite3.Connection, owner: str, now_ms: int, lease_ms: int, limit: int, fault: Fault
+) -> Tuple[list, dict]:
+    """The claim transaction, arguments already checked: (tickets, quarantine moves)."""
+    with immediate(con):
         moved = _quarantine(con, now_ms)
-        picked = [dict(zip(names, row, strict=True))
-                  for row in batch.read(con, names, pick, {"now": now_ms, "limit": limit})]
-        tickets = _lease_rows(con, picked, owner, now_ms, lease_ms, batch)
+        picked = [dict(zip(_PICK_NAMES, row, strict=True))
+                  for row in select_tuples(con, _PICK, {"now": now_ms, "limit": limit})]
+        tickets = _lease_rows(con, picked, owner, now_ms, lease_ms)
         if tickets:
-            _call(fault, "after-claim")
+            call_fault(fault, "after-claim")
     if tickets:
-        _call(fault, "after-commit")
-    return picked, tickets, moved
+        call_fault(fault, "after-commit")
+    return tickets, moved
 
 
 def _load_marked(con: sqlite3.Connection, ticket: dict, now_ms: int) -> Optional[sqlite3.Row]:
-    row = _select(con, "SELECT * FROM jobs WHERE id = ?", (ticket["id"],)).fetchone()
-    if row is None or not _marker_matches(row, ticket, now_ms):
+    row = select_rows(con, "SELECT * FROM jobs WHERE id = ?", (ticket["id"],)).fetchone()
+    if row is None or not marker_matches(row, ticket, now_ms):
         return None
     return row
 
@@ -820,11 +820,11 @@ def extend(
     The same whole-marker check as finish; the token stays; the new
     lease_until is min(now_ms + lease_ms, deadline) and never moves backwards.
     """
-    _check_connection(con)
+    check_connection(con)
     check_ticket(ticket)
     check_now(now_ms)
-    _check_int("lease_ms", lease_ms, 1, MAX_MS)
-    _check_fault(fault)
+    check_int("lease_ms", lease_ms, 1, MAX_MS)
+    check_fault(fault)
     return _extend_tx(con, ticket, now_ms, lease_ms, fault)
 
 
@@ -832,14 +832,14 @@ def _extend_tx(
     con: sqlite3.Connection, ticket: dict, now_ms: int, lease_ms: int, fault: Fault
 ) -> Union[dict, bool]:
     """The extension transaction, arguments already checked."""
-    with _immediate(con):
+    with immediate(con):
         row = _load_marked(con, ticket, now_ms)
         if row is None:
             return False
-        lease_until = max(row["lease_until"], min(now_ms + lease_ms, row["deadline"]))
+        lease_until = extended_until(row["lease_until"], row["deadline"], now_ms, lease_ms)
         con.execute("UPDATE jobs SET lease_until = ? WHERE seq = ?", (lease_until, row["seq"]))
-        _call(fault, "after-extend")
-    _call(fault, "after-commit")
+        call_fault(fault, "after-extend")
+    call_fault(fault, "after-commit")
     return {**ticket, "lease_until": lease_until}
 
 
@@ -886,7 +886,7 @@ def finish_batch(
     """finish_many, with the reason of each: per item ``(status, reason)``
     (reason None for done, "retry" for pending, the cause for dead), or False
     for a stale ticket. A dispatcher counts its dead by reason from this."""
-    _check_connection(con)
+    check_connection(con)
     if type(items) is not list or len(items) > MAX_BATCH:
         raise ValueError(f"items must be a list of at most {MAX_BATCH}")
     for item in items:
@@ -894,97 +894,46 @@ def finish_batch(
             raise ValueError("each item must be a tuple (ticket, outcome, delay_ms)")
         check_ticket(item[0])
         check_outcome(item[1])
-        _check_int("delay_ms", item[2], 0, MAX_MS)
+        check_int("delay_ms", item[2], 0, MAX_MS)
     check_now(now_ms)
-    _check_fault(fault)
+    check_fault(fault)
     return _finish_tx(con, items, now_ms, fault)
 
 
-Record = Optional[Callable[[sqlite3.Connection, list, list], None]]
-# More columns a front end sets on finished rows in the finish's own UPDATE:
-# given the per-item results, the columns' names and, per item, their values
-# (None: that row gets none of them). One UPDATE per row, not a second one.
-Extra = Optional[Callable[[list], Tuple[Tuple[str, ...], list]]]
-
-
-def _finish_tx(
-    con: sqlite3.Connection, items: list, now_ms: int, fault: Fault, record: Record = None,
-    extra: Extra = None, batch: _RowAtATime = _ROW_AT_A_TIME,
-) -> list:
-    """The finish transaction, arguments already checked. ``record(con,
-    results, seqs)``, when given, writes more in the same transaction (the
-    product's evidence of each attempt) before the hooks; ``seqs`` holds each
-    finished row's seq (None for a stale ticket). ``extra``: see Extra;
-    ``batch``: see _RowAtATime."""
-    with _immediate(con):
-        results, seqs = (_finish_marked(con, items, now_ms, extra, batch) if items
-                         else ([], []))
-        if record is not None:
-            record(con, results, seqs)
+def _finish_tx(con: sqlite3.Connection, items: list, now_ms: int, fault: Fault) -> list:
+    """The finish transaction, arguments already checked."""
+    with immediate(con):
+        results = _finish_marked(con, items, now_ms) if items else []
         changed = any(results)
         if changed:
-            _call(fault, "after-finish")
+            call_fault(fault, "after-finish")
     if changed:
-        _call(fault, "after-commit")
+        call_fault(fault, "after-commit")
     return results
 
 
-def _finish_marked(
-    con: sqlite3.Connection, items: list, now_ms: int, extra: Extra = None,
-    batch: _RowAtATime = _ROW_AT_A_TIME,
-) -> Tuple[list, list]:
+def _finish_marked(con: sqlite3.Connection, items: list, now_ms: int) -> list:
     """Inside a transaction: the fenced finish of each (ticket, outcome, delay_ms),
     in order, as single finishes in sequence would do it (a job finished earlier
     in the list is no longer leased for a later item). Per item (status,
-    reason) or False, and the row's seq (None when False)."""
+    reason) or False."""
     ids = sorted({ticket["id"] for ticket, _, _ in items})
-    found = batch.read(
-        con, _MARKED_NAMES,
-        f"SELECT {_MARKED} FROM jobs WHERE id IN ({', '.join('?' * len(ids))})", ids)
-    # dicts made straight from tuples: a sqlite3.Row copied into one costs twice
+    found = select_tuples(
+        con, f"SELECT {_MARKED} FROM jobs WHERE id IN ({', '.join('?' * len(ids))})", ids)
     rows = {row[1]: dict(zip(_MARKED_NAMES, row, strict=True)) for row in found}  # [1]: id
     results: list = []
-    seqs: list = []
     updates = []
     for ticket, outcome, delay_ms in items:
         row = rows.get(ticket["id"])
-        if row is None or not _marker_matches(row, ticket, now_ms):
+        judged = judge_finish(row, ticket, outcome, delay_ms, now_ms)
+        if judged is None or row is None:
             results.append(False)
-            seqs.append(None)
             continue
-        status, reason, available_at = finish_decision(
-            outcome, row["attempts"], row["max_attempts"], row["deadline"], now_ms, delay_ms
-        )
-        row.update(status=status, reason=reason, available_at=available_at, owner=None,
-                   lease_until=None)
-        updates.append((status, reason, available_at, row["seq"]))
-        results.append((status, reason))
-        seqs.append(row["seq"])
-    if extra is not None:
-        _finish_rows_with(con, updates, results, extra, batch)
-    elif updates:
-        batch.update(con, _FINISH_FIXED, _FINISH_NAMES, updates)
-    return results, seqs
-
-
-# A finish's UPDATE of a row: these set alike on each, and per row these values.
-_FINISH_FIXED = "owner = NULL, lease_until = NULL"
-_FINISH_NAMES = ("status", "reason", "available_at")
-
-
-def _finish_rows_with(con: sqlite3.Connection, updates: list, results: list,
-                      extra: Callable[[list], Tuple[Tuple[str, ...], list]],
-                      batch: _RowAtATime) -> None:
-    """The finish's UPDATEs, each row with the extra columns ``extra`` gives it."""
-    names, values = extra(results)
-    more = [value for value, result in zip(values, results, strict=True) if result is not False]
-    plain = [update for update, value in zip(updates, more, strict=True) if value is None]
-    rich = [(*update[:3], *value, update[3])
-            for update, value in zip(updates, more, strict=True) if value is not None]
-    if plain:
-        batch.update(con, _FINISH_FIXED, _FINISH_NAMES, plain)
-    if rich:
-        batch.update(con, _FINISH_FIXED, _FINISH_NAMES + tuple(names), rich)
+        updates.append((*judged, row["seq"]))
+        results.append(judged[:2])
+    con.executemany("UPDATE jobs SET owner = NULL, lease_until = NULL, status = ?, reason = ?,"
+                    " available_at = ? WHERE seq = ?", updates)
+    return results
 
 
 # What a finish reads of a row: the marker and the budget, never a payload.
@@ -1028,54 +977,46 @@ def redrive_many(
     something was redriven: fault("after-audit") after the audit rows,
     fault("after-redrive") after the releases, fault("after-commit").
     """
-    _check_connection(con)
+    check_connection(con)
     if type(job_ids) is not list or len(job_ids) > MAX_BATCH:
         raise ValueError(f"job_ids must be a list of at most {MAX_BATCH}")
     for job_id in job_ids:
         check_identifier("job_id", job_id)
     check_now(now_ms)
-    _check_int("ttl_ms", ttl_ms, 1, MAX_MS)
+    check_int("ttl_ms", ttl_ms, 1, MAX_MS)
     check_identifier("note", note)
-    _check_fault(fault)
+    check_fault(fault)
     return _redrive_tx(con, job_ids, now_ms, ttl_ms, note, fault)
 
 
 def _redrive_tx(
-    con: sqlite3.Connection, job_ids: list, now_ms: int, ttl_ms: int, note: str, fault: Fault,
-    actor: Optional[str] = None,
+    con: sqlite3.Connection, job_ids: list, now_ms: int, ttl_ms: int, note: str, fault: Fault
 ) -> list:
-    """The redrive transaction, arguments already checked. ``actor`` (who did
-    it) goes into the audit row of a product file; the contract writes none."""
-    with _immediate(con):
+    """The redrive transaction, arguments already checked."""
+    with immediate(con):
         unique = sorted(set(job_ids))
         marks = ", ".join("?" * len(unique))
         sql = f"SELECT seq, id, status, token FROM jobs WHERE id IN ({marks})"
-        rows = {row["id"]: row for row in _select(con, sql, unique)} if unique else {}
-        results, audits, releases = _redrive_decisions(rows, job_ids)
+        rows = {row["id"]: row for row in select_rows(con, sql, unique)} if unique else {}
+        results, audits, releases = redrive_decisions(rows, job_ids)
         if audits:
-            if actor is None:
-                con.executemany(
-                    "INSERT INTO redrives (id, token, at_ms, note) VALUES (?, ?, ?, ?)",
-                    [(job_id, token, now_ms, note) for job_id, token in audits],
-                )
-            else:
-                con.executemany(
-                    "INSERT INTO redrives (id, token, at_ms, note, actor) VALUES (?, ?, ?, ?, ?)",
-                    [(job_id, token, now_ms, note, actor) for job_id, token in audits],
-                )
-            _call(fault, "after-audit")
+            con.executemany(
+                "INSERT INTO redrives (id, token, at_ms, note) VALUES (?, ?, ?, ?)",
+                [(job_id, token, now_ms, note) for job_id, token in audits],
+            )
+            call_fault(fault, "after-audit")
             con.executemany(
                 "UPDATE jobs SET status = 'pending', attempts = 0, available_at = ?,"
                 " deadline = ?, owner = NULL, lease_until = NULL, reason = NULL WHERE seq = ?",
                 [(now_ms, now_ms + ttl_ms, seq) for seq in releases],
             )
-            _call(fault, "after-redrive")
+            call_fault(fault, "after-redrive")
     if audits:
-        _call(fault, "after-commit")
+        call_fault(fault, "after-commit")
     return results
 
 
-def _redrive_decisions(rows: Mapping[str, Mapping], job_ids: list) -> Tuple[list, list, list]:
+def redrive_decisions(rows: Mapping[str, Mapping], job_ids: list) -> Tuple[list, list, list]:
     """Pure: given the rows of the ids (id -> row with seq, id, status, token;
     a missing id has none), per id True or its ValueError, in order; the audit
     rows (id, token) and the seqs to release. Every store calls this."""
@@ -1108,9 +1049,32 @@ def check_run_args(
     """run_once's arguments, jitter first (before the clock is ever read)."""
     check_jitter(jitter)  # first, before the clock is read
     check_identifier("owner", owner)
-    _check_int("lease_ms", lease_ms, 1, MAX_MS)
-    _check_callable("clock", clock)
-    _check_callable("send", send)
+    check_int("lease_ms", lease_ms, 1, MAX_MS)
+    check_callable("clock", clock)
+    check_callable("send", send)
+
+
+# The steps every run_once of the family shares: this one (the contract),
+# asyncworker.run_once (the contract on an event loop) and
+# lease.stores.run_store_once (any store, the product's policy and evidence).
+
+
+def lab_event(ticket: dict) -> dict:
+    """What a lab send gets: a fresh {"id", "qty"}, never the ticket itself."""
+    return {"id": ticket["id"], "qty": ticket["qty"]}
+
+
+def lab_verdict(error: BaseException, attempt: int, jitter: float) -> Verdict:
+    """A lab send's exception as its verdict; any other error propagates."""
+    classified = classify_error(error, attempt, jitter)
+    if classified is None:
+        raise error
+    return classified
+
+
+def cycle_result(ticket: dict, status: object) -> dict:
+    """One cycle's answer: {"id", "token", "status"}, "stale" for a refused finish."""
+    return {"id": ticket["id"], "token": ticket["token"], "status": status or "stale"}
 
 
 def run_once(
@@ -1130,23 +1094,20 @@ def run_once(
     for its lease expiry and budget to recover.
     """
     check_run_args(owner, clock, send, jitter, lease_ms)
-    _check_connection(con)
+    check_connection(con)
     first_ms = check_now(clock(), "clock value")
     ticket = claim(con, owner, first_ms, lease_ms)
     if ticket is None:
         return None
     # send gets its own copy: whatever it does to it, the marker stays ours.
     try:
-        verdict = classify_result(send({"id": ticket["id"], "qty": ticket["qty"]}))
+        verdict = classify_result(send(lab_event(ticket)))
     except BaseException as error:
-        classified = classify_error(error, ticket["attempt"], jitter)
-        if classified is None:
-            raise
-        verdict = classified
+        verdict = lab_verdict(error, ticket["attempt"], jitter)
     second_ms = check_second_clock(first_ms, clock())
     outcome, delay_ms = verdict
     status = finish(con, ticket, outcome, second_ms, delay_ms)
-    return {"id": ticket["id"], "token": ticket["token"], "status": status or "stale"}
+    return cycle_result(ticket, status)
 
 
 def run_file(
@@ -1162,7 +1123,7 @@ def run_file(
     A missing file (or anything that is not a regular file) is
     FileNotFoundError; no empty queue is ever created in its place.
     """
-    text = _check_path(path)
+    text = check_path(path)
     if not os.path.isfile(text):
         raise FileNotFoundError(f"queue file not found: {text}")
     check_run_args(owner, clock, send, jitter, lease_ms)

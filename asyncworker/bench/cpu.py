@@ -89,7 +89,7 @@ def fill_queue(path: Path, n: int, prefix: str = "job", journal: Optional[str] =
     """A product queue of n lab events, every one ready now (``journal``: "wal"
     for a file in WAL mode); with ``body_bytes``, payload events instead, each
     body an order of about that many bytes of canonical JSON."""
-    from lease.store import open_store
+    from lease.stores import open_store
 
     store = open_store(path, create=True, journal=journal)
     try:
@@ -203,7 +203,7 @@ class MemoryStore:
 
     def claim_jobs(self, owner: str, lease_ms: int, limit: int = 1, *,
                    now_ms: Optional[int] = None, fault: Any = None) -> Any:
-        from lease.store import Claimed, Leased
+        from lease.records import Claimed, Leased
 
         now = self.now_ms() if now_ms is None else now_ms
         start = self._next
@@ -289,7 +289,8 @@ async def _dispatch(queue: str, concurrency: int, batch: int, *, url: Optional[s
 def _store_alone(queue: str, per_transaction: int) -> dict:
     """The store's own share: claim_jobs and finish_jobs of ``per_transaction``
     jobs each, one thread, no event loop, until the queue is empty."""
-    from lease.store import Attempt, open_store
+    from lease.records import Attempt
+    from lease.stores import open_store
 
     store = open_store(queue)
     jobs = 0

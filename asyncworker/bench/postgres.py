@@ -39,7 +39,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from lease.policy import RetryPolicy
 from lease.postgres import redact
-from lease.store import is_postgres_url
+from lease.stores import is_postgres_url
 from lease.worker import StoreError
 
 __all__ = ["PEERS", "run_postgres_bench", "server_for"]
@@ -81,7 +81,7 @@ def database(url: str) -> Iterator[str]:
 
 
 def _enqueue(url: str, n: int, prefix: str = "job") -> None:
-    from lease.store import open_store
+    from lease.stores import open_store
 
     with open_store(url, create=True) as store:
         for start in range(0, n, 10_000):
@@ -176,7 +176,7 @@ def worker_main(params: dict) -> None:
 def scenario_history(url: str, finished: int, probes: int) -> dict:
     """claim_jobs and finish_jobs latency (one job each, the store's API) with
     ``finished`` done rows behind the live ones, loaded by one INSERT."""
-    from lease.store import open_store
+    from lease.stores import open_store
 
     with database(url) as db:
         with open_store(db, create=True) as store:
@@ -190,7 +190,7 @@ def scenario_history(url: str, finished: int, probes: int) -> dict:
         _enqueue(db, probes, "live")
         claims, finishes = [], []
         with open_store(db) as store:
-            from lease.store import Attempt
+            from lease.records import Attempt
 
             for _ in range(probes):
                 begun = time.perf_counter()
@@ -206,7 +206,7 @@ def scenario_history(url: str, finished: int, probes: int) -> dict:
 def scenario_redrive(url: str, n: int) -> dict:
     """A bulk redrive of n dead jobs (``asyncworker.bench.measure.redrive_dead_letters``)."""
     from asyncworker.bench.measure import redrive_dead_letters
-    from lease.store import open_store
+    from lease.stores import open_store
 
     with database(url) as db, open_store(db, create=True) as store:
         return redrive_dead_letters(store, n)
@@ -228,7 +228,7 @@ def scenario_ours_end_to_end(url: str, n: int) -> dict:
             return (await d.run(until_idle=True)).ok
 
     with database(url) as db:
-        from lease.store import open_store
+        from lease.stores import open_store
 
         with open_store(db, create=True):
             pass

@@ -203,7 +203,7 @@ def scenario_history(folder: Path, finished: int, probes: int, waiting: int = 0)
 
 def scenario_redrive(folder: Path, n: int) -> dict:
     """A bulk redrive of n dead jobs on a SQLite file (``redrive_dead_letters``)."""
-    from lease.store import open_store
+    from lease.stores import open_store
 
     with open_store(folder / "q.db", create=True) as store:
         return redrive_dead_letters(store, n)

@@ -28,7 +28,8 @@ import tempfile
 _CHILD = r"""
 import json, os, resource, sys, tempfile
 sys.path.insert(0, sys.argv[1])
-from lease.store import Attempt, open_store
+from lease.records import Attempt
+from lease.stores import open_store
 jobs, per, reps = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 where = sys.argv[5] or None
 runs = []

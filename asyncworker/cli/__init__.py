@@ -56,7 +56,7 @@ from asyncworker.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 from asyncworker.cli.output import to_stderr
 from asyncworker.cli.parser import build_parser
 from asyncworker.operations import UsageError, WorkFailed, about, one_line, passwords
-from lease.store import NotAQueue, StoreError
+from lease.records import NotAQueue, StoreError
 
 __all__ = ["main"]
 

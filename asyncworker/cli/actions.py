@@ -7,7 +7,6 @@ import argparse
 import os
 import sqlite3
 import sys
-import time
 from contextlib import closing
 
 from asyncworker.cli.exits import EXIT_FAILED, EXIT_OK
@@ -20,13 +19,10 @@ from asyncworker.operations import (
     open_queue_store,
     when,
 )
-from lease.store import Store, StoreError
+from lease.clock import wall_clock_ms
+from lease.records import StoreError
+from lease.store import Store
 from lease.worker import MAX_BATCH
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
-
 
 # ------------------------------------------------------------------ redrive, cancel
 

@@ -46,7 +46,9 @@ from asyncworker.cli.running import CRASH_DRILL
 from asyncworker.operations import receiver_stats, shown
 from asyncworker.receiving.inbox import read_arrivals, read_inbox
 from lease.policy import RetryPolicy
-from lease.store import Store, StoreError, open_store
+from lease.records import StoreError
+from lease.store import Store
+from lease.stores import open_store
 
 LEASE_MS = 1500
 

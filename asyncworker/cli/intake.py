@@ -16,7 +16,9 @@ from asyncworker.cli.exits import EXIT_FAILED, EXIT_OK
 from asyncworker.cli.output import to_stderr
 from asyncworker.operations import UsageError, about, check_queue_path, open_queue_store, shown
 from lease.policy import MAX_BODY_BYTES, RetryPolicy, check_product_event
-from lease.store import Conflicts, NotAQueue, Store, is_postgres_url, open_store
+from lease.records import Conflicts, NotAQueue
+from lease.store import Store
+from lease.stores import is_postgres_url, open_store
 from lease.worker import Conflict, parse_json
 
 # A JSON line's cap: a body's canonical text is at most MAX_BODY_BYTES, but the

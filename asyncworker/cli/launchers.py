@@ -10,7 +10,7 @@ from pathlib import Path
 
 from asyncworker.cli.exits import EXIT_OK
 from asyncworker.operations import UsageError, open_queue_store, shown
-from lease.store import is_postgres_url
+from lease.stores import is_postgres_url
 
 
 def ui(args: argparse.Namespace) -> int:

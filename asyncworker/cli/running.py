@@ -26,8 +26,8 @@ from asyncworker.operations import (
     shown,
 )
 from lease.policy import RetryPolicy
+from lease.records import StoreError
 from lease.signing import TOLERANCE_S
-from lease.store import StoreError
 
 if TYPE_CHECKING:
     from asyncworker.dispatcher import Dispatcher, DispatcherStats

@@ -62,7 +62,7 @@ from asyncworker.receiving.requests import Signatures, check_signature, error, r
 from lease.http import ID_HEADER
 from lease.policy import MAX_BODY_BYTES, PRODUCT, canonical_body
 from lease.signing import TOLERANCE_S
-from lease.worker import _immediate, check_job_id, parse_json
+from lease.worker import check_job_id, immediate, parse_json
 
 __all__ = [
     "APPLIED",
@@ -149,7 +149,7 @@ def open_store(path: str) -> sqlite3.Connection:
     try:
         con.execute("PRAGMA busy_timeout=5000")  # another writer: wait a little, then 503
         con.execute("PRAGMA synchronous=FULL")  # every COMMIT on disk before we answer
-        with _immediate(con):
+        with immediate(con):
             _check_columns(path, [row[1] for row in con.execute(f"PRAGMA table_info({TABLE})")])
             con.execute(_CREATE)
     except BaseException:
@@ -166,7 +166,7 @@ def receive(con: sqlite3.Connection, event: Event, effect: Effect, now_ms: int) 
     """One event, in one transaction: APPLIED (the effect ran and the id is
     recorded, committed), DUPLICATE or CONFLICT (nothing written). The effect
     raising rolls everything back: EffectFailed, or its Reject as is."""
-    with _immediate(con):
+    with immediate(con):
         row = con.execute(f"SELECT digest FROM {TABLE} WHERE id = ?", (event.id,)).fetchone()
         if row is not None:
             return DUPLICATE if row[0] == event.digest else CONFLICT

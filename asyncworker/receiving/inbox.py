@@ -55,8 +55,9 @@ from typing import NamedTuple, Optional, Union
 
 import aiosqlite
 
-from lease.worker import MAX_NOW_MS, _check_int, _immediate, check_now
-from lease.worker import _check_path as check_path
+from lease.worker import MAX_NOW_MS, check_now, check_path
+from lease.worker import check_int as _check_int
+from lease.worker import immediate as _immediate
 
 INBOX_VERSION = 3  # PRAGMA user_version of the inbox this code writes
 NEW = 0  # a missing or empty file: no version yet

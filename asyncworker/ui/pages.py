@@ -58,9 +58,12 @@ from asyncworker.ui.safety import (
     cross_site,
 )
 from lease.http import Destination
-from lease.observe import MAX_PAGE, STATUSES
 from lease.policy import PRODUCT, check_actor
-from lease.store import PATIENT, Store, StoreError, is_postgres_url, open_store
+from lease.records import StoreError
+from lease.retrying import PATIENT
+from lease.rules import MAX_PAGE, STATUSES
+from lease.store import Store
+from lease.stores import is_postgres_url, open_store
 from lease.worker import check_job_id
 
 __all__ = ["ui_app"]

@@ -17,7 +17,7 @@ import sqlite3
 import sys
 
 from lease.sqlite import SQLiteStore, enqueue_in
-from lease.store import run_once
+from lease.stores import run_store_once
 
 
 def open_shop(path: str) -> sqlite3.Connection:
@@ -60,7 +60,7 @@ def main(path: str) -> None:
         return True
 
     with SQLiteStore(path) as queue:  # no flag: the file says it is shared
-        while run_once(queue, "dispatcher-1", send, 0.5) is not None:
+        while run_store_once(queue, "dispatcher-1", send, 0.5) is not None:
             pass
     for customer, prefix in (("ann", "o-1:"), ("bob", "o-2:")):
         print(customer, " ".join(d for d in delivered if d.startswith(prefix)))

@@ -27,7 +27,8 @@ from typing import Iterator
 import pytest
 
 from lease.policy import RetryPolicy
-from lease.store import Attempt, open_store
+from lease.records import Attempt
+from lease.stores import open_store
 
 pytestmark = pytest.mark.browser
 

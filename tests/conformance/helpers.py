@@ -19,7 +19,8 @@ from typing import Any, Optional
 from hypothesis import strategies as st
 
 from lease.policy import RetryPolicy
-from lease.store import Attempt, Claimed, Store
+from lease.records import Attempt, Claimed
+from lease.store import Store
 
 STATUSES = ("pending", "leased", "done", "dead")
 

@@ -25,7 +25,7 @@ from hypothesis.stateful import (
 )
 
 from lease.policy import RetryPolicy, canonical_body
-from lease.store import Attempt
+from lease.records import Attempt
 from lease.worker import Conflict
 from tests.support.model import Model
 

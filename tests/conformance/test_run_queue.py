@@ -1,4 +1,4 @@
-"""The synchronous API on any store: ``lease.store.run_once`` (claim, send with
+"""The synchronous API on any store: ``lease.stores.run_store_once`` (claim, send with
 no transaction open, finish with the attempt's evidence) and ``run_queue``,
 which owns its store for one cycle, on a file's path or a postgresql:// URL."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lease.policy import RetryPolicy
-from lease.store import open_store, run_once, run_queue
+from lease.stores import open_store, run_queue, run_store_once
 from lease.worker import BadAck, Permanent, Retryable
 from tests.support.queues import T0
 
@@ -39,12 +39,12 @@ def test_an_ack_is_done_with_its_evidence(store):
         sent.append(event)
         return True
 
-    result = run_once(store, "w1", send, 0.5, 5_000, policy=POLICY, clock=Clock(T0, T0 + 7))
+    result = run_store_once(store, "w1", send, 0.5, 5_000, policy=POLICY, clock=Clock(T0, T0 + 7))
     assert result == {"id": "order:1", "token": 1, "status": "done"}
     assert sent == [{"id": "order:1", "body": '{"n":1}'}]
     row = job(store, "order:1")
     assert (row["status"], row["done_by"], row["done_started_ms"]) == ("done", "w1", T0)
-    assert run_once(store, "w1", send, 0.5, 5_000, clock=Clock(T0 + 8)) is None  # no work
+    assert run_store_once(store, "w1", send, 0.5, 5_000, clock=Clock(T0 + 8)) is None  # no work
 
 
 def test_a_retryable_failure_waits_by_the_policy_and_is_recorded(store):
@@ -53,7 +53,7 @@ def test_a_retryable_failure_waits_by_the_policy_and_is_recorded(store):
     def send(event: dict) -> bool:
         raise Retryable("the receiver is down")
 
-    result = run_once(store, "w1", send, 0.5, 5_000, policy=POLICY, clock=Clock(T0, T0 + 1))
+    result = run_store_once(store, "w1", send, 0.5, 5_000, policy=POLICY, clock=Clock(T0, T0 + 1))
     assert result == {"id": "a", "token": 1, "status": "pending"}
     row = job(store, "a")
     assert row["available_at"] == T0 + 1 + 100  # the policy's delay, jitter 0 (whole step)
@@ -68,9 +68,9 @@ def test_a_refusal_is_dead_and_a_bad_ack_propagates_leaving_the_job_leased(store
     def refuse(event: dict) -> bool:
         raise Permanent("HTTP 410")
 
-    assert run_once(store, "w1", refuse, 0.5, 5_000, clock=Clock(T0))["status"] == "dead"
+    assert run_store_once(store, "w1", refuse, 0.5, 5_000, clock=Clock(T0))["status"] == "dead"
     with pytest.raises(BadAck):
-        run_once(store, "w1", lambda event: "maybe", 0.5, 5_000, clock=Clock(T0 + 1))
+        run_store_once(store, "w1", lambda event: "maybe", 0.5, 5_000, clock=Clock(T0 + 1))
     row = job(store, "b")
     assert (row["status"], row["owner"]) == ("leased", "w1")  # its lease expiry recovers it
     [attempt] = history(store, "b")["attempts"]
@@ -85,7 +85,7 @@ def test_an_error_that_is_not_ours_propagates_with_its_evidence_kept(store):
         raise KeyError("oops")
 
     with pytest.raises(KeyError):
-        run_once(store, "w1", broken, 0.5, 5_000, clock=Clock(T0))
+        run_store_once(store, "w1", broken, 0.5, 5_000, clock=Clock(T0))
     [attempt] = history(store, "a")["attempts"]
     assert attempt["error"] == "KeyError: 'oops'" and job(store, "a")["status"] == "leased"
 
@@ -94,7 +94,7 @@ def test_the_store_clock_judges_without_an_injected_one(store):
     """No clock: the store's own (this host's for a file, the server's for a database)."""
     now = store.now_ms()
     assert store.enqueue_events([{"id": "a", "qty": 1}], POLICY) == [True]
-    assert run_once(store, "w1", lambda event: True, 0.5, 5_000)["status"] == "done"
+    assert run_store_once(store, "w1", lambda event: True, 0.5, 5_000)["status"] == "done"
     assert abs(job(store, "a")["done_started_ms"] - now) < 60_000
 
 
@@ -105,7 +105,7 @@ def test_bad_arguments_are_refused_before_anything_is_claimed(store, bad):
     args = {"owner": "w1", "send": lambda event: True, "jitter": 0.5, "lease_ms": 5_000, **bad}
     clock = args.pop("clock", None)
     with pytest.raises(ValueError):
-        run_once(store, args["owner"], args["send"], args["jitter"], args["lease_ms"],
+        run_store_once(store, args["owner"], args["send"], args["jitter"], args["lease_ms"],
                  clock=clock)
     assert job(store, "a")["status"] == "pending"
 
@@ -132,7 +132,7 @@ def test_an_http_refusal_keeps_its_status_in_the_evidence(store):
         error.http_status = 410  # type: ignore[attr-defined]
         raise error
 
-    run_once(store, "w1", gone, 0.5, 5_000, clock=Clock(T0))
+    run_store_once(store, "w1", gone, 0.5, 5_000, clock=Clock(T0))
     [attempt] = history(store, "a")["attempts"]
     assert (attempt["http_status"], attempt["result"], attempt["reason"]) == (
         410, "dead", "permanent")

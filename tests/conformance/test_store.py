@@ -13,7 +13,7 @@ import random
 import pytest
 
 from lease.policy import DEFAULT_POLICY, MAX_BODY_BYTES, PRODUCT, RetryPolicy, canonical_body
-from lease.store import MAX_ERROR_CHARS, Attempt
+from lease.records import MAX_ERROR_CHARS, Attempt
 from lease.worker import MAX_BATCH, MAX_NOW_MS, Conflict
 from tests.support.queues import T0
 

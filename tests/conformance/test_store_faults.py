@@ -11,7 +11,8 @@ from typing import Callable
 import pytest
 
 from lease.policy import PRODUCT, RetryPolicy
-from lease.store import Attempt, Store
+from lease.records import Attempt
+from lease.store import Store
 from lease.worker import MAX_BATCH, MAX_NOW_MS
 from tests.support.queues import T0
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from lease.policy import DEFAULT_POLICY
-from lease.store import Conflicts, Store
+from lease.records import Conflicts
+from lease.store import Store
 from lease.worker import Conflict
 from tests.support.queues import T0
 

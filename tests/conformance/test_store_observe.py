@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from lease.policy import RetryPolicy
-from lease.store import Attempt
+from lease.records import Attempt
 from tests.support.queues import T0
 
 from .helpers import claim_one, history

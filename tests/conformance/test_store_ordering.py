@@ -18,7 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lease.policy import RetryPolicy
-from lease.store import Attempt, Store
+from lease.records import Attempt
+from lease.store import Store
 from lease.worker import Conflict
 from tests.support.queues import T0
 

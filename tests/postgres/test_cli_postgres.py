@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from asyncworker.devtools.postgres_server import free_port
-from lease.store import open_store
+from lease.stores import open_store
 from tests.support.commands import cli
 from tests.support.servers import ReceiverProcess
 

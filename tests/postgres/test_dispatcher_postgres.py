@@ -20,7 +20,7 @@ from aiohttp import web
 
 from asyncworker import Dispatcher, make_app
 from lease.policy import RetryPolicy
-from lease.store import open_store
+from lease.stores import open_store
 
 POLICY = RetryPolicy(max_attempts=5, ttl_ms=600_000, lease_ms=10_000)
 ROOT = Path(__file__).resolve().parents[2]

@@ -49,7 +49,7 @@ from asyncworker import Dispatcher, DispatcherStats, make_app
 from asyncworker.devtools.postgres_server import PostgresServer
 from lease.policy import RetryPolicy
 from lease.postgres import CHANNEL, PostgresStore
-from lease.store import open_store
+from lease.stores import open_store
 from lease.worker import Busy
 
 pytestmark = pytest.mark.timeout(120)

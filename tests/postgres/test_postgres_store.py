@@ -18,16 +18,12 @@ import pytest
 
 from asyncworker.devtools.postgres_server import database_of, free_port
 from lease.policy import PRODUCT, RetryPolicy
-from lease.postgres import (
-    _MIGRATIONS,
-    _PICK_AND_LEASE,
-    _QUARANTINE,
-    CHANNEL,
-    SCHEMA_VERSION,
-    PostgresStore,
-    redact,
-)
-from lease.store import PATIENT, Attempt, Busy, Claimed, NotAQueue, StoreError, open_store
+from lease.postgres import CHANNEL, SCHEMA_VERSION, PostgresStore, redact
+from lease.postgres.schema import MIGRATIONS
+from lease.postgres.statements import PICK_AND_LEASE, QUARANTINE
+from lease.records import Attempt, Busy, Claimed, NotAQueue, StoreError
+from lease.retrying import PATIENT
+from lease.stores import open_store
 from tests.support.queues import T0
 from tests.support.waiting import WAIT_S, wait_until
 
@@ -400,7 +396,7 @@ def _old_queue(admin: psycopg.Connection, version: int) -> None:
     admin.execute("CREATE TABLE lease.schema_migrations (version integer PRIMARY KEY,"
                   " applied_at timestamptz NOT NULL DEFAULT now())")
     for applied in range(1, version + 1):
-        for statement in _MIGRATIONS[applied]:
+        for statement in MIGRATIONS[applied]:
             admin.execute(statement)
         admin.execute("INSERT INTO lease.schema_migrations (version) VALUES (%s)", (applied,))
 
@@ -541,12 +537,12 @@ def test_the_claim_reads_the_partial_indexes_however_many_jobs_are_done(
     store = make_store()
     args = {"now": T0 + 10, "limit": 10, "owner": "w", "lease_ms": 1000}
     store.enqueue_events([ev(f"live{n}") for n in range(20)], now_ms=T0)
-    small = plan(admin, _PICK_AND_LEASE, args)
+    small = plan(admin, PICK_AND_LEASE, args)
     admin.execute("""INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,
   available_at, deadline) SELECT 'done' || g, 1, 'done', 1, 3, 1, %s, %s
   FROM generate_series(1, 100000) g""", (T0, T0 + 60_000))
     admin.execute("ANALYZE lease.jobs")
-    big = plan(admin, _PICK_AND_LEASE, args)
+    big = plan(admin, PICK_AND_LEASE, args)
     for top in (small, big):
         assert read_only_partial_indexes(top), top
         [pick] = [n for n in nodes(top) if n.get("Subplan Name") == "CTE picked"]
@@ -554,7 +550,7 @@ def test_the_claim_reads_the_partial_indexes_however_many_jobs_are_done(
         # the pick reads a few pages of the live rows, not the 100,000 done ones
         assert pick["Shared Hit Blocks"] + pick.get("Shared Read Blocks", 0) <= 50, pick
     assert "jobs_ready" in {n.get("Index Name") for n in nodes(big)}
-    for _, statement in _QUARANTINE:
+    for _, statement in QUARANTINE:
         assert read_only_partial_indexes(plan(admin, statement, args))
 
 

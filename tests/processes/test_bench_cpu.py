@@ -22,7 +22,7 @@ from asyncworker.bench.cpu import (
 )
 from asyncworker.bench.measure import cpu_s, split_cpus
 from lease.policy import stored_body
-from lease.store import open_store
+from lease.stores import open_store
 
 
 @pytest.mark.timeout(300)

@@ -151,7 +151,7 @@ def test_the_bulk_redrive_row_times_every_dead_job_redriven_in_transactions_of_a
     """``redrive_dead_letters``: n jobs dead by the quarantine, redriven as
     ``asyncworker redrive --reason deadline`` does, MAX_BATCH a transaction;
     every one of them pending again with its audit row."""
-    from lease.store import open_store
+    from lease.stores import open_store
     from lease.worker import MAX_BATCH
 
     n = MAX_BATCH + 500

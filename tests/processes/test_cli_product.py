@@ -17,7 +17,8 @@ from lease import sqlite as store
 from lease import worker
 from lease.http import send_http
 from lease.policy import DEFAULT_POLICY, MAX_BODY_BYTES, RetryPolicy, canonical_body
-from lease.store import Attempt, open_store
+from lease.records import Attempt
+from lease.stores import open_store
 from tests.support import DATA
 from tests.support.commands import cli
 from tests.support.queues import T0, job_rows, rows, run_on_a_terminal
@@ -578,7 +579,7 @@ def test_stats_shows_the_keys_a_dead_job_blocks(queue: Path):
         store.enqueue_events(con, [{"id": f"e{n}", "qty": 1, "key": "ann"} for n in range(3)],
                              T0, DEFAULT_POLICY)
         [job] = store.claim_jobs(con, "w", T0, 1000, 1)[0]
-        seen = store.Attempt(T0, 1, 410, "gone")
+        seen = Attempt(T0, 1, 410, "gone")
         assert store.finish_jobs(con, [(job.ticket, "permanent", 0, seen)], T0 + 1) == [
             ("dead", "permanent")]
     finally:

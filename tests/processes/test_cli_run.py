@@ -152,7 +152,8 @@ def test_plain_http_refused_names_the_flag_not_the_argument(queue: Path):
 def test_inspect_and_dead_show_the_ordering_key_and_the_actor(queue: Path):
     """What the JSON has, the text shows: a job's ordering key, who made each
     audit row; dead lists the key as a column and gives JSON too."""
-    from lease.store import Attempt, open_store
+    from lease.records import Attempt
+    from lease.stores import open_store
     from tests.support.queues import T0
 
     with open_store(queue) as store:

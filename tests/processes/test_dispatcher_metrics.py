@@ -31,7 +31,7 @@ from asyncworker import Dispatcher, dispatcher_context
 from asyncworker.devtools.postgres_server import fresh_database
 from asyncworker.metrics import add_metrics_routes, metrics_app
 from lease.policy import RetryPolicy
-from lease.store import open_store
+from lease.stores import open_store
 from tests.support.scenario import LEASE_MS, SENDS, ScenarioClock, Script, T, run_scenario
 from tests.support.servers import ReceiverProcess
 

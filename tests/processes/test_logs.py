@@ -23,7 +23,7 @@ import pytest
 from asyncworker import Dispatcher
 from asyncworker.logs import configure
 from lease.policy import RetryPolicy
-from lease.store import open_store
+from lease.stores import open_store
 from tests.support.scenario import BODY_MARK, ScenarioClock, T, run_scenario
 from tests.support.servers import Behaviour, HostileServer, Request, ack_for, answer
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lease import observe, worker
+from lease import worker
+from lease.sqlite import reads
 from tests.support.queues import T0, add
 
 
@@ -20,11 +21,11 @@ def listing(folder: Path) -> dict[str, bytes]:
 def test_read_only_open_reads_a_queue(con, queue_path):
     add(con, "a", 1)
     add(con, "b", 2)
-    ro = observe.open_readonly(queue_path)
+    ro = reads.open_readonly(queue_path)
     try:
-        assert observe.counts(ro)["pending"] == 2
-        assert observe.snapshot(ro, T0)["jobs"] == 2
-        assert observe.job_history(ro, "a")["job"]["qty"] == 1
+        assert reads.counts(ro)["pending"] == 2
+        assert reads.snapshot(ro, T0)["jobs"] == 2
+        assert reads.job_history(ro, "a")["job"]["qty"] == 1
         with pytest.raises(sqlite3.OperationalError, match="readonly"):
             ro.execute("DELETE FROM jobs")
     finally:
@@ -46,8 +47,8 @@ def test_a_wal_copy_is_read_without_switching_its_mode_or_leaving_files(tmp_path
     flip.close()
     before = listing(copy.parent)
     assert list(before) == ["queue.db"]
-    ro = observe.open_readonly(copy)
-    assert observe.counts(ro)["pending"] == 1
+    ro = reads.open_readonly(copy)
+    assert reads.counts(ro)["pending"] == 1
     ro.close()
     assert listing(copy.parent) == before
 
@@ -57,8 +58,8 @@ def test_a_dropped_index_is_not_recreated(con, queue_path):
     con.execute("DROP INDEX jobs_live")
     con.close()
     before = listing(queue_path.parent)
-    ro = observe.open_readonly(queue_path)
-    assert observe.snapshot(ro, T0)["by_status"]["pending"] == 1
+    ro = reads.open_readonly(queue_path)
+    assert reads.snapshot(ro, T0)["by_status"]["pending"] == 1
     ro.close()
     assert listing(queue_path.parent) == before
 
@@ -81,7 +82,7 @@ def test_what_is_not_a_queue_is_refused_untouched(tmp_path, make, error, message
         made.connection.close()
     before = listing(tmp_path) if path.is_file() else sorted(os.listdir(tmp_path))
     with pytest.raises(error, match=message):
-        observe.open_readonly(path)
+        reads.open_readonly(path)
     after = listing(tmp_path) if path.is_file() else sorted(os.listdir(tmp_path))
     assert after == before
 
@@ -89,7 +90,7 @@ def test_what_is_not_a_queue_is_refused_untouched(tmp_path, make, error, message
 def test_open_readonly_checks_its_path():
     for bad in ("", ":memory:", "file:x.db", 3):
         with pytest.raises(ValueError):
-            observe.open_readonly(bad)  # type: ignore[arg-type]
+            reads.open_readonly(bad)  # type: ignore[arg-type]
 
 
 def test_a_hot_journal_left_by_a_killed_writer_is_named_not_repaired(queue_path, con):
@@ -112,10 +113,10 @@ os._exit(9)  # killed mid-transaction: the rollback journal stays, hot
     journal = queue_path.with_name(queue_path.name + "-journal")
     assert journal.exists()
     before = listing(queue_path.parent)
-    observe.READ_PATIENCE_S, saved = 0.2, observe.READ_PATIENCE_S
+    reads.READ_PATIENCE_S, saved = 0.2, reads.READ_PATIENCE_S
     try:
         with pytest.raises(sqlite3.OperationalError) as refused:
-            observe.open_readonly(queue_path)
+            reads.open_readonly(queue_path)
         # what is known, not a guess: no writer finished it, killed or failed on a full
         # disk, and the room left where the file lives
         said = str(refused.value)
@@ -125,11 +126,11 @@ os._exit(9)  # killed mid-transaction: the rollback journal stays, hot
         assert abs(free - shutil.disk_usage(queue_path.parent).free) < 64 << 20
         assert "rolls it back" in said
     finally:
-        observe.READ_PATIENCE_S = saved
+        reads.READ_PATIENCE_S = saved
     assert listing(queue_path.parent) == before
     writer = worker.open_queue(queue_path)  # a writer rolls it back: the committed state
     assert writer.execute("SELECT id, qty FROM jobs").fetchall() == [("a", 1)]
     writer.close()
-    ro = observe.open_readonly(queue_path)
-    assert observe.counts(ro)["pending"] == 1
+    ro = reads.open_readonly(queue_path)
+    assert reads.counts(ro)["pending"] == 1
     ro.close()

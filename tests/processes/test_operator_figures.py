@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from asyncworker import Dispatcher, make_app, metrics_app
 from asyncworker.ui import ui_app
 from lease.policy import RetryPolicy
-from lease.store import open_store
+from lease.stores import open_store
 from lease.worker import Permanent
 from tests.support.dispatching import FakeClock
 

@@ -18,10 +18,11 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from lease import observe, postgres, sqlite, worker
+from lease import postgres, sqlite, worker
 from lease.postgres import PostgresStore
-from lease.sqlite import SQLiteStore
-from lease.store import Conflicts, NotAQueue, open_store
+from lease.records import Conflicts, NotAQueue
+from lease.sqlite import SQLiteStore, reads
+from lease.stores import open_store
 from tests.support.queues import T0
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,8 +74,8 @@ def test_a_service_file_is_refused_unless_declared_shared_and_then_always_accept
         assert store.shared  # the file says so: no flag needed any more
         assert store.enqueue_events([event("a")], now_ms=T0) == [True]
         assert looking.counts()["pending"] == 1
-    ro = observe.open_readonly(path)
-    assert observe.snapshot(ro, T0)["by_status"]["pending"] == 1
+    ro = reads.open_readonly(path)
+    assert reads.snapshot(ro, T0)["by_status"]["pending"] == 1
     ro.close()
 
 

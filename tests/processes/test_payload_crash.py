@@ -16,10 +16,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Optional
 
-from lease import observe, worker
+from lease import worker
 from lease.http import ID_HEADER
 from lease.policy import DEFAULT_POLICY, canonical_body
-from lease.sqlite import enqueue_events, open_store
+from lease.sqlite import enqueue_events, open_store, reads
 from tests.support.dispatching import CHILD, child_result
 
 KILL_AT = 30  # the receiver kills the first dispatcher when this request arrives
@@ -121,7 +121,7 @@ def test_payloads_survive_a_sigkill_and_are_applied_once(queue_path: Path):
         # only a writer rolls its hot journal back (a reader is refused).
         con = worker.open_queue(queue_path)
         try:
-            mid = observe.counts(con)
+            mid = reads.counts(con)
         finally:
             con.close()
         assert mid["leased"] >= 1 and mid["done"] < len(sent)  # killed with sends in flight
@@ -138,10 +138,10 @@ def test_payloads_survive_a_sigkill_and_are_applied_once(queue_path: Path):
         text = canonical_body(body)[0]
         assert state.applied[job_id] == text.encode()  # byte for byte
         assert json.loads(state.applied[job_id]) == body
-    con = observe.open_readonly(queue_path)
+    con = reads.open_readonly(queue_path)
     try:
-        assert observe.counts(con) == {"pending": 0, "leased": 0, "done": len(sent), "dead": 0}
-        stored = {row["id"]: row["body"] for row in observe.jobs_with_status(con, "done")}
+        assert reads.counts(con) == {"pending": 0, "leased": 0, "done": len(sent), "dead": 0}
+        stored = {row["id"]: row["body"] for row in reads.jobs_with_status(con, "done")}
     finally:
         con.close()
     assert stored == {job_id: canonical_body(body)[0] for job_id, body in sent.items()}

@@ -19,7 +19,7 @@ from asyncworker.receiving.inbox import read_inbox
 from lease import worker
 from lease.http import send_http
 from lease.policy import canonical_body
-from lease.store import open_store
+from lease.stores import open_store
 from tests.support.commands import cli
 from tests.support.queues import T0
 from tests.support.servers import ReceiverProcess

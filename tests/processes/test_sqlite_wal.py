@@ -17,7 +17,7 @@ import pytest
 from asyncworker import Dispatcher
 from lease import worker
 from lease.sqlite import SQLiteStore, journal_mode
-from lease.store import open_store
+from lease.stores import open_store
 from tests.support.commands import cli
 from tests.support.queues import T0
 from tests.support.servers import ReceiverProcess
@@ -104,7 +104,7 @@ def test_every_commit_on_a_wal_file_survives_the_process_dying_at_once(tmp_path:
     script = textwrap.dedent(f"""
         import os
         from lease.sqlite import SQLiteStore
-        from lease.store import Attempt
+        from lease.records import Attempt
         store = SQLiteStore({str(path)!r})
         now = {T0 + 10}
         for _ in range(7):

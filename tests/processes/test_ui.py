@@ -28,7 +28,9 @@ from asyncworker.ui import ui_app
 from asyncworker.ui.bulk import BulkRequest, Member, fingerprint, outcome
 from asyncworker.ui.safety import SECURITY_HEADERS, parse_token_line
 from lease.policy import RetryPolicy
-from lease.store import Attempt, Store, open_store
+from lease.records import Attempt
+from lease.store import Store
+from lease.stores import open_store
 from tests.support.servers import ReceiverProcess, stop_process
 
 XSS_ID = "<script>alert(1)</script>"

@@ -23,7 +23,8 @@ from asyncworker import Dispatcher
 from asyncworker.finisher import HOLD_CLAIMS, GroupFinisher, Judged, Recorded
 from asyncworker.leases import Held, StoreTime, half_way
 from asyncworker.store import AsyncStore
-from lease.store import Attempt, open_store
+from lease.records import Attempt
+from lease.stores import open_store
 from tests.support.queues import T0
 
 LEASE_MS = 60_000

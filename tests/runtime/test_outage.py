@@ -21,10 +21,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from asyncworker import Dispatcher, DispatcherStats
-from lease import observe
 from lease.http import ID_HEADER
 from lease.policy import DEFAULT_POLICY, LAB_POLICY, RetryPolicy, canonical_body
-from lease.sqlite import enqueue_events, open_store
+from lease.sqlite import enqueue_events, open_store, reads
 from tests.support.queues import T0
 
 OUTAGE_MS = 10 * 60_000
@@ -110,12 +109,12 @@ async def test_the_default_policy_rides_out_a_ten_minute_outage(queue_path: Path
     assert stats.dead_by_reason == {"deadline": 0, "exhausted": 0, "permanent": 0}
     assert receiver.refused == stats.retried > n * 5  # every job was refused many times
     assert set(receiver.received.values()) == {1}  # each delivered once after it
-    con = observe.open_readonly(queue_path)
+    con = reads.open_readonly(queue_path)
     try:
-        assert observe.counts(con) == {"pending": 0, "leased": 0, "done": n, "dead": 0}
+        assert reads.counts(con) == {"pending": 0, "leased": 0, "done": n, "dead": 0}
         spent = []
         for event in events(n):
-            history = observe.job_history(con, event["id"])
+            history = reads.job_history(con, event["id"])
             assert history is not None
             *refused, accepted = history["attempts"]
             assert all((a["outcome"], a["result"], a["http_status"]) == ("retry", "pending", 503)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from lease import observe, worker
+from lease import worker
+from lease.sqlite import reads
 from tests.support.servers import ReceiverProcess
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(900)]
@@ -51,9 +52,9 @@ def wait_until_ready(queue: Path, name: str) -> None:
 
 
 def unfinished(queue: Path) -> int:
-    con = observe.open_readonly(queue)  # looks without a write: never waits on the dispatchers
+    con = reads.open_readonly(queue)  # looks without a write: never waits on the dispatchers
     try:
-        counts = observe.counts(con)
+        counts = reads.counts(con)
     finally:
         con.close()
     return counts["pending"] + counts["leased"]

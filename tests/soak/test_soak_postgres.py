@@ -31,7 +31,7 @@ import pytest
 
 from asyncworker.devtools.postgres_server import PostgresServer
 from lease.policy import RetryPolicy
-from lease.store import open_store
+from lease.stores import open_store
 from lease.worker import StoreError
 from tests.support.servers import ReceiverProcess
 

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from lease import observe, worker
+from lease import worker
 from lease.policy import DEFAULT_POLICY, RetryPolicy
-from lease.sqlite import enqueue_events, open_store
+from lease.sqlite import enqueue_events, open_store, reads
 from tests.support.queues import T0
 
 CHILD = str(Path(__file__).with_name("child.py"))
@@ -34,7 +34,7 @@ def fill(path: Path, n: int, *, prefix: str = "job", ttl: int = 60_000, max_atte
 def statuses(path: Path) -> dict[str, int]:
     con = worker.open_queue(path)
     try:
-        return observe.counts(con)
+        return reads.counts(con)
     finally:
         con.close()
 
@@ -83,9 +83,9 @@ def wall_ms() -> int:
 
 
 def attempts(path: Path, job_id: str) -> list[dict]:
-    con = observe.open_readonly(path)
+    con = reads.open_readonly(path)
     try:
-        found = observe.job_history(con, job_id)
+        found = reads.job_history(con, job_id)
     finally:
         con.close()
     assert found is not None

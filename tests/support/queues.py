@@ -8,7 +8,8 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
-from lease import observe, worker
+from lease import worker
+from lease.sqlite import reads
 
 T0 = 1_000_000  # a clock value well inside the contract's range
 
@@ -33,12 +34,12 @@ def _named(con: sqlite3.Connection, sql: str, args: tuple = ()) -> list[dict]:
 
 def rows(con: sqlite3.Connection, table: str = "jobs") -> list[dict]:
     """A table's rows in seq order; jobs whole, with their bodies."""
-    source = observe._jobs(con) if table == "jobs" else table
+    source = reads._jobs(con) if table == "jobs" else table
     return _named(con, f"SELECT * FROM {source} ORDER BY seq")
 
 
 def job(con: sqlite3.Connection, job_id: str) -> dict:
-    found = _named(con, f"SELECT * FROM {observe._jobs(con)} WHERE id = ?", (job_id,))
+    found = _named(con, f"SELECT * FROM {reads._jobs(con)} WHERE id = ?", (job_id,))
     assert found, job_id
     return found[0]
 

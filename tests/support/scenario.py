@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 
 from asyncworker import Dispatcher, DispatcherStats
 from lease.policy import RetryPolicy
-from lease.store import open_store
+from lease.stores import open_store
 from lease.worker import Permanent, Retryable
 
 T = 1_800_000_000_000  # the injected clock's start: every store call is judged by it

@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 from asyncworker import Dispatcher
-from lease import observe, worker
+from lease import worker
 from lease.policy import RetryPolicy, canonical_body
-from lease.sqlite import MAX_ERROR_CHARS, open_store, stale_finishes
+from lease.records import MAX_ERROR_CHARS
+from lease.sqlite import open_store, reads, stale_finishes
 from lease.worker import LeaseError, Permanent, Retryable
 from tests.support.dispatching import FakeClock, attempts, enqueue, until, wall_ms
 from tests.support.queues import T0
@@ -36,9 +37,9 @@ def with_status(error: LeaseError, status: object) -> LeaseError:
 
 def history(path: Path, job_id: str) -> list[tuple]:
     """Each attempt of the job as (token, owner, outcome, result, reason, http_status, error)."""
-    con = observe.open_readonly(path)
+    con = reads.open_readonly(path)
     try:
-        found = observe.job_history(con, job_id)
+        found = reads.job_history(con, job_id)
     finally:
         con.close()
     assert found is not None
@@ -118,12 +119,12 @@ async def test_every_attempt_of_a_run_is_in_the_history(queue_path: Path):
     assert all(a["started_ms"] == (T0 if a["owner"] == "d1" else T0 + 5000) for a in every)
     late = attempts(queue_path, "slow:1")[1]
     assert late["latency_ms"] >= stall_ms - 1  # the send's own duration, stall included
-    con = observe.open_readonly(queue_path)
+    con = reads.open_readonly(queue_path)
     try:
         assert stale_finishes(con) == 1
-        snap = observe.snapshot(con, T0 + 6000)
+        snap = reads.snapshot(con, T0 + 6000)
         assert (snap["stale_finishes"], snap["attempts_recorded"]) == (1, 10)
-        [dead] = observe.dead_jobs(con)
+        [dead] = reads.dead_jobs(con)
         assert (dead["id"], dead["last_error"]) == ("gone", "Permanent: HTTP 404")
     finally:
         con.close()
@@ -192,7 +193,7 @@ async def test_a_lost_lease_is_a_refused_finish_on_record(queue_path: Path):
     first = attempts(queue_path, "taken")
     assert [(a["token"], a["outcome"], a["result"], a["error"]) for a in first] == [
         (1, "retry", "stale", "LeaseLost: lease of taken token 1 is gone")]
-    con = observe.open_readonly(queue_path)
+    con = reads.open_readonly(queue_path)
     try:
         assert stale_finishes(con) == 1
     finally:

@@ -189,12 +189,12 @@ class CountedId(str):
 
 
 def test_a_redrive_finds_each_ids_result_without_scanning_the_ids():
-    """The audit rows a redrive keeps (lease.sqlite._kept_audits), for 2,000
+    """The audit rows a redrive keeps (lease.sqlite.kept_audits), for 2,000
     ids each named twice in a shuffled order, every seventh refused at its
     first place: the right rows, with the ids compared about once each, not
     once per id before it (a scan of the list per id, inside the write
     transaction, cost 0.8 s at 10,000 ids)."""
-    from lease.sqlite import _kept_audits
+    from lease.rules import kept_audits
 
     names = [f"job-{n}" for n in range(2000)]
     job_ids = [CountedId(name) for name in names] + [CountedId(name) for name in names]
@@ -208,7 +208,7 @@ def test_a_redrive_finds_each_ids_result_without_scanning_the_ids():
     # the audit rows _redrive_decisions gives: each id at its first place, in that order
     audits = [(job_id, n) for n, job_id in enumerate(job_ids) if firsts[str(job_id)] is job_id]
     CountedId.compared = 0
-    kept = _kept_audits(audits, results, job_ids)
+    kept = kept_audits(audits, results, job_ids)
     compared = CountedId.compared
     assert kept == [(job_id, n) for job_id, n in audits if str(job_id) not in refused]
     assert compared <= 2 * len(job_ids), compared

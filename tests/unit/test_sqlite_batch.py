@@ -1,6 +1,6 @@
 """A product file's claims and finishes run each batch in one SQLite statement
-(``lease.sqlite._OneStatement``), not a step per row: the rows, values and
-results are exactly the contract's way (``lease.worker._RowAtATime``), and the
+(``lease.sqlite.batch.OneStatement``), not a step per row: the rows, values and
+results are exactly the contract's way (``lease.sqlite.batch.RowAtATime``), and the
 number of statements a transaction runs does not grow with its batch."""
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from lease import sqlite as product
-from lease import worker
-from lease.sqlite import SQLiteStore
-from lease.store import Attempt
+from lease.records import Attempt
+from lease.sqlite import SQLiteStore, statements
+from lease.sqlite import batch as product
 from tests.support.queues import T0
 
 # lab events, payloads (with text JSON must escape) and ordered keys
@@ -57,9 +56,9 @@ def workload(path: Path) -> list:
 
 def test_one_statement_and_a_row_at_a_time_leave_the_same_rows(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch):
-    assert isinstance(product._BATCH, product._OneStatement)  # this SQLite has what it needs
+    assert isinstance(product.BATCH, product.OneStatement)  # this SQLite has what it needs
     fast = workload(tmp_path / "fast.db")
-    monkeypatch.setattr(product, "_BATCH", worker._ROW_AT_A_TIME)
+    monkeypatch.setattr(product, "BATCH", product.ROW_AT_A_TIME)
     slow = workload(tmp_path / "slow.db")
     assert fast == slow
     claims = [len(round_) for round_ in fast[::2]]
@@ -110,12 +109,12 @@ def test_a_row_json_cannot_carry_exactly_is_read_the_contract_way(tmp_path: Path
         con.execute("INSERT INTO bodies (seq, body) SELECT seq, x'00ff' FROM jobs"
                     " WHERE id = 'blob'")
         for ids in (["real", "plain"], ["blob", "plain"], ["plain"]):
-            select = (f"SELECT {worker._MARKED}, bodies.body"
+            select = (f"SELECT {statements.MARKED}, bodies.body"
                       f" FROM jobs LEFT JOIN bodies USING (seq)"
                       f" WHERE id IN ({', '.join('?' * len(ids))})")
-            names = (*worker._MARKED_NAMES, "body")
-            fast = product._BATCH.read(con, names, select, ids)
-            exact = worker._ROW_AT_A_TIME.read(con, names, select, ids)
+            names = (*statements.MARKED_NAMES, "body")
+            fast = product.BATCH.read(con, names, select, ids)
+            exact = product.ROW_AT_A_TIME.read(con, names, select, ids)
             assert [tuple(row) for row in fast] == exact
         assert exact == [tuple(row) for row in fast]  # the last: the JSON way itself
         assert type(fast[0]) is list
@@ -130,14 +129,14 @@ def test_bodies_are_read_beside_the_json_and_exactly(tmp_path: Path):
                               {"id": "pay", "body": {"q": "a \"quote\"\n\u2603", "n": [1, 2]}},
                               {"id": "odd", "body": {"x": 1}}])
         con = store.connection
-        names = (*worker._MARKED_NAMES, "body")
+        names = (*statements.MARKED_NAMES, "body")
 
         def both(ids: list) -> tuple:
-            select = (f"SELECT {worker._MARKED}, bodies.body"
+            select = (f"SELECT {statements.MARKED}, bodies.body"
                       f" FROM jobs LEFT JOIN bodies USING (seq)"
                       f" WHERE id IN ({', '.join('?' * len(ids))}) ORDER BY seq")
-            return ([tuple(row) for row in product._BATCH.read(con, names, select, ids)],
-                    worker._ROW_AT_A_TIME.read(con, names, select, ids))
+            return ([tuple(row) for row in product.BATCH.read(con, names, select, ids)],
+                    product.ROW_AT_A_TIME.read(con, names, select, ids))
 
         fast, exact = both(["lab", "pay"])
         assert fast == exact and exact[0][-1] is None and '\\"quote\\"' in exact[1][-1]
@@ -161,7 +160,7 @@ def test_an_update_of_more_rows_than_a_statement_holds_writes_every_one(tmp_path
         store.enqueue_events([{"id": f"j-{i}", "qty": 1} for i in range(150)])
         con = store.connection
         seqs = [seq for (seq,) in con.execute("SELECT seq FROM jobs ORDER BY seq")]
-        ran = statements_of(store, lambda: product._BATCH.update(
+        ran = statements_of(store, lambda: product.BATCH.update(
             con, "reason = 'x'", ("owner", "lease_until"),
             [(f"o{seq}", seq * 10, seq) for seq in seqs[:130]]))
         assert len(ran) == 3  # 64 + 64 + 2 rows
@@ -188,7 +187,7 @@ def test_rows_that_set_the_same_values_are_written_by_seq_alone(tmp_path: Path):
     with SQLiteStore(tmp_path / "q.db", create=True, clock=lambda: T0) as store:
         seqs = _seqs(store, 160)
         con = store.connection
-        ran = statements_of(store, lambda: product._BATCH.update(
+        ran = statements_of(store, lambda: product.BATCH.update(
             con, "reason = 'x'", ("owner", "lease_until"),
             [("o", 7, seq) for seq in seqs[:150]]))
         assert len(ran) == 3 and all("WHERE seq IN" in sql for sql in ran), ran
@@ -201,7 +200,7 @@ def test_each_set_of_values_gets_its_own_statement(tmp_path: Path):
         seqs = _seqs(store, 40)
         con = store.connection
         rows = [("even" if seq % 2 == 0 else "odd", None, seq) for seq in seqs]
-        ran = statements_of(store, lambda: product._BATCH.update(
+        ran = statements_of(store, lambda: product.BATCH.update(
             con, "reason = 'x'", ("owner", "lease_until"), rows))
         assert len(ran) == 2 and all("WHERE seq IN" in sql for sql in ran), ran
         got = con.execute("SELECT seq, owner, lease_until FROM jobs ORDER BY seq")
@@ -214,7 +213,7 @@ def test_equal_values_of_other_types_are_not_written_as_one(tmp_path: Path):
         seqs = _seqs(store, 12)
         con = store.connection
         given = (1, 1.0, True)
-        ran = statements_of(store, lambda: product._BATCH.update(
+        ran = statements_of(store, lambda: product.BATCH.update(
             con, "owner = 'x'", ("reason",),
             [(given[i % 3], seq) for i, seq in enumerate(seqs)]))
         assert len(ran) == 3 and all("WHERE seq IN" in sql for sql in ran), ran
@@ -228,7 +227,7 @@ def test_rows_of_many_values_are_joined_with_values(tmp_path: Path):
         con = store.connection
         # 11 sets of values among 40 rows: more than a quarter, so a join
         rows = [("o", seq % 11, seq) for seq in seqs]
-        ran = statements_of(store, lambda: product._BATCH.update(
+        ran = statements_of(store, lambda: product.BATCH.update(
             con, "reason = 'x'", ("owner", "lease_until"), rows))
         assert len(ran) == 1 and "FROM (VALUES" in ran[0], ran
         got = con.execute("SELECT owner, lease_until FROM jobs ORDER BY seq")

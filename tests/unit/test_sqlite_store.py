@@ -12,7 +12,7 @@ import pytest
 
 from lease import sqlite as store
 from lease import worker
-from lease.sqlite import SQLiteStore
+from lease.sqlite import SQLiteStore, schema
 from tests.support import DATA
 from tests.support.queues import T0
 
@@ -28,7 +28,7 @@ CREATE TABLE redrives (seq INTEGER PRIMARY KEY AUTOINCREMENT,
 
 
 def lab_columns(con: sqlite3.Connection) -> list[tuple]:
-    names = ", ".join(worker._COLUMNS["jobs"])
+    names = ", ".join(worker.CONTRACT_COLUMNS["jobs"])
     return con.execute(f"SELECT {names} FROM jobs ORDER BY seq").fetchall()
 
 
@@ -108,13 +108,13 @@ def test_a_newer_file_is_refused_untouched(tmp_path):
 def test_a_crash_inside_the_migration_leaves_the_old_version_whole(tmp_path, monkeypatch):
     path = tmp_path / "old.db"
     shutil.copy(OLD_FILE, path)
-    broken = store._MIGRATIONS[1] + ("CREATE TABLE attempts (x)",)  # fails: exists already
-    monkeypatch.setitem(store._MIGRATIONS, 1, broken)
+    broken = schema.MIGRATIONS[1] + ("CREATE TABLE attempts (x)",)  # fails: exists already
+    monkeypatch.setitem(schema.MIGRATIONS, 1, broken)
     with pytest.raises(sqlite3.OperationalError):
         store.open_store(path)
     con = sqlite3.connect(path)
     assert con.execute("PRAGMA user_version").fetchone()[0] == 0
-    assert [r[1] for r in con.execute("PRAGMA table_info(jobs)")] == worker._COLUMNS["jobs"]
+    assert [r[1] for r in con.execute("PRAGMA table_info(jobs)")] == worker.CONTRACT_COLUMNS["jobs"]
     con.close()
 
 
@@ -178,9 +178,9 @@ def test_a_refused_call_leaves_the_file_byte_for_byte(tmp_path):
 def test_a_version_2_file_migrates_to_ordered_keys_with_every_row_kept(tmp_path):
     path = tmp_path / "v2.db"
     con = worker.open_queue(path)
-    with worker._immediate(con):
+    with worker.immediate(con):
         for version in (1, 2):
-            for statement in store._MIGRATIONS[version]:
+            for statement in schema.MIGRATIONS[version]:
                 con.execute(statement)
         con.execute("PRAGMA user_version = 2")
     worker.enqueue_many(con, [{"id": "old-1", "qty": 1}, {"id": "old-2", "qty": 2}], T0, 60_000)
@@ -204,9 +204,9 @@ def test_a_version_2_file_migrates_to_ordered_keys_with_every_row_kept(tmp_path)
 def version_3_file(path: Path) -> sqlite3.Connection:
     """A queue as version 3 wrote it, its payloads on the jobs' rows; open."""
     con = worker.open_queue(path)
-    with worker._immediate(con):
+    with worker.immediate(con):
         for version in (1, 2, 3):
-            for statement in store._MIGRATIONS[version]:
+            for statement in schema.MIGRATIONS[version]:
                 con.execute(statement)
         con.execute("PRAGMA user_version = 3")
         # as version 3 wrote them: the body on the job's row

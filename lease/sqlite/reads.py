@@ -16,25 +16,23 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from lease.policy import PRODUCT, check_ordering_key
+from lease.rules import DAY_MS, STATUSES, list_filters
 from lease.worker import (
     NotAQueue,
-    _check_path,
-    _check_schema,
     check_identifier,
     check_job_id,
     check_now,
+    check_path,
+    check_schema,
 )
 
 __all__ = ["open_readonly", "snapshot", "counts", "is_drained", "is_idle", "blocked_heads",
            "job_history", "dead_jobs",
            "jobs_with_status", "list_jobs", "stale_finishes"]
 
-STATUSES = ("pending", "leased", "done", "dead")
 
 READ_PATIENCE_S = 5.0
-DAY_MS = 86_400_000  # "the last day" of the figures that count recent changes
-MAX_PAGE = 1000  # the most jobs one list_jobs page holds
-BODIES_SINCE = 4  # the schema version (lease.sqlite) that keeps the bodies in a table
+BODIES_SINCE = 4  # the schema version (lease.sqlite.schema) that keeps the bodies in a table
 
 # Byte 18 of a SQLite file's header is its read format version: 2 in WAL mode.
 _HEADER = b"SQLite format 3\x00"
@@ -49,7 +47,7 @@ def open_readonly(path: Union[str, os.PathLike[str]]) -> sqlite3.Connection:
     FileNotFoundError; a directory, a file that is not SQLite, or one that
     holds something other than a queue is ValueError, the file untouched.
     """
-    text = _check_path(path)
+    text = check_path(path)
     if not os.path.exists(text):
         raise FileNotFoundError(f"queue file not found: {text}")
     if not os.path.isfile(text):
@@ -99,7 +97,7 @@ def _first_read(con: sqlite3.Connection, text: str) -> None:
     give_up = time.monotonic() + READ_PATIENCE_S
     while True:
         try:
-            _check_schema(con)
+            check_schema(con)
             return
         except sqlite3.OperationalError as exc:
             if "readonly" not in str(exc):
@@ -140,7 +138,7 @@ def is_drained(con: sqlite3.Connection) -> bool:
 # Idle: no job a claim may take now or later without an operator. A key's first
 # (held = 0) is the only job of its line a claim takes; with none pending or
 # leased, every job left waits behind a dead first job of its key.
-IDLE = ("SELECT NOT EXISTS (SELECT 1 FROM {jobs} WHERE status IN ('pending', 'leased')"
+IDLE = ("SELECT NOT EXISTS (SELECT 1 FROM jobs WHERE status IN ('pending', 'leased')"
         " AND held = 0)")
 
 
@@ -150,7 +148,7 @@ def is_idle(con: sqlite3.Connection) -> bool:
     delay or a lease still to run out is work to come, not idle)."""
     if "held" not in _columns(con, "jobs"):  # no ordering keys: idle is drained
         return is_drained(con)
-    return bool(con.execute(IDLE.format(jobs="jobs")).fetchone()[0])
+    return bool(con.execute(IDLE).fetchone()[0])
 
 
 def blocked_heads(con: sqlite3.Connection, limit: int) -> list[dict[str, Any]]:
@@ -159,7 +157,7 @@ def blocked_heads(con: sqlite3.Connection, limit: int) -> list[dict[str, Any]]:
     and how many pending jobs wait behind it."""
     if "held" not in _columns(con, "jobs"):
         return []
-    return _dicts(con, BLOCKED_HEADS.format(jobs="jobs", limit=int(limit)))
+    return _dicts(con, BLOCKED_HEADS.format(limit=int(limit)))
 
 
 def snapshot(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
@@ -228,25 +226,24 @@ def _product_figures(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
 # behind it wait until it is redriven or cancelled. (lease.sqlite, "Ordered keys".)
 _DEAD_FIRST = ("h.ordering_key IS NOT NULL AND h.held = 0 AND h.status = 'dead'"
                " AND h.reason <> 'cancelled'")
-# (the jobs table's name is {jobs}: lease.postgres asks the same of lease.jobs)
-BLOCKED_KEYS = f"SELECT COUNT(*) FROM {{jobs}} h WHERE {_DEAD_FIRST}"
-BLOCKED_JOBS = f"""SELECT COUNT(*) FROM {{jobs}} h
-JOIN {{jobs}} w ON w.ordering_key = h.ordering_key AND w.held = 1 AND w.status = 'pending'
+BLOCKED_KEYS = f"SELECT COUNT(*) FROM jobs h WHERE {_DEAD_FIRST}"
+BLOCKED_JOBS = f"""SELECT COUNT(*) FROM jobs h
+JOIN jobs w ON w.ordering_key = h.ordering_key AND w.held = 1 AND w.status = 'pending'
   AND w.ordering_key IS NOT NULL AND (w.status IN ('pending', 'leased')
     OR (w.status = 'dead' AND w.reason <> 'cancelled'))
 WHERE {_DEAD_FIRST}"""
 
 
-BLOCKED_HEADS = f"""SELECT h.ordering_key AS key, h.id, h.reason, (SELECT COUNT(*) FROM {{jobs}} w
+BLOCKED_HEADS = f"""SELECT h.ordering_key AS key, h.id, h.reason, (SELECT COUNT(*) FROM jobs w
   WHERE w.ordering_key = h.ordering_key AND w.held = 1 AND w.status = 'pending') AS waiting
-FROM {{jobs}} h WHERE {_DEAD_FIRST} ORDER BY h.ordering_key LIMIT {{limit}}"""
+FROM jobs h WHERE {_DEAD_FIRST} ORDER BY h.ordering_key LIMIT {{limit}}"""
 
 
 def _blocked(con: sqlite3.Connection) -> dict[str, int]:
     """Keys whose line is stopped by a dead first job, and the pending jobs
     waiting behind them."""
-    return {"blocked_keys": con.execute(BLOCKED_KEYS.format(jobs="jobs")).fetchone()[0],
-            "blocked_jobs": con.execute(BLOCKED_JOBS.format(jobs="jobs")).fetchone()[0]}
+    return {"blocked_keys": con.execute(BLOCKED_KEYS).fetchone()[0],
+            "blocked_jobs": con.execute(BLOCKED_JOBS).fetchone()[0]}
 
 
 def stale_finishes(con: sqlite3.Connection) -> int:
@@ -357,38 +354,18 @@ FROM ({sql}) d ORDER BY d.seq"""
     return _dicts(con, sql, [*args, limit])
 
 
+# list_jobs's conditions, by the name lease.rules.list_filters gives each
+_FILTERS = {"status": "status = ?", "reason": "reason = ?", "id_prefix": "substr(id, 1, ?) = ?",
+            "after_seq": "seq > ?", "key": "ordering_key = ?"}
+
+
 def _job_filter(status: Optional[str], reason: Optional[str], id_prefix: Optional[str],
                 after_seq: Optional[int], limit: int,
                 key: Optional[str] = None) -> tuple[str, list[Any]]:
-    """The WHERE of list_jobs (``?`` placeholders) and its arguments, checked."""
-    clauses: list[str] = ["1 = 1"]
-    args: list[Any] = []
-    if status is not None:
-        if status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}, got {status!r:.40}")
-        clauses.append("status = ?")
-        args.append(status)
-    if reason is not None:
-        check_identifier("reason", reason)
-        clauses.append("reason = ?")
-        args.append(reason)
-    if id_prefix is not None:
-        if type(id_prefix) is not str or not 1 <= len(id_prefix) <= 255:
-            raise ValueError(f"id_prefix must be 1-255 characters, got {id_prefix!r:.40}")
-        clauses.append("substr(id, 1, ?) = ?")
-        args.extend([len(id_prefix), id_prefix])
-    if after_seq is not None:
-        if type(after_seq) is not int or after_seq < 0:
-            raise ValueError(f"after_seq must be an int >= 0, got {after_seq!r:.40}")
-        clauses.append("seq > ?")
-        args.append(after_seq)
-    if key is not None:
-        check_ordering_key(key, "key")
-        clauses.append("ordering_key = ?")
-        args.append(key)
-    if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
-        raise ValueError(f"limit must be an int in 1..{MAX_PAGE}, got {limit!r:.40}")
-    return " AND ".join(clauses), args
+    """The WHERE of list_jobs and its arguments, checked."""
+    filters = list_filters(status, reason, id_prefix, after_seq, limit, key)
+    clauses = ["1 = 1", *(_FILTERS[name] for name, _ in filters)]
+    return " AND ".join(clauses), [arg for _, args in filters for arg in args]
 
 
 def jobs_with_status(con: sqlite3.Connection, status: str) -> list[dict[str, Any]]:

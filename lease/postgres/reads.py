@@ -1,0 +1,84 @@
+"""The PostgreSQL driver's reads: the observations, with its own SQL."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import psycopg
+from psycopg.rows import dict_row
+
+from lease.postgres.statements import BLOCKED_JOBS, BLOCKED_KEYS, FILTERS
+from lease.rules import (
+    DAY_MS,
+    STATUSES,
+    list_filters,
+)
+
+
+def dicts(conn: psycopg.Connection, sql: str, args: Any = ()) -> list[dict[str, Any]]:
+    return conn.cursor(row_factory=dict_row).execute(sql, args).fetchall()
+
+
+def read_counts(conn: psycopg.Connection) -> dict[str, int]:
+    found: dict[str, int] = dict(conn.execute(
+        "SELECT status, count(*) FROM lease.jobs GROUP BY status").fetchall())
+    return {status: found.get(status, 0) for status in STATUSES}
+
+
+def read_stale_finishes(conn: psycopg.Connection) -> int:
+    row = conn.execute("SELECT n FROM lease.tallies WHERE name = 'stale_finishes'").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def read_snapshot(conn: psycopg.Connection, now: int, *, keys: bool = True) -> dict[str, Any]:
+    """reads.snapshot of SQLite's figures, inside one consistent read."""
+    def one(sql: str, args: Any = ()) -> Any:
+        row = conn.execute(sql, args).fetchone()
+        return None if row is None else row[0]
+
+    by_status = read_counts(conn)
+    oldest = one("SELECT min(available_at) FROM lease.jobs WHERE status IN ('pending', 'leased')")
+    attempts = conn.execute("SELECT attempts, count(*) FROM lease.jobs GROUP BY attempts"
+                            " ORDER BY attempts").fetchall()
+    dead = conn.execute("SELECT reason, count(*) FROM lease.jobs WHERE status = 'dead'"
+                        ' GROUP BY reason ORDER BY reason COLLATE "C"').fetchall()
+    redrives = conn.execute("SELECT count(*), count(DISTINCT id), count(*) FILTER"
+                            " (WHERE at_ms > %s) FROM lease.redrives", (now - DAY_MS,)).fetchone()
+    leases = conn.execute("SELECT count(*) FILTER (WHERE lease_until <= %s), count(*) FILTER"
+                          " (WHERE lease_until > %s) FROM lease.jobs WHERE status = 'leased'",
+                          (now, now)).fetchone()
+    cancels = conn.execute("SELECT count(*), count(*) FILTER (WHERE at_ms > %s)"
+                           " FROM lease.cancels", (now - DAY_MS,)).fetchone()
+    ready = one("SELECT min(available_at) FROM lease.jobs WHERE status = 'pending'"
+                " AND available_at <= %s", (now,))
+    assert redrives and leases and cancels  # an aggregate returns one row
+    return {
+        "jobs": sum(by_status.values()),
+        "by_status": by_status,
+        "oldest_unfinished_age_ms": None if oldest is None else max(0, now - oldest),
+        "oldest_ready_age_ms": None if ready is None else now - ready,
+        "expired_leases": leases[0],
+        "live_leases": leases[1],
+        "attempts": {str(k): v for k, v in attempts},
+        "dead_by_reason": dict(dead),
+        "redrives": redrives[0],
+        "redriven_jobs": redrives[1],
+        "redrives_last_day": redrives[2],
+        "cancels": cancels[0],
+        "cancels_last_day": cancels[1],
+        "attempts_recorded": one(
+            "SELECT (SELECT count(*) FROM lease.attempts)"
+            " + (SELECT count(*) FROM lease.jobs WHERE status = 'done' AND done_by IS NOT NULL)"),
+        "stale_finishes": read_stale_finishes(conn),
+        **({"blocked_keys": one(BLOCKED_KEYS),
+            "blocked_jobs": one(BLOCKED_JOBS)} if keys else {}),
+    }
+
+
+def job_filter(status: Optional[str], reason: Optional[str], id_prefix: Optional[str],
+               after_seq: Optional[int], limit: int,
+               key: Optional[str] = None) -> tuple[str, list[Any]]:
+    """The WHERE of list_jobs and its arguments, checked."""
+    filters = list_filters(status, reason, id_prefix, after_seq, limit, key)
+    clauses = ["1 = 1", *(FILTERS[name] for name, _ in filters)]
+    return " AND ".join(clauses), [arg for _, args in filters for arg in args]

@@ -1,0 +1,224 @@
+"""The PostgreSQL driver's schema: versions, migrations, connections, errors."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+import psycopg_pool
+from psycopg import errors
+
+from lease.postgres.statements import LINE
+from lease.rules import (
+    TABLES_V1,
+    TABLES_V2,
+    TABLES_V3,
+)
+from lease.worker import (
+    CONTRACT_COLUMNS,
+    Busy,
+    NotAQueue,
+    StoreError,
+)
+
+SCHEMA = "lease"
+SCHEMA_VERSION = 3
+CHANNEL = "lease_jobs"  # NOTIFY'd when work becomes available
+
+# pg_advisory_xact_lock key of the migrations ("lease" in ASCII): two hosts
+# opening a new database at once wait for each other and migrate it once.
+_MIGRATION_LOCK = 0x6C65617365
+
+# A statement is prepared on a connection after its 5th run: the claim and the
+# finish run thousands of times, and every statement here has a constant text
+# (arrays, never IN lists of varying length), so each connection prepares a few.
+PREPARE_THRESHOLD = 5
+CONNECT_TIMEOUT_S = 10
+INTAKE_CHUNK = 500  # events per INSERT: bounded memory for a stream of millions
+
+NOW = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+# The tables each version has: the SQLite product file's of that version,
+# column for column. SQLite's version 4 moved the bodies to a table of their
+# own; PostgreSQL needs no such move: an UPDATE keeps a large body where TOAST
+# put it, out of the row, and does not write it again.
+TABLES = {1: {**TABLES_V1, "redrives": CONTRACT_COLUMNS["redrives"]}, 2: TABLES_V2,
+           3: TABLES_V3}
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        # The SQLite product file's tables, column for column and in its order.
+        """CREATE TABLE lease.jobs (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  id text NOT NULL UNIQUE, qty bigint NOT NULL,
+  status text NOT NULL CHECK (status IN ('pending', 'leased', 'done', 'dead')),
+  attempts bigint NOT NULL, max_attempts bigint NOT NULL, token bigint NOT NULL,
+  available_at bigint NOT NULL, deadline bigint NOT NULL,
+  owner text, lease_until bigint, reason text, body text, digest text,
+  done_by text, done_started_ms bigint, done_latency_ms bigint, done_http_status bigint,
+  done_after bigint)""",
+        """CREATE TABLE lease.redrives (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  id text NOT NULL, token bigint NOT NULL, at_ms bigint NOT NULL, note text NOT NULL)""",
+        """CREATE TABLE lease.attempts (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  id text NOT NULL, token bigint NOT NULL, attempt bigint NOT NULL, owner text NOT NULL,
+  started_ms bigint NOT NULL, ended_ms bigint NOT NULL, outcome text NOT NULL,
+  result text NOT NULL, reason text, http_status bigint, error text, latency_ms bigint)""",
+        """CREATE TABLE lease.cancels (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  id text NOT NULL, token bigint NOT NULL, at_ms bigint NOT NULL, note text NOT NULL,
+  was text NOT NULL)""",
+        "CREATE TABLE lease.tallies (name text PRIMARY KEY, n bigint NOT NULL)",
+        # Partial indexes, so a claim reads only the rows it may change however
+        # many finished rows pile up: live rows in seq order (the pick), live by
+        # deadline and leased by lease end (the quarantine), pending with a spent
+        # budget (empty through the API), done by finish time (prune).
+        "CREATE INDEX jobs_live ON lease.jobs (seq) WHERE status IN ('pending', 'leased')",
+        """CREATE INDEX jobs_live_deadline ON lease.jobs (deadline)
+  WHERE status IN ('pending', 'leased')""",
+        "CREATE INDEX jobs_leased_until ON lease.jobs (lease_until) WHERE status = 'leased'",
+        """CREATE INDEX jobs_pending_spent ON lease.jobs (seq)
+  WHERE status = 'pending' AND attempts >= max_attempts""",
+        "CREATE INDEX jobs_done_at ON lease.jobs (available_at, seq) WHERE status = 'done'",
+        # A job's audit rows, read by its history and deleted with it by prune.
+        "CREATE INDEX attempts_by_job ON lease.attempts (id, seq)",
+        "CREATE INDEX redrives_by_job ON lease.redrives (id)",
+        "CREATE INDEX cancels_by_job ON lease.cancels (id)",
+    ),
+    2: (
+        # Who made an operator's change (a name, a token's label); NULL when not said.
+        "ALTER TABLE lease.redrives ADD COLUMN actor text",
+        "ALTER TABLE lease.cancels ADD COLUMN actor text",
+    ),
+    3: (
+        "ALTER TABLE lease.jobs ADD COLUMN ordering_key text",  # NULL: no order to keep
+        # 1 while an earlier job of its key is in line (lease.sqlite, "Ordered keys")
+        "ALTER TABLE lease.jobs ADD COLUMN held bigint NOT NULL DEFAULT 0",
+        # What a claim may take, in seq order; a key's line, its first apart.
+        """CREATE INDEX jobs_ready ON lease.jobs (seq)
+  WHERE status IN ('pending', 'leased') AND held = 0""",
+        "CREATE INDEX jobs_line ON lease.jobs (ordering_key, held, seq) WHERE "
+        + LINE.format(a="jobs").replace("jobs.", ""),
+    ),
+}
+
+
+# ------------------------------------------------------------------ errors
+
+
+def redact(url: str) -> str:
+    """The URL without its password (in the userinfo or as a query parameter)."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    netloc = f"{userinfo.partition(':')[0]}{at}{hosts}"
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
+                       if k != "password"])
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def no_queue(name: str) -> NotAQueue:
+    return NotAQueue(f"no queue in {name}: asyncworker init {name} creates it")
+
+
+def _store_error(exc: psycopg.Error, name: str) -> StoreError:
+    """psycopg's errors in the store's words (see ``PostgresStore._tx``)."""
+    if isinstance(exc, psycopg_pool.PoolClosed):
+        return StoreError(f"the store of {name} is closed")
+    if isinstance(exc, (errors.SerializationFailure, errors.DeadlockDetected,
+                        errors.LockNotAvailable)):
+        return Busy(f"PostgreSQL queue {name}: {_one_line(exc)}")
+    if isinstance(exc, (errors.UndefinedTable, errors.InvalidSchemaName)):
+        return no_queue(name)
+    # A lost connection (the server restarted or terminated it, the network
+    # dropped, the pool found none in time) is an OperationalError; so are
+    # AdminShutdown and a statement cancelled by a timeout.
+    if isinstance(exc, psycopg.OperationalError):
+        return Busy(f"PostgreSQL queue {name}: connection lost: {_one_line(exc)}")
+    return StoreError(f"PostgreSQL queue {name}: {_one_line(exc)}")
+
+
+@contextmanager
+def mapped(name: str) -> Iterator[None]:
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise _store_error(exc, name) from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    """A server's message on one line (libpq adds hints on lines of their own)."""
+    return " ".join(str(exc).split())
+
+
+def connect(url: str, name: str, **kwargs: Any) -> psycopg.Connection:
+    """One autocommit connection, or a clear StoreError naming the URL without
+    its password."""
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+                               **kwargs)
+    except psycopg.Error as exc:
+        if _server_down(exc):  # a pause may cure it: a dispatcher waits (AsyncStore)
+            raise Busy(f"cannot connect to {name}: {_one_line(exc)}") from None
+        raise StoreError(f"cannot connect to {name}: {_one_line(exc)}") from None
+
+
+def _server_down(exc: psycopg.Error) -> bool:
+    """The server refuses connections for now (not listening, starting up,
+    shutting down, in recovery): not a wrong password, host or database name."""
+    text = str(exc)
+    return (getattr(exc, "sqlstate", None) == "57P03"  # cannot_connect_now
+            or "Connection refused" in text or "the database system is" in text)
+
+
+# ------------------------------------------------------------------ migrations
+
+
+def queue_version(conn: psycopg.Connection) -> Optional[int]:
+    """The queue's schema version; None for a database without one."""
+    found = conn.execute("SELECT to_regclass('lease.schema_migrations')").fetchone()
+    if found is None or found[0] is None:
+        return None
+    row = conn.execute("SELECT max(version) FROM lease.schema_migrations").fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def check_version(version: Optional[int], name: str) -> None:
+    if version is not None and version > SCHEMA_VERSION:
+        raise NotAQueue(f"the queue in {name} has schema version {version}, newer than this "
+                        f"code's {SCHEMA_VERSION}: open it with a newer lease-dispatcher")
+
+
+def migrate(conn: psycopg.Connection, name: str) -> None:
+    """The migrations still missing, each in one transaction under the
+    advisory lock; another host may have applied them meanwhile."""
+    while True:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            conn.execute("CREATE SCHEMA IF NOT EXISTS lease")
+            conn.execute("""CREATE TABLE IF NOT EXISTS lease.schema_migrations
+  (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())""")
+            version = queue_version(conn) or 0
+            check_version(version, name)
+            if version == SCHEMA_VERSION:
+                return
+            try:
+                for statement in MIGRATIONS[version + 1]:
+                    conn.execute(statement)
+            except errors.DuplicateTable as exc:
+                raise NotAQueue(f"not a queue: {name} holds other tables in schema lease "
+                                f"({_one_line(exc)})") from None
+            conn.execute("INSERT INTO lease.schema_migrations (version) VALUES (%s)",
+                         (version + 1,))
+
+
+def check_tables(conn: psycopg.Connection, name: str, version: int) -> None:
+    found: dict[str, list[str]] = {}
+    for table, column in conn.execute(
+            "SELECT table_name, column_name FROM information_schema.columns"
+            " WHERE table_schema = 'lease' ORDER BY table_name, ordinal_position"):
+        found.setdefault(table, []).append(column)
+    for table, columns in TABLES[version].items():
+        if found.get(table) != columns:
+            raise NotAQueue(f"not a version {version} queue: {name} has table "
+                            f"lease.{table} with columns {found.get(table, [])}")
+
+

@@ -1,0 +1,211 @@
+"""The PostgreSQL driver's SQL, each statement once and named."""
+
+from __future__ import annotations
+
+# A job in its key's line (as SQLite's driver states it), and the classid of the keys'
+# advisory locks ("ke"; the two-int form, a key space apart from the one-int
+# form of the migrations' lock).
+LINE = ("{a}.ordering_key IS NOT NULL AND ({a}.status IN ('pending', 'leased')"
+         " OR ({a}.status = 'dead' AND {a}.reason <> 'cancelled'))")
+KEY_LOCK = 0x6B65
+
+
+# ------------------------------------------------------------------ statements
+
+# The quarantine of lease.worker._QUARANTINE: the same three moves in the same
+# order (a missed deadline is the reason even when the budget is spent too),
+# each on rows picked with SKIP LOCKED: a claimer never waits for another.
+QUARANTINE = (
+    ("deadline", """WITH doomed AS (SELECT seq FROM lease.jobs
+  WHERE status IN ('pending', 'leased') AND deadline <= %(now)s
+    AND (status = 'pending' OR lease_until <= %(now)s)
+  FOR UPDATE SKIP LOCKED)
+UPDATE lease.jobs j SET status = 'dead', reason = 'deadline', owner = NULL, lease_until = NULL
+FROM doomed WHERE j.seq = doomed.seq"""),
+    ("exhausted", """WITH doomed AS (SELECT seq FROM lease.jobs
+  WHERE status = 'leased' AND lease_until <= %(now)s AND attempts >= max_attempts
+  FOR UPDATE SKIP LOCKED)
+UPDATE lease.jobs j SET status = 'dead', reason = 'exhausted', owner = NULL, lease_until = NULL
+FROM doomed WHERE j.seq = doomed.seq"""),
+    ("exhausted", """WITH doomed AS (SELECT seq FROM lease.jobs
+  WHERE status = 'pending' AND attempts >= max_attempts
+  FOR UPDATE SKIP LOCKED)
+UPDATE lease.jobs j SET status = 'dead', reason = 'exhausted', owner = NULL, lease_until = NULL
+FROM doomed WHERE j.seq = doomed.seq"""),
+)
+
+# lease.worker._PICK, locked in a CTE: the planner cannot update more rows
+# than the limit; a new lease as lease.worker.lease_ticket makes it. On SQLite
+# the quarantine and the pick run under one write lock, so no row at its
+# budget or past its deadline is left for the pick. Here the quarantine skips
+# a row another transaction holds (a stale finish, an extension), and that
+# one may commit before the pick, a statement with a snapshot of its own: the
+# pick says the rule itself, and such a row waits for the next claim's
+# quarantine instead of a lease as attempt max + 1 or one ending at once.
+PICK_AND_LEASE = """WITH picked AS (SELECT seq FROM lease.jobs
+  WHERE status IN ('pending', 'leased') AND held = 0
+    AND ((status = 'pending' AND available_at <= %(now)s)
+      OR (status = 'leased' AND lease_until <= %(now)s))
+    AND attempts < max_attempts AND deadline > %(now)s
+  ORDER BY seq LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED)
+UPDATE lease.jobs j SET status = 'leased', attempts = j.attempts + 1, token = j.token + 1,
+  owner = %(owner)s, lease_until = LEAST(%(now)s + %(lease_ms)s, j.deadline), reason = NULL
+FROM picked WHERE j.seq = picked.seq
+RETURNING j.seq, j.id, j.qty, j.token, j.attempts, j.lease_until, j.body, j.digest"""
+
+# The keys' locks, in one order (by their hash, so two writers of the same
+# keys never deadlock), before any row is locked: of an intake's keys, and of
+# the keys of the jobs an operator's change or a finish names.
+LOCK_KEYS = f"""SELECT count(pg_advisory_xact_lock({KEY_LOCK}, h)) FROM
+  (SELECT DISTINCT hashtext(k) AS h FROM unnest(%s::text[]) AS k ORDER BY h) s"""
+LOCK_KEYS_OF = f"""SELECT count(pg_advisory_xact_lock({KEY_LOCK}, h)) FROM
+  (SELECT DISTINCT hashtext(ordering_key) AS h FROM lease.jobs
+   WHERE id = ANY(%s::text[]) AND ordering_key IS NOT NULL ORDER BY h) s"""
+
+# The SQLite driver's PROMOTE for many keys: each line with no marked job gets its first.
+PROMOTE = f"""UPDATE lease.jobs j SET held = 0
+FROM unnest(%(keys)s::text[]) AS k(key)
+CROSS JOIN LATERAL (SELECT f.seq FROM lease.jobs f WHERE f.ordering_key = k.key
+  AND f.held = 1 AND {LINE.format(a='f')} ORDER BY f.seq LIMIT 1) f
+WHERE j.seq = f.seq AND NOT EXISTS (SELECT 1 FROM lease.jobs c
+  WHERE c.ordering_key = k.key AND c.held = 0 AND {LINE.format(a='c')})"""
+
+# The SQLite driver's DEMOTE for many keys (the marked jobs are locked by then).
+DEMOTE = f"""UPDATE lease.jobs j SET held = 1
+FROM unnest(%(keys)s::text[]) AS k(key)
+WHERE j.ordering_key = k.key AND j.held = 0 AND {LINE.format(a='j')} AND j.status <> 'leased'
+  AND EXISTS (SELECT 1 FROM lease.jobs f WHERE f.ordering_key = k.key AND f.held = 1
+    AND {LINE.format(a='f')} AND f.seq < j.seq)"""
+
+# The marked job of each key's line, locked: a claim leasing it commits first.
+FIRSTS = f"""SELECT ordering_key, seq, id, status FROM lease.jobs j
+WHERE j.ordering_key = ANY(%s::text[]) AND j.held = 0 AND {LINE.format(a='j')}
+ORDER BY seq FOR UPDATE"""
+
+# The fence: each UPDATE below changes a row only if it is still leased by this
+# very ticket, now; its row count says whether it did.
+_STILL_LEASED = """j.status = 'leased' AND j.qty = u.qty AND j.owner = u.owner
+  AND j.token = u.token AND j.attempts = u.attempt AND j.lease_until = u.lease_until
+  AND j.lease_until > %(now)s AND j.deadline > %(now)s"""
+
+EXTEND_IF_STILL_LEASED = f"""UPDATE lease.jobs j SET lease_until = %(new_until)s
+FROM (VALUES (%(seq)s::bigint, %(qty)s::bigint, %(owner)s::text, %(token)s::bigint,
+  %(attempt)s::bigint, %(lease_until)s::bigint))
+  AS u(seq, qty, owner, token, attempt, lease_until)
+WHERE j.seq = u.seq AND {_STILL_LEASED}"""
+
+FINISH_IF_STILL_LEASED = f"""UPDATE lease.jobs j SET status = u.status, reason = u.reason,
+  available_at = u.available_at, owner = NULL, lease_until = NULL
+FROM unnest(%(seq)s::bigint[], %(status)s::text[], %(reason)s::text[],
+  %(available_at)s::bigint[], %(qty)s::bigint[], %(owner)s::text[], %(token)s::bigint[],
+  %(attempt)s::bigint[], %(lease_until)s::bigint[])
+  AS u(seq, status, reason, available_at, qty, owner, token, attempt, lease_until)
+WHERE j.seq = u.seq AND {_STILL_LEASED}
+RETURNING j.seq"""
+
+RECORD_DONE = """UPDATE lease.jobs j SET done_by = u.owner, done_started_ms = u.started_ms,
+  done_latency_ms = u.latency_ms, done_http_status = u.http_status, done_after = u.after
+FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[])
+  AS u(seq, owner, started_ms, latency_ms, http_status, after)
+WHERE j.seq = u.seq"""
+
+RECORD_ATTEMPTS = """INSERT INTO lease.attempts (id, token, attempt, owner, started_ms,
+  ended_ms, outcome, result, reason, http_status, error, latency_ms)
+SELECT id, token, attempt, owner, started_ms, ended_ms, outcome, result, reason, http_status,
+  error, latency_ms
+FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::text[], %s::bigint[], %s::bigint[],
+  %s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], %s::bigint[])
+  WITH ORDINALITY AS u(id, token, attempt, owner, started_ms, ended_ms, outcome, result,
+  reason, http_status, error, latency_ms, ord)
+ORDER BY ord
+RETURNING seq"""
+
+TALLY = """INSERT INTO lease.tallies (name, n) VALUES (%s, %s)
+ON CONFLICT (name) DO UPDATE SET n = lease.tallies.n + excluded.n"""
+
+# Identity values follow the SELECT's order: seq is the order of intake.
+INSERT_NEW = """INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,
+  available_at, deadline, owner, lease_until, reason, body, digest, ordering_key, held)
+SELECT id, qty, 'pending', 0, %s, 0, %s, %s, NULL, NULL, NULL, body, digest, key,
+  CASE WHEN key IS NULL THEN 0 ELSE 1 END
+FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[]) WITH ORDINALITY
+  AS u(id, qty, body, digest, key, ord)
+ORDER BY ord
+ON CONFLICT (id) DO NOTHING
+RETURNING id"""
+
+AUDIT_REDRIVES = """INSERT INTO lease.redrives (id, token, at_ms, note, actor)
+SELECT id, token, %s, %s, %s::text FROM unnest(%s::text[], %s::bigint[])
+  WITH ORDINALITY AS u(id, token, ord)
+ORDER BY ord"""
+
+RELEASE = """UPDATE lease.jobs SET status = 'pending', attempts = 0, available_at = %s,
+  deadline = %s, owner = NULL, lease_until = NULL, reason = NULL,
+  held = CASE WHEN ordering_key IS NOT NULL AND reason = 'cancelled' THEN 1 ELSE held END
+WHERE seq = ANY(%s::bigint[]) AND status = 'dead'"""
+
+AUDIT_CANCELS = """INSERT INTO lease.cancels (id, token, at_ms, note, was, actor)
+SELECT id, token, %s, %s, was, %s::text FROM unnest(%s::text[], %s::bigint[], %s::text[])
+  WITH ORDINALITY AS u(id, token, was, ord)
+ORDER BY ord"""
+
+CANCEL = """UPDATE lease.jobs SET status = 'dead', reason = 'cancelled', available_at = %s,
+  owner = NULL, lease_until = NULL WHERE seq = ANY(%s::bigint[])"""
+
+# Done jobs by finish time (seq breaks ties, as SQLite's index does by rowid);
+# a row another writer holds is left for the next call.
+PRUNABLE = """SELECT seq, id FROM lease.jobs WHERE status = 'done' AND available_at < %s
+ORDER BY available_at, seq LIMIT %s FOR UPDATE SKIP LOCKED"""
+
+DEAD = """SELECT d.*, (SELECT COALESCE(a.error, 'HTTP ' || a.http_status)
+  FROM lease.attempts a WHERE a.id = d.id ORDER BY a.seq DESC LIMIT 1) AS last_error
+FROM (SELECT * FROM lease.jobs WHERE status = 'dead'
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s::text)
+  AND (%(key)s::text IS NULL OR ordering_key = %(key)s::text)
+  ORDER BY seq LIMIT %(limit)s::bigint) d
+ORDER BY d.seq"""
+
+LIST_JOBS = """SELECT d.*, CASE WHEN d.status = 'dead' THEN
+  (SELECT COALESCE(a.error, 'HTTP ' || a.http_status) FROM lease.attempts a WHERE a.id = d.id
+   ORDER BY a.seq DESC LIMIT 1) END AS last_error
+FROM (SELECT * FROM lease.jobs WHERE {where} ORDER BY seq LIMIT %s) d ORDER BY d.seq"""
+
+HISTORY_ATTEMPTS = """SELECT token, attempt, owner, started_ms, ended_ms, outcome, result,
+  reason, http_status, error, latency_ms FROM (
+  SELECT seq AS at, 0 AS tie, token, attempt, owner, started_ms, ended_ms, outcome, result,
+    reason, http_status, error, latency_ms FROM lease.attempts WHERE id = %(id)s
+  UNION ALL
+  SELECT done_after, 1, token, attempts, done_by, done_started_ms, available_at, 'ok',
+    'done', NULL, done_http_status, NULL, done_latency_ms FROM lease.jobs
+  WHERE id = %(id)s AND status = 'done' AND done_by IS NOT NULL) merged
+ORDER BY at, tie"""
+# (the delivering attempt, kept on a done job's row, after the attempts row it
+# followed: the order of writing, as the SQLite driver reads a file)
+
+# What a finish reads of a row: the marker and the budget, never a payload.
+MARKED = "seq, id, qty, status, attempts, max_attempts, token, deadline, owner, lease_until"
+
+# Idle: no job a claim may take now or later without an operator.
+IDLE = ("SELECT NOT EXISTS (SELECT 1 FROM lease.jobs WHERE status IN ('pending', 'leased')"
+        " AND held = 0)")
+
+# A key is blocked when the first of its line is dead (not cancelled): the jobs
+# behind it wait until it is redriven or cancelled.
+_DEAD_FIRST = ("h.ordering_key IS NOT NULL AND h.held = 0 AND h.status = 'dead'"
+               " AND h.reason <> 'cancelled'")
+BLOCKED_KEYS = f"SELECT count(*) FROM lease.jobs h WHERE {_DEAD_FIRST}"
+BLOCKED_JOBS = f"""SELECT count(*) FROM lease.jobs h
+JOIN lease.jobs w ON w.ordering_key = h.ordering_key AND w.held = 1 AND w.status = 'pending'
+  AND w.ordering_key IS NOT NULL AND (w.status IN ('pending', 'leased')
+    OR (w.status = 'dead' AND w.reason <> 'cancelled'))
+WHERE {_DEAD_FIRST}"""
+BLOCKED_HEADS = f"""SELECT h.ordering_key AS key, h.id, h.reason,
+  (SELECT count(*) FROM lease.jobs w
+  WHERE w.ordering_key = h.ordering_key AND w.held = 1 AND w.status = 'pending') AS waiting
+FROM lease.jobs h WHERE {_DEAD_FIRST} ORDER BY h.ordering_key LIMIT %(limit)s"""
+
+# list_jobs's conditions, by the name lease.rules.list_filters gives each
+FILTERS = {"status": "status = %s", "reason": "reason = %s",
+           "id_prefix": "substr(id, 1, %s) = %s", "after_seq": "seq > %s",
+           "key": "ordering_key = %s"}

@@ -1,0 +1,727 @@
+"""``PostgresStore``: the ``lease.store.Store`` of one PostgreSQL database, and
+``enqueue_in``, the transactional outbox on a service's own connection."""
+
+from __future__ import annotations
+
+import itertools
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
+
+import psycopg
+import psycopg_pool
+from psycopg import pq
+from psycopg.rows import tuple_row
+
+from lease.policy import (
+    DEFAULT_POLICY,
+    PRODUCT,
+    Intake,
+    RetryPolicy,
+    check_actor,
+    check_not_before,
+    check_note,
+    check_ordering_key,
+    check_product_event,
+)
+from lease.postgres.listener import Listener
+from lease.postgres.reads import dicts, job_filter, read_counts, read_snapshot, read_stale_finishes
+from lease.postgres.schema import (
+    CHANNEL,
+    CONNECT_TIMEOUT_S,
+    INTAKE_CHUNK,
+    NOW,
+    PREPARE_THRESHOLD,
+    SCHEMA_VERSION,
+    TABLES,
+    check_tables,
+    check_version,
+    connect,
+    mapped,
+    migrate,
+    no_queue,
+    queue_version,
+    redact,
+)
+from lease.postgres.statements import (
+    AUDIT_CANCELS,
+    AUDIT_REDRIVES,
+    BLOCKED_HEADS,
+    CANCEL,
+    DEAD,
+    DEMOTE,
+    EXTEND_IF_STILL_LEASED,
+    FINISH_IF_STILL_LEASED,
+    FIRSTS,
+    HISTORY_ATTEMPTS,
+    IDLE,
+    INSERT_NEW,
+    LIST_JOBS,
+    LOCK_KEYS,
+    LOCK_KEYS_OF,
+    MARKED,
+    PICK_AND_LEASE,
+    PROMOTE,
+    PRUNABLE,
+    QUARANTINE,
+    RECORD_ATTEMPTS,
+    RECORD_DONE,
+    RELEASE,
+    TALLY,
+)
+from lease.records import MAX_ERROR_CHARS, Claimed, Leased, check_on_conflict, judge_intake
+from lease.rules import (
+    STATUSES,
+    cancel_decisions,
+    check_finish_item,
+    check_ids,
+    conflict,
+    in_flight_refusals,
+    kept_audits,
+)
+from lease.worker import (
+    MAX_BATCH,
+    Conflict,
+    Fault,
+    NotAQueue,
+    StoreError,
+    call_fault,
+    check_fault,
+    check_identifier,
+    check_int,
+    check_job_id,
+    check_now,
+    check_ticket,
+    extended_until,
+    judge_finish,
+    marker_matches,
+    redrive_decisions,
+)
+
+
+def _text(error: Optional[str]) -> Optional[str]:
+    """An attempt's error as PostgreSQL's text can hold it: capped as kept,
+    a NUL (which text cannot hold) and a lone surrogate replaced."""
+    if error is None:
+        return None
+    capped = error[:MAX_ERROR_CHARS].replace("\x00", "\ufffd")
+    return capped.encode("utf-8", "replace").decode("utf-8")
+
+
+def _columns(rows: list[tuple]) -> list[list]:
+    """Rows as columns, for a statement over unnest(...)."""
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+# ------------------------------------------------------------------ the store
+
+
+class PostgresStore:
+    """The ``lease.store.Store`` of one PostgreSQL database, on a pool of
+    ``threads`` connections: ``threads`` threads may call it at once."""
+
+    kind = "postgresql"
+
+    def __init__(self, url: str, *, create: bool = False, read_only: bool = False,
+                 clock: Optional[Callable[[], int]] = None, threads: int = 1) -> None:
+        if not isinstance(url, str):
+            raise ValueError(f"url must be a str, got {type(url).__name__}")
+        check_int("threads", threads, 1, 1000)
+        if clock is not None and not callable(clock):
+            raise ValueError("clock must be None or callable")
+        self.name = redact(url)
+        self.threads = threads
+        self.read_only = read_only
+        self._url = url
+        self._clock = clock
+        self._open_queue(create)
+        self._pool = psycopg_pool.ConnectionPool(
+            url, min_size=1, max_size=threads, open=False, name=f"lease {self.name}",
+            kwargs={"autocommit": True, "prepare_threshold": PREPARE_THRESHOLD,
+                    "connect_timeout": CONNECT_TIMEOUT_S},
+            configure=self._configure)
+        try:
+            self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
+        except psycopg_pool.PoolTimeout:
+            self._pool.close()
+            raise StoreError(f"cannot connect to {self.name}: no connection within "
+                             f"{CONNECT_TIMEOUT_S} s") from None
+
+    def _open_queue(self, create: bool) -> None:
+        """Check (and unless read only, create or migrate) the queue on a
+        connection of its own, before the pool opens."""
+        conn = connect(self._url, self.name)
+        try:
+            with mapped(self.name):
+                version = queue_version(conn)
+                check_version(version, self.name)
+                if version is None and (self.read_only or not create):
+                    raise no_queue(self.name)
+                if version != SCHEMA_VERSION and not self.read_only:
+                    migrate(conn, self.name)
+                    version = SCHEMA_VERSION
+                assert version is not None  # refused or migrated above
+                # A reader looks at an older queue as it is (without the columns
+                # it has not got yet): a writer migrates it.
+                check_tables(conn, self.name, version)
+                self._actors = "actor" in TABLES[version]["redrives"]
+                self._keys = "ordering_key" in TABLES[version]["jobs"]
+        finally:
+            conn.close()
+
+    def _configure(self, conn: psycopg.Connection) -> None:
+        # A read-only store's every transaction is READ ONLY (BEGIN READ ONLY).
+        conn.read_only = self.read_only
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def listener(self) -> Listener:
+        """Wake-ups when work becomes available, on a connection of its own."""
+        return Listener(self._url, self.name)
+
+    # -- the one transaction helper
+
+    @contextmanager
+    def _tx(self, *, read_only: bool = False,
+            snapshot: bool = False) -> Iterator[psycopg.Connection]:
+        """One transaction on a pooled connection: COMMIT at the end, ROLLBACK on
+        any exception (BaseException: a cancelled caller leaves nothing open).
+
+        psycopg's errors in the store's words: a serialization failure, a
+        deadlock, a lock not available and a lost connection are Busy (the same
+        call may succeed after a short pause); a missing table is NotAQueue;
+        anything else a StoreError with the server's message. Whatever a fault
+        hook raises passes through as it is, after the rollback.
+
+        A connection lost during COMMIT leaves the outcome unknown: it is raised
+        as Busy all the same, because every operation is safe to retry under
+        the fence: a retried claim leases other rows (the first lease expires
+        and its job is claimed again); a retried finish or extension finds the
+        marker changed and reports the ticket stale; a retried enqueue sees its
+        events as duplicates; a retried redrive or cancel sees the job no
+        longer dead or already cancelled.
+        """
+        with mapped(self.name), self._pool.connection() as conn, conn.transaction():
+            if snapshot:
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            elif read_only and not self.read_only:
+                conn.execute("SET TRANSACTION READ ONLY")
+            yield conn
+
+    def _now_in(self, conn: psycopg.Connection, now_ms: Optional[int]) -> int:
+        """The time the transaction judges by: the caller's, the injected clock's,
+        or the server's, read as the transaction's first statement."""
+        if now_ms is not None:
+            return now_ms
+        if self._clock is not None:
+            return check_now(self._clock(), "clock value")
+        row = conn.execute(NOW).fetchone()
+        assert row is not None  # a SELECT of one value returns one row
+        return int(row[0])
+
+    def now_ms(self) -> int:
+        with self._tx(read_only=True) as conn:
+            return self._now_in(conn, None)
+
+    def schema_version(self) -> int:
+        with self._tx(read_only=True) as conn:
+            version = queue_version(conn)
+        if version is None:
+            raise no_queue(self.name)
+        return version
+
+    # -- intake
+
+    def enqueue_events(self, events: Iterable[object], policy: RetryPolicy = DEFAULT_POLICY, *,
+                       now_ms: Optional[int] = None, not_before_ms: Optional[int] = None,
+                       on_progress: Optional[Callable[[int], None]] = None,
+                       on_conflict: str = "return") -> list:
+        """All or none in one transaction, as ``lease.sqlite.enqueue_events``
+        (``on_conflict`` too); ``events`` is read and inserted in chunks, never
+        held whole."""
+        if now_ms is not None:
+            check_now(now_ms)
+        if not isinstance(policy, RetryPolicy):
+            raise ValueError(f"policy must be a RetryPolicy, got {type(policy).__name__}")
+        check_on_conflict(on_conflict)
+        with self._tx() as conn:
+            now = self._now_in(conn, now_ms)
+            available_at = now if not_before_ms is None else check_not_before(not_before_ms, now)
+            return judge_intake(_intake(conn, events, available_at, policy, on_progress),
+                                on_conflict)
+
+    # -- one attempt
+
+    def claim_jobs(self, owner: str, lease_ms: int, limit: int = 1, *,
+                   now_ms: Optional[int] = None, fault: Fault = None) -> Claimed:
+        check_identifier("owner", owner)
+        if now_ms is not None:
+            check_now(now_ms)
+        check_int("lease_ms", lease_ms, 1, PRODUCT.max_lease_ms)
+        check_int("limit", limit, 1, MAX_BATCH)
+        check_fault(fault)
+        with self._tx() as conn:
+            now = self._now_in(conn, now_ms)
+            moved = {"deadline": 0, "exhausted": 0}
+            args = {"now": now, "limit": limit, "owner": owner, "lease_ms": lease_ms}
+            with conn.pipeline() as pipeline:
+                moves = [(reason, conn.execute(statement, args))
+                         for reason, statement in QUARANTINE]
+                self._before_pick(pipeline)
+                picked = conn.execute(PICK_AND_LEASE, args)
+            for reason, cursor in moves:
+                moved[reason] += cursor.rowcount
+            leased = [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
+                              "attempt": attempt, "lease_until": until}, body, digest)
+                      for _, job_id, qty, token, attempt, until, body, digest in sorted(picked)]
+            if leased:
+                call_fault(fault, "after-claim")
+        if leased:
+            call_fault(fault, "after-commit")
+        return Claimed(leased, moved, now)
+
+    def _before_pick(self, pipeline: psycopg.Pipeline) -> None:
+        """Inside a claim, between its quarantine and its pick: nothing (the
+        statements go in one pipeline, none waited for). The moment another
+        transaction's lock, which made the quarantine skip a row, can end
+        before the pick reads; a test's subclass syncs the pipeline here and
+        ends one, to prove the pick's own rule."""
+
+    def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: Optional[int] = None,
+                     fault: Fault = None) -> Union[dict, bool]:
+        check_ticket(ticket, PRODUCT)
+        if now_ms is not None:
+            check_now(now_ms)
+        check_int("lease_ms", lease_ms, 1, PRODUCT.max_lease_ms)
+        check_fault(fault)
+        with self._tx() as conn:
+            now = self._now_in(conn, now_ms)
+            row = _lock(conn, MARKED, [ticket["id"]]).get(ticket["id"])
+            if row is None or not marker_matches(row, ticket, now):
+                return False
+            new_until = extended_until(row["lease_until"], row["deadline"], now, lease_ms)
+            if conn.execute(EXTEND_IF_STILL_LEASED, {
+                    "new_until": new_until, "now": now, "seq": row["seq"], **_marker(ticket)},
+                    ).rowcount != 1:
+                return False
+            call_fault(fault, "after-extend")
+        call_fault(fault, "after-commit")
+        return {**ticket, "lease_until": new_until}
+
+    def finish_jobs(self, items: list, *, now_ms: Optional[int] = None,
+                    fault: Fault = None) -> list:
+        """``lease.sqlite.finish_jobs`` on PostgreSQL: the items in order, as
+        single finishes in sequence, with each attempt's evidence."""
+        if type(items) is not list or len(items) > MAX_BATCH:
+            raise ValueError(f"items must be a list of at most {MAX_BATCH}")
+        for item in items:
+            check_finish_item(item)
+        if now_ms is not None:
+            check_now(now_ms)
+        check_fault(fault)
+        with self._tx() as conn:
+            now = self._now_in(conn, now_ms)
+            judged = iter(_finish_marked(conn, items, now))
+            verdicts = [next(judged) if outcome is not None else None
+                        for _, outcome, _, _ in items]
+            results = [("leased", None) if v is None else v and v[:2] for v in verdicts]
+            _record_attempts(conn, items, results,
+                             [v[2] if v else None for v in verdicts], now)
+            changed = any(verdicts)
+            if changed:
+                call_fault(fault, "after-finish")
+        if changed:
+            call_fault(fault, "after-commit")
+        return results
+
+    # -- the operator
+
+    def redrive_jobs(self, job_ids: list, ttl_ms: int, note: str, *,
+                     now_ms: Optional[int] = None, fault: Fault = None,
+                     actor: Optional[str] = None) -> list:
+        """``lease.sqlite.redrive_jobs``: per id True or its ValueError; each
+        redriven job's audit row (the note, who did it) and release together."""
+        check_ids(job_ids)
+        if now_ms is not None:
+            check_now(now_ms)
+        check_int("ttl_ms", ttl_ms, 1, PRODUCT.max_ttl_ms)
+        check_note(note)
+        check_actor(actor)
+        check_fault(fault)
+        with self._tx() as conn:
+            now = self._now_in(conn, now_ms)
+            conn.execute(LOCK_KEYS_OF, (sorted(set(job_ids)),))
+            rows = _lock(conn, "seq, id, status, reason, token, ordering_key", job_ids)
+            results, audits, releases = redrive_decisions(rows, job_ids)
+            keys = sorted({row["ordering_key"] for row in rows.values()
+                           if row["ordering_key"] is not None})
+            firsts = {row["ordering_key"]: row for row in dicts(conn, FIRSTS, (keys,))} \
+                if keys else {}
+            results = in_flight_refusals(rows, firsts, results, job_ids)
+            audits = kept_audits(audits, results, job_ids)
+            releases = [rows[job_id]["seq"] for job_id, _ in audits]
+            if audits:
+                conn.execute(AUDIT_REDRIVES, (now, note, actor, *_columns(audits)))
+                call_fault(fault, "after-audit")
+                conn.execute(RELEASE, (now, now + ttl_ms, releases))
+                if keys:  # a cancelled job back in its place; each line's first
+                    conn.execute(DEMOTE, {"keys": keys})
+                    conn.execute(PROMOTE, {"keys": keys})
+                call_fault(fault, "after-redrive")
+                conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+        if audits:
+            call_fault(fault, "after-commit")
+        return results
+
+    def cancel_jobs(self, job_ids: list, note: str, *, now_ms: Optional[int] = None,
+                    fault: Fault = None, actor: Optional[str] = None) -> list:
+        """``lease.sqlite.cancel_jobs``: per id True or its ValueError; each
+        cancelled job's audit row (the note, who did it) and its move to
+        dead/cancelled together."""
+        check_ids(job_ids)
+        if now_ms is not None:
+            check_now(now_ms)
+        check_note(note)
+        check_actor(actor)
+        check_fault(fault)
+        with self._tx() as conn:
+            now = self._now_in(conn, now_ms)
+            conn.execute(LOCK_KEYS_OF, (sorted(set(job_ids)),))
+            rows = _lock(conn, "seq, id, status, reason, token, ordering_key", job_ids)
+            results, audits = cancel_decisions(rows, job_ids)
+            if audits:
+                conn.execute(AUDIT_CANCELS, (now, note, actor, *_columns(
+                    [(job_id, token, was) for _, job_id, token, was in audits])))
+                call_fault(fault, "after-audit")
+                conn.execute(CANCEL, (now, [seq for seq, _, _, _ in audits]))
+                # a line whose first was cancelled: the next one goes
+                lines = sorted({rows[job_id]["ordering_key"] for _, job_id, _, _ in audits
+                                if rows[job_id]["ordering_key"] is not None})
+                if lines:
+                    conn.execute(PROMOTE, {"keys": lines})
+                call_fault(fault, "after-cancel")
+        if audits:
+            call_fault(fault, "after-commit")
+        return results
+
+    def prune_done(self, finished_before_ms: int, limit: int = MAX_BATCH) -> int:
+        """``lease.sqlite.prune_done``: up to ``limit`` done jobs finished before
+        the cutoff, with their attempts and audit rows, in one transaction."""
+        check_now(finished_before_ms, "finished_before_ms")
+        check_int("limit", limit, 1, MAX_BATCH)
+        with self._tx() as conn:
+            done = conn.execute(PRUNABLE, (finished_before_ms, limit)).fetchall()
+            ids = [job_id for _, job_id in done]
+            if done:
+                for table in ("attempts", "redrives", "cancels"):
+                    conn.execute(f"DELETE FROM lease.{table} WHERE id = ANY(%s::text[])",
+                                 (ids,))
+                conn.execute("DELETE FROM lease.jobs WHERE seq = ANY(%s::bigint[])",
+                             ([seq for seq, _ in done],))
+        return len(done)
+
+    # -- observations (read only)
+
+    def counts(self) -> dict[str, int]:
+        with self._tx(read_only=True) as conn:
+            return read_counts(conn)
+
+    def is_drained(self) -> bool:
+        with self._tx(read_only=True) as conn:
+            row = conn.execute("SELECT EXISTS (SELECT 1 FROM lease.jobs"
+                               " WHERE status IN ('pending', 'leased'))").fetchone()
+        return not (row and row[0])
+
+    def is_idle(self) -> bool:
+        """reads.is_idle of SQLite: nothing claimable now or later without an operator."""
+        if not self._keys:
+            return self.is_drained()
+        with self._tx(read_only=True) as conn:
+            row = conn.execute(IDLE).fetchone()
+        return bool(row and row[0])
+
+    def blocked_heads(self, limit: int = MAX_BATCH) -> list[dict[str, Any]]:
+        """reads.blocked_heads of SQLite: each blocked key's dead first job."""
+        check_int("limit", limit, 1, MAX_BATCH)
+        if not self._keys:
+            return []
+        with self._tx(read_only=True) as conn:
+            return dicts(conn, BLOCKED_HEADS, {"limit": limit})
+
+    def snapshot(self, now_ms: Optional[int] = None) -> dict[str, Any]:
+        """What reads.snapshot of SQLite gives for a product queue, read in one
+        REPEATABLE READ transaction so the figures agree."""
+        if now_ms is not None:
+            check_now(now_ms)
+        with self._tx(snapshot=True) as conn:
+            now = self._now_in(conn, now_ms)
+            return read_snapshot(conn, now, keys=self._keys)
+
+    def job_history(self, job_id: str) -> Optional[dict[str, Any]]:
+        """A job's whole row, its redrives, every attempt in the order written,
+        its cancels (reads.job_history of SQLite); None if there is no such job."""
+        check_job_id("job_id", job_id, PRODUCT)
+        actor = ", actor" if self._actors else ""
+        with self._tx(snapshot=True) as conn:
+            found = dicts(conn, "SELECT * FROM lease.jobs WHERE id = %s", (job_id,))
+            history = {
+                "redrives": dicts(conn, f"SELECT seq, token, at_ms, note{actor}"
+                                   " FROM lease.redrives WHERE id = %s ORDER BY seq", (job_id,)),
+                "attempts": dicts(conn, HISTORY_ATTEMPTS, {"id": job_id}),
+                "cancels": dicts(conn, f"SELECT seq, token, at_ms, note, was{actor}"
+                                  " FROM lease.cancels WHERE id = %s ORDER BY seq", (job_id,)),
+            }
+        if not found:
+            return None
+        return {"job": found[0], **history}
+
+    def dead_jobs(self, reason: Optional[str] = None, limit: Optional[int] = None, *,
+                  key: Optional[str] = None) -> list[dict[str, Any]]:
+        """Dead jobs in seq order, of one reason and one ordering key if given,
+        each with its last recorded error (reads.dead_jobs of SQLite)."""
+        if reason is not None:
+            check_identifier("reason", reason)
+        if limit is not None and (type(limit) is not int or limit < 1):
+            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        if key is not None:
+            check_ordering_key(key, "key")
+        with self._tx(read_only=True) as conn:
+            return dicts(conn, DEAD, {"reason": reason, "key": key, "limit": limit})
+
+    def jobs_with_status(self, status: str) -> list[dict[str, Any]]:
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r:.40}")
+        with self._tx(read_only=True) as conn:
+            return dicts(conn, "SELECT * FROM lease.jobs WHERE status = %s ORDER BY seq",
+                          (status,))
+
+    def list_jobs(self, *, status: Optional[str] = None, reason: Optional[str] = None,
+                  id_prefix: Optional[str] = None, after_seq: Optional[int] = None,
+                  limit: int = 50, key: Optional[str] = None) -> list[dict[str, Any]]:
+        """reads.list_jobs of SQLite: one page of whole rows in seq order after
+        ``after_seq``, filtered, a dead row with its last error."""
+        where, args = job_filter(status, reason, id_prefix, after_seq, limit, key)
+        # the filter's own checks and clauses, in this driver's placeholders
+        sql = LIST_JOBS.format(where=where)
+        with self._tx(read_only=True) as conn:
+            return dicts(conn, sql, [*args, limit])
+
+    def stale_finishes(self) -> int:
+        with self._tx(read_only=True) as conn:
+            return read_stale_finishes(conn)
+
+
+def enqueue_in(conn: psycopg.Connection, events: Iterable[object],
+               policy: RetryPolicy = DEFAULT_POLICY, *, now_ms: Optional[int] = None,
+               not_before_ms: Optional[int] = None, on_conflict: str = "raise") -> list:
+    """The transactional outbox: enqueue on the service's own psycopg
+    connection, inside its transaction, so the jobs commit or roll back with
+    the service's rows. Per event True (new) or False (a duplicate); an event
+    whose id is kept with other content raises Conflicts after this call's
+    rows are rolled back, unless ``on_conflict="return"``: as
+    ``lease.sqlite.enqueue_in``.
+
+    ``conn`` has a transaction open: inside ``with conn.transaction():``, or a
+    connection that is not autocommit after the service's own first statement.
+    A connection with none open is refused: the jobs would commit on their
+    own, or begin a transaction the service does not know it has. All or
+    none: a bad event rolls back this call's rows (a savepoint), never the
+    service's. The time is the server's clock (``now_ms`` overrides it); the
+    dispatchers' wake-up is NOTIFY'd, delivered at the service's COMMIT.
+    The database must hold the queue at this version (``PostgresStore(url,
+    create=True)`` makes or migrates it).
+    """
+    if not isinstance(conn, psycopg.Connection):
+        raise ValueError(f"conn must be a psycopg.Connection, got {type(conn).__name__}")
+    status = conn.info.transaction_status
+    if status == pq.TransactionStatus.INERROR:
+        raise ValueError("the service's transaction has already failed: roll it back first")
+    if status != pq.TransactionStatus.INTRANS:
+        raise ValueError("enqueue_in needs the service's open transaction (with "
+                         "conn.transaction(): the service's writes, then enqueue_in): "
+                         f"conn has none ({status.name})")
+    if now_ms is not None:
+        check_now(now_ms)
+    if not isinstance(policy, RetryPolicy):
+        raise ValueError(f"policy must be a RetryPolicy, got {type(policy).__name__}")
+    check_on_conflict(on_conflict)
+    name = redact(conn.info.dsn)
+    with mapped(name), conn.transaction():  # a savepoint inside the service's transaction
+        cursor = conn.cursor(row_factory=tuple_row)  # the service's factory is not ours
+        version = queue_version(cursor)  # type: ignore[arg-type]
+        if version != SCHEMA_VERSION:
+            raise NotAQueue(f"{name} holds no version {SCHEMA_VERSION} queue (version "
+                            f"{version}): PostgresStore(url, create=True) makes it")
+        if now_ms is None:
+            row = cursor.execute(NOW).fetchone()
+            assert row is not None  # a SELECT of one value returns one row
+            now_ms = int(row[0])
+        available_at = now_ms if not_before_ms is None \
+            else check_not_before(not_before_ms, now_ms)
+        return judge_intake(_intake(cursor, events, available_at, policy, None), on_conflict)
+
+
+def _intake(conn: Any, events: Iterable[object], available_at: int, policy: RetryPolicy,
+            on_progress: Optional[Callable[[int], None]]) -> list:
+    """Inside a transaction (``conn`` a connection or a cursor): the events
+    read, checked and inserted in chunks, never held whole; the wake-up."""
+    stream = iter(events)
+    results: list = []
+    while True:
+        chunk = [check_product_event(event) for event in itertools.islice(stream, INTAKE_CHUNK)]
+        if not chunk:
+            break
+        for result in _insert(conn, chunk, available_at, policy):
+            results.append(result)
+            if on_progress is not None and len(results) % 1000 == 0:
+                on_progress(len(results))
+    if any(result is True for result in results):
+        conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+    return results
+
+
+def _insert(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPolicy) -> list:
+    """Inside the intake: per event True (new), False (a duplicate) or its
+    Conflict, in order, as single intakes in sequence would give them. Only
+    new ids reach the INSERT: a duplicate never draws a seq. The chunk's keys
+    are locked first, so the jobs of a key take their seqs in the order their
+    intakes commit; each key's line then gets its first if it has none."""
+    keys = sorted({intake.key for intake in chunk if intake.key is not None})
+    if keys:
+        conn.execute(LOCK_KEYS, (keys,))
+    kept = _contents(conn, sorted({intake.id for intake in chunk}))
+    new: dict[str, Intake] = {}
+    for intake in chunk:
+        if intake.id not in kept:
+            new.setdefault(intake.id, intake)
+    inserted: set[str] = set()
+    if new:
+        inserted = {job_id for (job_id,) in conn.execute(INSERT_NEW, (
+            policy.max_attempts, available_at, available_at + policy.ttl_ms,
+            *_columns([(i.id, i.qty, i.body, i.digest, i.key) for i in new.values()])))}
+        # another intake committed one of these ids meanwhile: judge by its row
+        kept.update(_contents(conn, [job_id for job_id in new if job_id not in inserted]))
+    results: list = []
+    for intake in chunk:
+        first = new.get(intake.id)
+        if first is intake and intake.id in inserted:
+            results.append(True)
+        else:
+            qty, digest, key = kept.get(intake.id) or (
+                first.qty, first.digest, first.key)  # type: ignore[union-attr]
+            results.append(_judge(intake, qty, digest, key))
+    lines = sorted({key for key in (new[job_id].key for job_id in inserted) if key is not None})
+    if lines:
+        conn.execute(PROMOTE, {"keys": lines})
+    return results
+
+
+def _contents(conn: Any, ids: list[str]) -> dict[str, tuple]:
+    if not ids:
+        return {}
+    return {job_id: (qty, digest, key) for job_id, qty, digest, key in conn.execute(
+        "SELECT id, qty, digest, ordering_key FROM lease.jobs WHERE id = ANY(%s::text[])",
+        (ids,))}
+
+
+def _judge(intake: Intake, qty: int, digest: Optional[str],
+           key: Optional[str]) -> Union[bool, Conflict]:
+    """A known id: False for the content it has, else lease.sqlite's Conflict."""
+    if (qty, digest, key) == (intake.qty, intake.digest, intake.key):
+        return False
+    return conflict(intake, qty, digest, key)
+
+
+def _marker(ticket: dict) -> dict[str, Any]:
+    """The ticket's marker as the fence's parameters."""
+    return {"qty": ticket["qty"], "owner": ticket["owner"], "token": ticket["token"],
+            "attempt": ticket["attempt"], "lease_until": ticket["lease_until"]}
+
+
+def _lock(conn: psycopg.Connection, columns: str, job_ids: list) -> dict[str, dict[str, Any]]:
+    """The rows of these ids by id, locked in seq order (two writers never
+    deadlock)."""
+    unique = sorted(set(job_ids))
+    if not unique:
+        return {}
+    locked = dicts(conn, f"SELECT {columns} FROM lease.jobs WHERE id = ANY(%s::text[])"
+                    " ORDER BY seq FOR UPDATE", (unique,))
+    return {row["id"]: row for row in locked}
+
+
+def _finish_marked(conn: psycopg.Connection, items: list, now: int) -> list:
+    """Inside the finish: each finishing item judged by the rules on its locked
+    row, in order (a job finished earlier in the list is no longer leased for a
+    later item), then written only if still leased by its ticket. Per finishing
+    item (status, reason, seq) or False.
+
+    Every item's row is locked, an evidence-only item's too: a job's attempts
+    are then written one transaction after another, in the order of their seqs.
+    """
+    ids = [ticket["id"] for ticket, _, _, _ in items]
+    conn.execute(LOCK_KEYS_OF, (sorted(set(ids)),))
+    rows = _lock(conn, f"{MARKED}, ordering_key", ids)
+    verdicts: list = []
+    writes: list[tuple] = []
+    for ticket, outcome, delay_ms, _ in items:
+        if outcome is None:
+            continue
+        row = rows.get(ticket["id"])
+        judged = judge_finish(row, ticket, outcome, delay_ms, now)
+        if judged is None or row is None:
+            verdicts.append(False)
+            continue
+        status, reason, available_at = judged
+        writes.append((row["seq"], status, reason, available_at, *_marker(ticket).values()))
+        verdicts.append((status, reason, row["seq"]))
+    if not writes:
+        return verdicts
+    names = ("seq", "status", "reason", "available_at", *_marker(items[0][0]))
+    written = {seq for (seq,) in conn.execute(
+        FINISH_IF_STILL_LEASED, {"now": now, **dict(zip(names, _columns(writes), strict=True))})}
+    # a line whose first was delivered: the next one goes
+    lines = sorted({row["ordering_key"] for row in rows.values() if row["status"] == "done"
+                    and row["seq"] in written and row["ordering_key"] is not None})
+    if lines:
+        conn.execute(PROMOTE, {"keys": lines})
+    return [v if v and v[2] in written else False for v in verdicts]
+
+
+def _record_attempts(conn: psycopg.Connection, items: list, results: list, seqs: list,
+                     now: int) -> None:
+    """Inside the finish: each attempt's evidence, as lease.sqlite records it.
+    The attempt that made a job done goes on the job's row, ``done_after``
+    naming the attempts row written just before it; every other attempt (a
+    retry, a refusal, a stale finish, evidence only) is an attempts row."""
+    rows: list[tuple] = []
+    done: list[tuple] = []
+    for (ticket, outcome, _, seen), result, seq in zip(items, results, seqs, strict=True):
+        if result is not False and result[0] == "done":
+            done.append((len(rows), seq, ticket["owner"], seen.started_ms, seen.latency_ms,
+                         seen.http_status))
+            continue
+        status, reason = ("stale", None) if result is False else result
+        rows.append((ticket["id"], ticket["token"], ticket["attempt"], ticket["owner"],
+                     seen.started_ms, now, outcome or "none", status, reason,
+                     seen.http_status, _text(seen.error), seen.latency_ms))
+    before = 0
+    if done:
+        row = conn.execute("SELECT COALESCE(max(seq), 0) FROM lease.attempts").fetchone()
+        before = row[0] if row else 0
+    written = sorted(seq for (seq,) in conn.execute(RECORD_ATTEMPTS, _columns(rows))) \
+        if rows else []
+    if done:
+        conn.execute(RECORD_DONE, _columns([
+            (seq, owner, started, latency, status, written[k - 1] if k else before)
+            for k, seq, owner, started, latency, status in done]))
+    stale = sum(1 for result in results if result is False)
+    if stale:
+        conn.execute(TALLY, ("stale_finishes", stale))
+
+

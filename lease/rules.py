@@ -1,0 +1,221 @@
+"""The product's rules that every store follows, beyond the contract's.
+
+Pure functions (rows in, decisions out) and the product's tables as both
+drivers lay them out: the SQLite driver (``lease.sqlite``) and the PostgreSQL
+driver (``lease.postgres``) each read and write their own rows, and judge
+them here, so a rule is written once and neither driver imports the other.
+The contract's own rules (validation, the retry delay, the verdicts, the
+finish decision, the marker check) are in ``lease.worker``.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional, Tuple
+
+from lease.policy import PRODUCT, Intake, check_ordering_key
+from lease.records import Attempt
+from lease.worker import (
+    MAX_BATCH,
+    MAX_NOW_MS,
+    OUTCOMES,
+    Conflict,
+    check_identifier,
+    check_int,
+    check_job_id,
+    check_now,
+    check_outcome,
+    check_ticket,
+)
+
+__all__ = [
+    "DAY_MS",
+    "MAX_PAGE",
+    "STATUSES",
+    "TABLES",
+    "TABLES_V1",
+    "TABLES_V2",
+    "TABLES_V3",
+    "cancel_decisions",
+    "check_finish_item",
+    "check_ids",
+    "conflict",
+    "in_flight_refusals",
+    "kept_audits",
+    "list_filters",
+]
+
+STATUSES = ("pending", "leased", "done", "dead")
+DAY_MS = 86_400_000  # "the last day" of the figures that count recent changes
+MAX_PAGE = 1000  # the most jobs one list_jobs page holds
+
+# The product's tables and their columns, in order (SQLite's version 4).
+TABLES = {
+    "jobs": ["seq", "id", "qty", "status", "attempts", "max_attempts", "token",
+             "available_at", "deadline", "owner", "lease_until", "reason", "body", "digest",
+             "done_by", "done_started_ms", "done_latency_ms", "done_http_status",
+             "done_after", "ordering_key", "held"],
+    "attempts": ["seq", "id", "token", "attempt", "owner", "started_ms", "ended_ms", "outcome",
+                 "result", "reason", "http_status", "error", "latency_ms"],
+    "redrives": ["seq", "id", "token", "at_ms", "note", "actor"],
+    "cancels": ["seq", "id", "token", "at_ms", "note", "was", "actor"],
+    "tallies": ["name", "n"],
+    "bodies": ["seq", "body"],
+}
+# PostgreSQL's versions have these tables (its jobs keep their bodies)
+TABLES_V3 = {name: columns for name, columns in TABLES.items() if name != "bodies"}
+TABLES_V2 = {**TABLES_V3, "jobs": TABLES["jobs"][:-2]}
+TABLES_V1 = {  # version 1: a version-1 PostgreSQL database has these
+    "jobs": ["seq", "id", "qty", "status", "attempts", "max_attempts", "token",
+             "available_at", "deadline", "owner", "lease_until", "reason", "body", "digest",
+             "done_by", "done_started_ms", "done_latency_ms", "done_http_status",
+             "done_after"],
+    "attempts": ["seq", "id", "token", "attempt", "owner", "started_ms", "ended_ms", "outcome",
+                 "result", "reason", "http_status", "error", "latency_ms"],
+    "cancels": ["seq", "id", "token", "at_ms", "note", "was"],
+    "tallies": ["name", "n"],
+}
+
+
+
+
+def conflict(intake: Intake, qty: int, digest: Optional[str],
+              key: Optional[str] = None) -> Conflict:
+    """The intake's refusal of an id kept with other content, in every store's words."""
+    return Conflict(f"job {intake.id!r} exists with other content "
+                    f"({_content(qty, digest, key)}, not "
+                    f"{_content(intake.qty, intake.digest, intake.key)})")
+
+
+def _content(qty: int, digest: Optional[str], key: Optional[str]) -> str:
+    text = f"qty {qty}" if digest is None else f"body sha256 {digest[:12]}..."
+    return text if key is None else f"{text}, key {key!r:.40}"
+
+
+def in_flight_refusals(rows: Mapping[str, Mapping], firsts: Mapping[str, Mapping],
+                        results: list, job_ids: list) -> list:
+    """Pure: a cancelled keyed job cannot go back in its line while a later job
+    of its key is on the wire (two of a key would be delivered at once): its
+    True becomes a ValueError. ``firsts``: key -> its marked job (seq, id,
+    status). Every store calls this."""
+    out = []
+    for job_id, result in zip(job_ids, results, strict=True):
+        row = rows.get(job_id)
+        first = None if row is None or row["ordering_key"] is None \
+            else firsts.get(row["ordering_key"])
+        if (result is True and row is not None and row["reason"] == "cancelled"
+                and first is not None and first["status"] == "leased"
+                and first["seq"] > row["seq"]):
+            out.append(ValueError(
+                f"job {job_id!r} was cancelled and the later job {first['id']!r} of its key "
+                f"{row['ordering_key']!r:.40} is being delivered: redrive it when that "
+                f"one has finished"))
+        else:
+            out.append(result)
+    return out
+
+
+def kept_audits(audits: list, results: list, job_ids: list) -> list:
+    """Pure: of a redrive's audit rows (id, token), the ones whose id is still
+    True at its first place in ``job_ids`` (where redrive_decisions
+    released it) once in_flight_refusals has judged. Every store calls this.
+
+    Each id's first result is found in a dict made in one pass: a scan of
+    the list per id (list.index) made a redrive of 10,000 ids quadratic,
+    0.8 s inside its write transaction."""
+    first: dict = {}
+    for job_id, result in zip(job_ids, results, strict=True):
+        first.setdefault(job_id, result)
+    return [(job_id, token) for job_id, token in audits if first[job_id] is True]
+
+
+def check_finish_item(item: object) -> None:
+    if type(item) is not tuple or len(item) != 4:
+        raise ValueError("each item must be a tuple (ticket, outcome, delay_ms, Attempt)")
+    ticket, outcome, delay_ms, attempt = item
+    check_ticket(ticket, PRODUCT)
+    if type(attempt) is Attempt:
+        # The checks below in one expression, for the common case of a good
+        # item; any miss goes through them one by one for the error's words.
+        started, latency, status, error = attempt
+        if ((outcome is None or (type(outcome) is str and outcome in OUTCOMES))
+                and type(delay_ms) is int and 0 <= delay_ms <= PRODUCT.max_delay_ms
+                and type(started) is int and 0 <= started <= MAX_NOW_MS
+                and (latency is None or (type(latency) is int and 0 <= latency <= 10**12))
+                and (status is None or (type(status) is int and 0 <= status <= 10**12))
+                and (error is None or type(error) is str)):
+            return
+    if outcome is not None:
+        check_outcome(outcome)
+    check_int("delay_ms", delay_ms, 0, PRODUCT.max_delay_ms)
+    if not isinstance(attempt, Attempt):
+        raise ValueError(f"evidence must be an Attempt, got {type(attempt).__name__}")
+    check_now(attempt.started_ms, "attempt started_ms")
+    for name in ("latency_ms", "http_status"):
+        value = getattr(attempt, name)
+        if value is not None:
+            check_int(f"attempt {name}", value, 0, 10**12)
+    if attempt.error is not None and type(attempt.error) is not str:
+        raise ValueError(f"attempt error must be None or a str, got "
+                         f"{type(attempt.error).__name__}")
+
+
+def check_ids(job_ids: object) -> list:
+    if type(job_ids) is not list or len(job_ids) > MAX_BATCH:
+        raise ValueError(f"job_ids must be a list of at most {MAX_BATCH}")
+    for job_id in job_ids:
+        check_job_id("job_id", job_id, PRODUCT)
+    return job_ids
+
+
+def cancel_decisions(rows: Mapping[str, Mapping], job_ids: list) -> Tuple[list, list]:
+    """Pure: given the rows of the ids (id -> row with seq, id, status, reason,
+    token), per id True or its ValueError, in order; the audit rows
+    (seq, id, token, was). Every store calls this."""
+    cancelled: set = set()
+    results: list = []
+    audits: list = []
+    for job_id in job_ids:
+        row = rows.get(job_id)
+        if row is None:
+            results.append(ValueError(f"job {job_id!r} does not exist"))
+        elif job_id in cancelled or row["reason"] == "cancelled":
+            results.append(ValueError(f"job {job_id!r} is already cancelled"))
+        elif row["status"] not in ("pending", "dead"):
+            results.append(ValueError(f"job {job_id!r} is {row['status']}: only a pending "
+                                      f"or dead job can be cancelled"))
+        else:
+            cancelled.add(job_id)
+            was = row["status"] if row["reason"] is None else f"{row['status']}/{row['reason']}"
+            audits.append((row["seq"], job_id, row["token"], was))
+            results.append(True)
+    return results, audits
+
+
+def list_filters(status: Optional[str], reason: Optional[str], id_prefix: Optional[str],
+                 after_seq: Optional[int], limit: int,
+                 key: Optional[str] = None) -> list[Tuple[str, list]]:
+    """Pure: list_jobs's filters, checked, as (name, arguments) in order:
+    "status", "reason", "id_prefix" (its length and itself), "after_seq",
+    "key". Each driver writes its own condition for each name."""
+    filters: list[Tuple[str, list]] = []
+    if status is not None:
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r:.40}")
+        filters.append(("status", [status]))
+    if reason is not None:
+        check_identifier("reason", reason)
+        filters.append(("reason", [reason]))
+    if id_prefix is not None:
+        if type(id_prefix) is not str or not 1 <= len(id_prefix) <= 255:
+            raise ValueError(f"id_prefix must be 1-255 characters, got {id_prefix!r:.40}")
+        filters.append(("id_prefix", [len(id_prefix), id_prefix]))
+    if after_seq is not None:
+        if type(after_seq) is not int or after_seq < 0:
+            raise ValueError(f"after_seq must be an int >= 0, got {after_seq!r:.40}")
+        filters.append(("after_seq", [after_seq]))
+    if key is not None:
+        check_ordering_key(key, "key")
+        filters.append(("key", [key]))
+    if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be an int in 1..{MAX_PAGE}, got {limit!r:.40}")
+    return filters

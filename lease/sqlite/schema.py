@@ -1,0 +1,279 @@
+"""The SQLite driver's schema: versions, migrations, opening, journals, sharing."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import Optional, Tuple, Union
+
+from lease.rules import TABLES
+from lease.sqlite.reads import BODIES_SINCE
+from lease.sqlite.statements import LINE
+from lease.worker import (
+    CONTRACT_SCHEMA,
+    NotAQueue,
+    StoreError,
+    check_connection,
+    check_path,
+    check_schema,
+    connect_file,
+    immediate,
+    open_file,
+    open_queue,
+)
+
+SCHEMA_VERSION = 4
+
+MIGRATIONS: dict[int, Tuple[str, ...]] = {
+    1: (
+        "ALTER TABLE jobs ADD COLUMN body TEXT",  # canonical JSON; NULL for {"id", "qty"}
+        "ALTER TABLE jobs ADD COLUMN digest TEXT",  # sha256 of body; the intake's dedupe key
+        # The evidence of the attempt that delivered a done job, on its own row:
+        # the common path writes no attempts row (the finish updates this row
+        # anyway), and done is final, so one set of columns is enough.
+        "ALTER TABLE jobs ADD COLUMN done_by TEXT",
+        "ALTER TABLE jobs ADD COLUMN done_started_ms INTEGER",
+        "ALTER TABLE jobs ADD COLUMN done_latency_ms INTEGER",
+        "ALTER TABLE jobs ADD COLUMN done_http_status INTEGER",
+        # the attempts row written just before the delivery: the history's order
+        # is the order of writing, whatever the callers' clocks said
+        "ALTER TABLE jobs ADD COLUMN done_after INTEGER",
+        # No AUTOINCREMENT: a new rowid is the largest + 1, so a job's attempts
+        # read back in the order they were written; AUTOINCREMENT's bookkeeping
+        # costs ~10 us a row on the finish path.
+        """CREATE TABLE attempts (seq INTEGER PRIMARY KEY,
+  id TEXT NOT NULL, token INTEGER NOT NULL, attempt INTEGER NOT NULL, owner TEXT NOT NULL,
+  started_ms INTEGER NOT NULL, ended_ms INTEGER NOT NULL, outcome TEXT NOT NULL,
+  result TEXT NOT NULL, reason TEXT, http_status INTEGER, error TEXT, latency_ms INTEGER)""",
+        "CREATE INDEX attempts_by_job ON attempts(id, seq)",
+        """CREATE TABLE cancels (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL, token INTEGER NOT NULL, at_ms INTEGER NOT NULL, note TEXT NOT NULL,
+  was TEXT NOT NULL)""",
+        "CREATE TABLE tallies (name TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID",
+        # finish sets available_at = now for done: the time a done job finished.
+        "CREATE INDEX jobs_done_at ON jobs(available_at) WHERE status = 'done'",
+        # A job's audit rows, read by its history and deleted with it by prune.
+        "CREATE INDEX redrives_by_job ON redrives(id)",
+        "CREATE INDEX cancels_by_job ON cancels(id)",
+    ),
+    2: (
+        # Who made an operator's change (a name, a token's label); NULL when not said.
+        "ALTER TABLE redrives ADD COLUMN actor TEXT",
+        "ALTER TABLE cancels ADD COLUMN actor TEXT",
+    ),
+    3: (
+        "ALTER TABLE jobs ADD COLUMN ordering_key TEXT",  # NULL: no order to keep
+        # 1 while an earlier job of its key is in line (see "Ordered keys" above)
+        "ALTER TABLE jobs ADD COLUMN held INTEGER NOT NULL DEFAULT 0",
+        # What a claim may take, in seq order: the contract's live rows less the held.
+        "CREATE INDEX jobs_ready ON jobs(seq) WHERE status IN ('pending', 'leased') AND held = 0",
+        # A key's line, its first (held = 0) apart from the rest (held = 1, in order).
+        f"CREATE INDEX jobs_line ON jobs(ordering_key, held, seq) WHERE {LINE}",
+    ),
+    BODIES_SINCE: (
+        # A job's payload, keyed by its seq (AUTOINCREMENT: a seq is never
+        # taken again, not even after prune_done). The column on the job's row
+        # stays, NULL: a DROP COLUMN needs SQLite 3.35 and rewrites every row.
+        "CREATE TABLE bodies (seq INTEGER PRIMARY KEY, body TEXT NOT NULL)",
+        "INSERT INTO bodies (seq, body) SELECT seq, body FROM jobs WHERE body IS NOT NULL",
+        "UPDATE jobs SET body = NULL WHERE body IS NOT NULL",
+        # jobs_ready under another name: an older dispatcher still running reads
+        # its payloads from jobs.body, now NULL, and would spend their budgets on
+        # sends refused unsent. Its claim names jobs_ready (INDEXED BY), so each
+        # of its claims now fails whole, as an error, and leaves the jobs alone.
+        "DROP INDEX jobs_ready",
+        "CREATE INDEX jobs_claimable ON jobs(seq)"
+        " WHERE status IN ('pending', 'leased') AND held = 0",
+    ),
+}
+
+# ------------------------------------------------------------------ opening
+
+
+def schema_version(con: sqlite3.Connection) -> int:
+    return int(con.execute("PRAGMA user_version").fetchone()[0])
+
+
+def open_store(path: Union[str, os.PathLike[str]], *, create: bool = True,
+               journal: Optional[str] = None) -> sqlite3.Connection:
+    """Open a queue for the product: the contract's ``open_queue`` (its
+    settings, its refusal of foreign files), then the migrations up to
+    SCHEMA_VERSION, in one transaction. A newer file is a ValueError.
+
+    A file in WAL mode stays in it (``open_wal``: the contract's opener would
+    insist on its rollback journal, and cannot switch a WAL file that another
+    process has open). ``journal`` ("wal" or "delete") switches the file's
+    mode, which needs the file to itself; None keeps what the file has."""
+    text = check_path(path, "queue")
+    check_journal(journal)
+    con = open_wal(text) if is_wal_file(text) else open_queue(text, create=create)
+    try:
+        migrate(con)
+        if journal is not None:
+            _switch_journal(con, journal, text)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+# The journal modes a product file may choose: the contract's rollback
+# journal, or the write-ahead log (one fsync a COMMIT instead of several, and
+# readers that never block the writer). synchronous=FULL makes every COMMIT
+# durable in both.
+JOURNALS = ("delete", "wal")
+
+
+def check_journal(journal: object) -> None:
+    if journal is not None and (type(journal) is not str or journal not in JOURNALS):
+        raise ValueError(f"journal must be None, 'delete' or 'wal', got {journal!r}")
+
+
+def journal_mode(con: sqlite3.Connection) -> str:
+    """The journal mode of an open queue's connection ("delete", "wal", ...)."""
+    return str(con.execute("PRAGMA journal_mode").fetchone()[0])
+
+
+def is_wal_file(text: str) -> bool:
+    """True when the file's header says WAL (its read and write versions are 2),
+    read without opening it as a database: nothing is created or changed."""
+    try:
+        with open(text, "rb") as file:
+            header = file.read(20)
+    except OSError:  # missing, a folder, unreadable: the usual opener says which
+        return False
+    return header[:16] == b"SQLite format 3\x00" and header[18:20] == b"\x02\x02"
+
+
+def open_wal(text: str) -> sqlite3.Connection:
+    """A queue file in WAL mode, opened as the contract opens one (autocommit,
+    a 1 s wait for a competing writer, synchronous=FULL, foreign files refused,
+    missing tables created) but with its journal mode kept."""
+    return open_file(text, False, None)
+
+
+def _switch_journal(con: sqlite3.Connection, journal: str, text: str) -> None:
+    """The file's journal mode made ``journal``; SQLite answers with the mode it
+    has, which stays the old one while another connection has the file open."""
+    if journal_mode(con) == journal:
+        return
+    try:
+        found = con.execute(f"PRAGMA journal_mode={journal.upper()}").fetchone()[0]
+    except sqlite3.OperationalError as exc:
+        if "locked" not in str(exc):
+            raise
+        found = journal_mode(con)
+    if found != journal:
+        raise StoreError(f"{text}: could not switch to journal_mode={journal} (still {found}):"
+                         f" another connection has the file open; switch it while nothing else"
+                         f" uses it")
+
+
+def migrate(con: sqlite3.Connection) -> int:
+    """Bring an open queue to SCHEMA_VERSION; the version it had before."""
+    check_connection(con)
+    before = check_version(con)
+    if before < SCHEMA_VERSION:
+        with immediate(con):
+            before = migrate_here(con)
+    _check_tables(con)
+    return before
+
+
+def migrate_here(con: sqlite3.Connection) -> int:
+    """Inside a write transaction: the migrations still missing; the version
+    the file had (another process may have migrated it meanwhile)."""
+    before = check_version(con)
+    for version in range(before + 1, SCHEMA_VERSION + 1):
+        for statement in MIGRATIONS[version]:
+            con.execute(statement)
+    if before < SCHEMA_VERSION:
+        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    return before
+
+
+def check_version(con: sqlite3.Connection) -> int:
+    version = schema_version(con)
+    if version > SCHEMA_VERSION:
+        raise NotAQueue(f"queue file has schema version {version}, newer than this code's "
+                         f"{SCHEMA_VERSION}: open it with a newer lease-dispatcher")
+    return version
+
+
+# A shared file's journal modes: the ones that keep a COMMIT across a crash.
+# (MEMORY and OFF can lose or corrupt the file: a queue cannot live there.)
+SHARED_JOURNAL_MODES = ("delete", "truncate", "persist", "wal")
+_META = "CREATE TABLE IF NOT EXISTS lease_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
+
+
+def is_declared_shared(con: sqlite3.Connection) -> bool:
+    """True when the file records that its queue shares it with other tables."""
+    if not con.execute("SELECT EXISTS (SELECT 1 FROM sqlite_master"
+                       " WHERE type = 'table' AND name = 'lease_meta')").fetchone()[0]:
+        return False
+    row = con.execute("SELECT value FROM lease_meta WHERE name = 'shared'").fetchone()
+    return row is not None and row[0] == "1"
+
+
+def open_shared(path: Union[str, os.PathLike[str]], *, create: bool = False,
+                declare: bool = False) -> Optional[sqlite3.Connection]:
+    """Open a queue that shares its file with a service's own tables; None
+    when the file was never declared shared and ``declare`` is False (the
+    caller opens it as a queue file of its own, with its refusals).
+
+    ``declare`` makes the choice: the queue's tables are created beside the
+    service's if missing (``create``), the file migrated, and the declaration
+    recorded in ``lease_meta``, all in one transaction. The file keeps its
+    journal mode (WAL, or a rollback journal): the service chose it, and
+    switching a WAL file another process has open would fail or surprise it.
+    synchronous=FULL on our connection makes each COMMIT durable in either.
+    """
+    text = check_path(path, "queue")
+    con = connect_file(text, create)
+    try:
+        declared = is_declared_shared(con)
+        if not declared and not declare:
+            con.close()
+            return None
+        mode = con.execute("PRAGMA journal_mode").fetchone()[0]
+        if mode not in SHARED_JOURNAL_MODES:
+            raise NotAQueue(f"{text}: journal_mode={mode} cannot keep a COMMIT across a crash;"
+                            f" a shared queue needs one of {', '.join(SHARED_JOURNAL_MODES)}")
+        con.execute("PRAGMA synchronous=FULL")
+        if not declared or schema_version(con) < SCHEMA_VERSION:
+            with immediate(con):
+                _make_shared(con, declared)
+        check_version(con)
+        _check_tables(con)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _make_shared(con: sqlite3.Connection, declared: bool) -> None:
+    """Inside a write transaction: the queue's tables beside the others (the
+    ones it already has checked first), migrated, the declaration recorded."""
+    has_queue = con.execute("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table'"
+                            " AND name IN ('jobs', 'redrives'))").fetchone()[0]
+    if has_queue:
+        check_schema(con)  # the contract's columns, or NotAQueue
+    elif schema_version(con) != 0:  # the service numbers its own schema there
+        raise NotAQueue("PRAGMA user_version of the file is "
+                        f"{schema_version(con)}: a shared queue keeps its version there")
+    for statement in CONTRACT_SCHEMA:
+        con.execute(statement)
+    migrate_here(con)
+    if not declared:
+        con.execute(_META)
+        con.execute("INSERT OR REPLACE INTO lease_meta (name, value) VALUES ('shared', '1')")
+
+
+def _check_tables(con: sqlite3.Connection) -> None:
+    for name, columns in TABLES.items():
+        found = [row[1] for row in con.execute(f"PRAGMA table_info({name})")]
+        if found != columns:
+            raise NotAQueue(f"not a version {SCHEMA_VERSION} queue: table {name!r} has "
+                             f"columns {found}")
+
+

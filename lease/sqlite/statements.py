@@ -1,0 +1,143 @@
+"""The SQLite driver's SQL, each statement once and named.
+
+A product file is a contract file migrated forward, so the quarantine, the
+pick and the marker are the contract's statements on the contract's columns,
+narrowed where the product has more (ordered keys, payloads in ``bodies``).
+"""
+
+from __future__ import annotations
+
+# A job in its key's line: still to be delivered, or dead and blocking the
+# jobs behind it. The partial index below has this very predicate (SQLite uses
+# a partial index only for a query that states its terms).
+LINE = ("ordering_key IS NOT NULL AND (status IN ('pending', 'leased')"
+         " OR (status = 'dead' AND reason <> 'cancelled'))")
+
+
+def in_line(alias: str) -> str:
+    return LINE.replace("ordering_key", f"{alias}.ordering_key").replace(
+        "status", f"{alias}.status").replace("reason", f"{alias}.reason")
+
+
+# The quarantine of the contract, in three statements that each read only
+# their candidates through an index. The first runs first: a missed deadline
+# is the reason even when the budget is spent too.
+QUARANTINE = (
+    ("deadline", """UPDATE jobs SET status = 'dead', reason = 'deadline', owner = NULL,
+  lease_until = NULL
+WHERE status IN ('pending', 'leased') AND deadline <= :now
+  AND (status = 'pending' OR lease_until <= :now)"""),
+    ("exhausted", """UPDATE jobs SET status = 'dead', reason = 'exhausted', owner = NULL,
+  lease_until = NULL
+WHERE status = 'leased' AND lease_until <= :now AND attempts >= max_attempts"""),
+    ("exhausted", """UPDATE jobs SET status = 'dead', reason = 'exhausted', owner = NULL,
+  lease_until = NULL
+WHERE status = 'pending' AND attempts >= max_attempts"""),
+)
+
+# What a lease (a claim) reads of a picked row.
+PICK_NAMES = ("seq", "id", "qty", "attempts", "token", "deadline")
+PICK = f"""
+SELECT {', '.join(PICK_NAMES)} FROM jobs
+WHERE status IN ('pending', 'leased')
+  AND ((status = 'pending' AND available_at <= :now)
+    OR (status = 'leased' AND lease_until <= :now))
+ORDER BY seq LIMIT :limit
+"""
+
+
+# Whether any of the quarantine's statements has a candidate: one statement of
+# three index probes, so that a claim with nothing to move runs no UPDATE.
+QUARANTINE_DUE = "SELECT " + " OR ".join(
+    f"EXISTS (SELECT 1 FROM jobs WHERE {statement.split('WHERE', 1)[1]})"
+    for _, statement in QUARANTINE)
+
+
+# The first of a key's line, if the line has none marked (its first was
+# delivered or cancelled, or the line is new): two index probes on the key.
+PROMOTE = f"""UPDATE jobs SET held = 0
+WHERE seq = (SELECT f.seq FROM jobs f WHERE f.ordering_key = :key AND f.held = 1
+    AND {in_line("f")} ORDER BY f.seq LIMIT 1)
+  AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.ordering_key = :key AND c.held = 0
+    AND {in_line("c")})"""
+
+# A redriven job that was cancelled goes back to its place: the line's marked
+# job, when it is later and not on the wire, waits again behind it.
+DEMOTE = f"""UPDATE jobs SET held = 1
+WHERE ordering_key = :key AND held = 0 AND {LINE} AND status <> 'leased'
+  AND EXISTS (SELECT 1 FROM jobs f WHERE f.ordering_key = :key AND f.held = 1
+    AND {in_line("f")} AND f.seq < jobs.seq)"""
+
+# The marked job of each key's line (the only one a claim may take).
+FIRSTS = f"""SELECT ordering_key, seq, id, status FROM jobs
+WHERE ordering_key = ? AND held = 0 AND {LINE}"""
+
+# lease.worker._PICK less the held jobs, through the index of what may be taken;
+# only what a lease (lease.worker.lease_ticket) and its Leased need: every column
+# read costs, and a done job's evidence is no claim's business. A picked
+# job's body is one probe of its table, made for the rows returned only (the
+# index gives the order: no join to sort again).
+PICK_READY_NAMES = (*PICK_NAMES, "digest", "body")
+PICK_READY = f"""
+SELECT {', '.join(PICK_NAMES)}, digest,
+  (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body
+FROM jobs INDEXED BY jobs_claimable
+WHERE status IN ('pending', 'leased') AND held = 0
+  AND ((status = 'pending' AND available_at <= :now)
+    OR (status = 'leased' AND lease_until <= :now))
+ORDER BY seq LIMIT :limit
+"""
+
+
+# Whether any key has a line at all: one probe of jobs_line. With none, no
+# finish has a next job to promote, and the finished rows need no second read.
+ANY_LINE = f"SELECT EXISTS (SELECT 1 FROM jobs WHERE {LINE})"
+
+
+# What a finish reads of a row: the marker and the budget, never a payload.
+MARKED = "seq, id, qty, status, attempts, max_attempts, token, deadline, owner, lease_until"
+MARKED_NAMES = tuple(MARKED.split(", "))
+
+# The extension: a marked row read whole, and its new end.
+MARKED_BY_ID = f"SELECT {MARKED} FROM jobs WHERE id = ?"
+EXTEND = "UPDATE jobs SET lease_until = ? WHERE seq = ?"
+
+# A claim's UPDATE of a row: these set alike on each, and per row these values.
+LEASE_FIXED = "status = 'leased', reason = NULL"
+LEASE_NAMES = ("attempts", "token", "owner", "lease_until")
+
+# A finish's UPDATE of a row: these set alike on each, and per row these values.
+FINISH_FIXED = "owner = NULL, lease_until = NULL"
+FINISH_NAMES = ("status", "reason", "available_at")
+
+# The intake, the evidence, the operator and retention.
+CONTENT_OF = "SELECT qty, digest, ordering_key FROM jobs WHERE id = ?"
+INSERT_JOB = ("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
+    " deadline, owner, lease_until, reason, digest, ordering_key, held)"
+    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?)")
+INSERT_BODY = "INSERT INTO bodies (seq, body) VALUES (last_insert_rowid(), ?)"
+RECORD_ATTEMPTS = ("INSERT INTO attempts (seq, id, token, attempt, owner, started_ms, ended_ms,"
+    " outcome, result, reason, http_status, error, latency_ms)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+ATTEMPTS_HIGH = ("SELECT MAX(COALESCE((SELECT MAX(seq) FROM attempts), 0),"
+    " COALESCE((SELECT n FROM tallies WHERE name = 'attempts_seq'), 0))")
+TALLY = ("INSERT INTO tallies (name, n) VALUES (?, ?)"
+    " ON CONFLICT (name) DO UPDATE SET n = n + excluded.n")
+AUDIT_REDRIVES = "INSERT INTO redrives (id, token, at_ms, note, actor) VALUES (?, ?, ?, ?, ?)"
+RELEASE = ("UPDATE jobs SET status = 'pending', attempts = 0, available_at = ?,"
+    " deadline = ?, owner = NULL, lease_until = NULL, reason = NULL,"
+    " held = CASE WHEN ordering_key IS NOT NULL AND reason = 'cancelled'"
+    " THEN 1 ELSE held END WHERE seq = ?")
+AUDIT_CANCELS = ("INSERT INTO cancels (id, token, at_ms, note, was, actor)"
+    " VALUES (?, ?, ?, ?, ?, ?)")
+CANCEL = ("UPDATE jobs SET status = 'dead', reason = 'cancelled', available_at = ?,"
+    " owner = NULL, lease_until = NULL WHERE seq = ?")
+PRUNABLE = ("SELECT seq, id FROM jobs WHERE status = 'done' AND available_at < ?"
+    " ORDER BY available_at LIMIT ?")
+KEEP_ATTEMPTS_HIGH = ("INSERT INTO tallies (name, n) VALUES ('attempts_seq', ?)"
+    " ON CONFLICT (name) DO UPDATE SET n = MAX(n, excluded.n)")
+PRUNE_ATTEMPTS = "DELETE FROM attempts WHERE id = ?"
+PRUNE_REDRIVES = "DELETE FROM redrives WHERE id = ?"
+PRUNE_CANCELS = "DELETE FROM cancels WHERE id = ?"
+PRUNE_BODIES = "DELETE FROM bodies WHERE seq = ?"
+PRUNE_JOBS = "DELETE FROM jobs WHERE seq = ?"

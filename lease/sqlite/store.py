@@ -1,0 +1,219 @@
+"""``SQLiteStore``: the ``lease.store.Store`` of one SQLite file."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterable, Optional, Union
+
+from lease.clock import wall_clock_ms
+from lease.policy import (
+    DEFAULT_POLICY,
+    RetryPolicy,
+)
+from lease.records import (
+    Claimed,
+)
+from lease.sqlite import reads
+from lease.sqlite.errors import store_errors
+from lease.sqlite.jobs import (
+    cancel_jobs,
+    claim_jobs,
+    enqueue_events,
+    extend_lease,
+    finish_jobs,
+    prune_done,
+    redrive_jobs,
+)
+from lease.sqlite.reads import stale_finishes
+from lease.sqlite.schema import (
+    check_journal,
+    check_version,
+    is_wal_file,
+    journal_mode,
+    open_shared,
+    open_store,
+    open_wal,
+    schema_version,
+)
+from lease.worker import (
+    MAX_BATCH,
+    Fault,
+    check_int,
+    check_now,
+    check_path,
+    open_queue,
+)
+
+
+class SQLiteStore:
+    """The ``lease.store.Store`` of one SQLite file (the functions above, and
+    ``lease.sqlite.reads`` for the reads) on one connection: one thread at a time.
+
+    The store's clock is this host's wall clock: every writer of a local file
+    runs on the same host. ``connection`` is the file's sqlite3 connection,
+    for the contract's own functions.
+    """
+
+    kind = "sqlite"
+    threads = 1
+
+    def __init__(self, path: Union[str, os.PathLike[str]], *, create: bool = False,
+                 read_only: bool = False, clock: Optional[Callable[[], int]] = None,
+                 migrate: bool = True, shared: bool = False,
+                 journal: Optional[str] = None) -> None:
+        """``migrate=False`` leaves a contract file at its version until the
+        first intake migrates it in its own transaction (``enqueue_events``):
+        an intake refused halfway then leaves the file exactly as it was.
+
+        ``shared=True`` declares that the queue shares its file with a
+        service's own tables (``open_shared``); a file declared so once is
+        opened as shared ever after, by every store, without being told.
+
+        ``journal`` switches the file's journal mode ("wal" or "delete", see
+        ``open_store``); None keeps the one it has. A shared file keeps the
+        service's."""
+        self.name = check_path(path, "queue")
+        check_journal(journal)
+        if journal is not None and (shared or read_only):
+            raise ValueError("journal is not for a shared file (a shared file keeps the "
+                             "service's journal mode) nor for a read-only store")
+        self.read_only = read_only
+        self.shared = False
+        self._clock = clock or wall_clock_ms
+        with store_errors():
+            if read_only:
+                self.connection = reads.open_readonly(self.name)
+                return
+            if not create and not os.path.isfile(self.name):
+                raise FileNotFoundError(f"queue file not found: {self.name}")
+            found = None
+            if shared or os.path.isfile(self.name):
+                found = open_shared(self.name, create=create, declare=shared)
+            if found is not None:
+                self.connection, self.shared = found, True
+                return
+            if migrate or journal is not None:
+                self.connection = open_store(self.name, create=create, journal=journal)
+                return
+            # a WAL file stays one: the contract's opener would insist on its journal
+            self.connection = open_wal(self.name) if is_wal_file(self.name) \
+                else open_queue(self.name, create=create)
+            try:
+                check_version(self.connection)
+            except BaseException:
+                self.connection.close()
+                raise
+
+    def close(self) -> None:
+        self.connection.close()
+
+    @property
+    def journal(self) -> str:
+        """The file's journal mode: "delete" (the default), "wal", or a shared
+        file's own."""
+        with store_errors():
+            return journal_mode(self.connection)
+
+    def __enter__(self) -> SQLiteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def now_ms(self) -> int:
+        return check_now(self._clock(), "clock value")
+
+    def _now(self, now_ms: Optional[int]) -> int:
+        return self.now_ms() if now_ms is None else now_ms
+
+    def schema_version(self) -> int:
+        with store_errors():
+            return schema_version(self.connection)
+
+    def enqueue_events(self, events: Iterable[object], policy: RetryPolicy = DEFAULT_POLICY, *,
+                       now_ms: Optional[int] = None, not_before_ms: Optional[int] = None,
+                       on_progress: Optional[Callable[[int], None]] = None,
+                       on_conflict: str = "return") -> list:
+        with store_errors():
+            return enqueue_events(self.connection, events, self._now(now_ms), policy,
+                                  not_before_ms=not_before_ms, on_progress=on_progress,
+                                  on_conflict=on_conflict)
+
+    def claim_jobs(self, owner: str, lease_ms: int, limit: int = 1, *,
+                   now_ms: Optional[int] = None, fault: Fault = None) -> Claimed:
+        now = self._now(now_ms)
+        with store_errors():
+            leased, moved = claim_jobs(self.connection, owner, now, lease_ms, limit, fault)
+        return Claimed(leased, moved, now)
+
+    def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: Optional[int] = None,
+                     fault: Fault = None) -> Union[dict, bool]:
+        with store_errors():
+            return extend_lease(self.connection, ticket, self._now(now_ms), lease_ms, fault)
+
+    def finish_jobs(self, items: list, *, now_ms: Optional[int] = None,
+                    fault: Fault = None) -> list:
+        with store_errors():
+            return finish_jobs(self.connection, items, self._now(now_ms), fault)
+
+    def redrive_jobs(self, job_ids: list, ttl_ms: int, note: str, *,
+                     now_ms: Optional[int] = None, fault: Fault = None,
+                     actor: Optional[str] = None) -> list:
+        with store_errors():
+            return redrive_jobs(self.connection, job_ids, self._now(now_ms), ttl_ms, note, fault,
+                                actor)
+
+    def cancel_jobs(self, job_ids: list, note: str, *, now_ms: Optional[int] = None,
+                    fault: Fault = None, actor: Optional[str] = None) -> list:
+        with store_errors():
+            return cancel_jobs(self.connection, job_ids, self._now(now_ms), note, fault, actor)
+
+    def prune_done(self, finished_before_ms: int, limit: int = MAX_BATCH) -> int:
+        with store_errors():
+            return prune_done(self.connection, finished_before_ms, limit)
+
+    def counts(self) -> dict[str, int]:
+        with store_errors():
+            return reads.counts(self.connection)
+
+    def is_drained(self) -> bool:
+        with store_errors():
+            return reads.is_drained(self.connection)
+
+    def is_idle(self) -> bool:
+        with store_errors():
+            return reads.is_idle(self.connection)
+
+    def blocked_heads(self, limit: int = MAX_BATCH) -> list[dict[str, Any]]:
+        check_int("limit", limit, 1, MAX_BATCH)
+        with store_errors():
+            return reads.blocked_heads(self.connection, limit)
+
+    def snapshot(self, now_ms: Optional[int] = None) -> dict[str, Any]:
+        with store_errors():
+            return reads.snapshot(self.connection, self._now(now_ms))
+
+    def job_history(self, job_id: str) -> Optional[dict[str, Any]]:
+        with store_errors():
+            return reads.job_history(self.connection, job_id)
+
+    def dead_jobs(self, reason: Optional[str] = None, limit: Optional[int] = None, *,
+                  key: Optional[str] = None) -> list[dict[str, Any]]:
+        with store_errors():
+            return reads.dead_jobs(self.connection, reason, limit, key=key)
+
+    def jobs_with_status(self, status: str) -> list[dict[str, Any]]:
+        with store_errors():
+            return reads.jobs_with_status(self.connection, status)
+
+    def list_jobs(self, *, status: Optional[str] = None, reason: Optional[str] = None,
+                  id_prefix: Optional[str] = None, after_seq: Optional[int] = None,
+                  limit: int = 50, key: Optional[str] = None) -> list[dict[str, Any]]:
+        with store_errors():
+            return reads.list_jobs(self.connection, status=status, reason=reason,
+                                     id_prefix=id_prefix, after_seq=after_seq, limit=limit,
+                                     key=key)
+
+    def stale_finishes(self) -> int:
+        with store_errors():
+            return stale_finishes(self.connection)
