@@ -1,10 +1,11 @@
-"""The layout is the architecture: who may import whom, read from the source
-(every import, at module level or inside a function), so a new import that
-breaks a direction fails here rather than in a review."""
+"""The layout is the architecture: the contracts of pyproject's
+``[tool.importlinter]`` hold on the tree (every import, at module level or
+inside a function), and each of them fails when an import breaks it."""
 
 from __future__ import annotations
 
-import ast
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,72 +14,59 @@ import pytest
 
 from tests.support import ROOT
 
-PACKAGE = ROOT / "asyncworker"
-# The runtime: what a dispatcher needs, and nothing a front end or a tool is.
-RUNTIME = ("dispatcher", "leases", "finisher", "store", "wire", "sender", "metrics", "logs",
-           "eventloop")
-ABOVE_THE_RUNTIME = ("asyncworker.receiving", "asyncworker.bench", "asyncworker.devtools",
-                     "asyncworker.cli", "asyncworker.ui", "asyncworker.demo")
+LINT_IMPORTS = str(Path(sys.executable).with_name("lint-imports"))
 
 
-def _module(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def lint_imports(tree: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return subprocess.run([LINT_IMPORTS, "--no-cache"], cwd=tree, env=env, capture_output=True,
+                          text=True, timeout=120)
 
 
-def _imports(path: Path) -> set[str]:
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return found
+def test_every_contract_holds_on_the_tree():
+    done = lint_imports(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+    assert done.stdout.count(" KEPT") == 8  # every contract of pyproject.toml was checked
 
 
-IMPORTS = {_module(path): _imports(path) for path in sorted(PACKAGE.rglob("*.py"))}
+# (the module that gains an import, the import, the contract it breaks)
+BREAKS = [
+    ("asyncworker/metrics.py", "import asyncworker.dispatcher",
+     "front ends above the operations, above the runtime and the receiving side"),
+    ("asyncworker/dispatcher.py", "import asyncworker.cli.output",
+     "front ends above the operations, above the runtime and the receiving side"),
+    ("asyncworker/bench/measure.py", "from asyncworker.bench import cpu",
+     "the benchmarks: the command above the scenarios"),
+    ("lease/store.py", "import lease.sqlite",
+     "inside the core: the factory above the drivers"),
+    ("lease/policy.py", "import asyncworker.wire",
+     "the lease core imports nothing of the runtime or the front ends"),
+    ("asyncworker/ui/pages.py", "from asyncworker.cli import output",
+     "the page and the command line are independent"),
+    ("lease/postgres/reads.py", "import lease.sqlite.reads",
+     "the two store drivers never import each other"),
+    ("lease/worker.py", "import aiohttp", "the lab contract imports the standard library only"),
+    ("asyncworker/wire.py", "import tests.support", "nothing in the product imports the tests"),
+]
 
 
-def _within(name: str, packages: tuple[str, ...]) -> bool:
-    return any(name == package or name.startswith(package + ".") for package in packages)
-
-
-def test_nothing_in_the_product_imports_the_tests():
-    assert {module: sorted(name for name in names if _within(name, ("tests",)))
-            for module, names in IMPORTS.items()
-            if any(_within(name, ("tests",)) for name in names)} == {}
-
-
-@pytest.mark.parametrize("name", RUNTIME)
-def test_the_runtime_imports_no_front_end_no_receiver_no_tool(name: str):
-    above = sorted(imported for imported in IMPORTS[f"asyncworker.{name}"]
-                   if _within(imported, ABOVE_THE_RUNTIME))
-    assert above == []
-
-
-def test_metrics_reads_the_dispatcher_without_importing_it():
-    assert not _within_any(IMPORTS["asyncworker.metrics"], ("asyncworker.dispatcher",))
-
-
-def test_the_receiving_side_imports_no_runtime_but_its_logs():
-    for module, names in IMPORTS.items():
-        if _within(module, ("asyncworker.receiving",)):
-            runtime = [name for name in names if _within(name, tuple(
-                f"asyncworker.{part}" for part in RUNTIME if part != "logs"))]
-            assert runtime == [], module
-
-
-def test_the_benchmarks_import_downwards_only():
-    """measure under every scenario module, the command on top of them all."""
-    order = ["measure", "sqlite", "cpu", "postgres", "store_cpu", "command"]
-    below = {"measure": set(), "sqlite": {"measure"}, "cpu": {"measure"},
-             "postgres": {"measure"}, "store_cpu": set(),
-             "command": {"measure", "sqlite", "cpu", "postgres"}}
-    for name in order:
-        imported = {other for other in order if other != name and _within_any(
-            IMPORTS[f"asyncworker.bench.{name}"], (f"asyncworker.bench.{other}",))}
-        assert imported <= below[name], name
+@pytest.mark.parametrize("module, line, contract", BREAKS,
+                         ids=[f"{module}: {line}" for module, line, _ in BREAKS])
+def test_an_import_that_breaks_a_contract_fails_the_check(tmp_path: Path, module: str,
+                                                          line: str, contract: str):
+    """A copy of the tree with one import added, inside a function as a lazy
+    import would be: the check fails and names the contract."""
+    for package in ("lease", "asyncworker", "tests"):
+        shutil.copytree(ROOT / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "data"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    with (tmp_path / module).open("a") as source:
+        source.write(f"\n\ndef _added() -> None:\n    {line}  # noqa\n")
+    done = lint_imports(tmp_path)
+    assert done.returncode != 0
+    broken = done.stdout.split("Broken contracts")[1]
+    assert contract in broken
 
 
 def test_the_postgres_launcher_imports_without_psycopg():
@@ -91,7 +79,3 @@ def test_the_postgres_launcher_imports_without_psycopg():
                           timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
-
-
-def _within_any(names: set[str], packages: tuple[str, ...]) -> bool:
-    return any(_within(name, packages) for name in names)
