@@ -48,8 +48,9 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional
+from typing import Any
 
 from asyncworker.finisher import BUSY, GroupFinisher, Judged, Recorded
 from asyncworker.leases import (
@@ -226,7 +227,7 @@ class SendSlots:
         self.waiting.append(held)
         self._stats.waiting = len(self.waiting)
 
-    def give_back(self, held: Held) -> Optional[Held]:
+    def give_back(self, held: Held) -> Held | None:
         """Free ``held``'s slot; the first job waiting for one, its slot taken, or None."""
         if not held.has_slot:
             return None
@@ -302,21 +303,21 @@ class Dispatcher:
         queue_path: Target,
         owner: str,
         *,
-        url: Optional[str] = None,
-        destination: Optional[Destination] = None,
-        send: Optional[Send] = None,
+        url: str | None = None,
+        destination: Destination | None = None,
+        send: Send | None = None,
         concurrency: int = 16,
         policy: RetryPolicy = DEFAULT_POLICY,
-        lease_ms: Optional[int] = None,
-        send_timeout_ms: Optional[int] = None,
-        clock: Optional[Callable[[], int]] = None,
+        lease_ms: int | None = None,
+        send_timeout_ms: int | None = None,
+        clock: Callable[[], int] | None = None,
         jitter: Callable[[], float] = random.random,
         poll_interval: float = 0.05,
         batch_size: int = 64,
         create: bool = False,
-        latencies: Optional[list[float]] = None,
-        threads: Optional[int] = None,
-        prefetch: Optional[int] = None,
+        latencies: list[float] | None = None,
+        threads: int | None = None,
+        prefetch: int | None = None,
     ) -> None:
         check_identifier("owner", owner)
         destination = _one_destination(url, destination, send)
@@ -360,7 +361,7 @@ class Dispatcher:
         self._jitter = jitter
         self._time = StoreTime(clock)
         self._queue = AsyncStore(queue_path, create=create, threads=threads, listen=True)
-        self._session: Optional[WireClient] = None
+        self._session: WireClient | None = None
         self._tasks: dict[asyncio.Task, Held] = {}  # each job's task, and the job
         self._claim_at_least = max(1, min(batch_size, concurrency // 8))
         self.prefetch = prefetch
@@ -370,7 +371,7 @@ class Dispatcher:
                                    on_extended=self._count_extended, on_busy=self._count_busy,
                                    on_failure=self._keeper_failed)
         # A finish group waits for the claim in flight (asyncworker.finisher).
-        self._claim_in_flight: Optional[asyncio.Future] = None
+        self._claim_in_flight: asyncio.Future | None = None
         self._finisher = GroupFinisher(
             self._queue, self._time, batch_size, on_recorded=self._recorded,
             on_failed=self._finish_failed, on_committed=self._count_group,
@@ -381,8 +382,8 @@ class Dispatcher:
         self._interrupted = False  # an abort came while run() was dispatching
         self._left_leased: list[dict] = []  # what an abort left leased: id, token, lease_until
         self._running = False
-        self._failure: Optional[BaseException] = None
-        self._last_claim_ms: Optional[int] = None
+        self._failure: BaseException | None = None
+        self._last_claim_ms: int | None = None
 
     # --------------------------------------------------------------- lifecycle
 
@@ -425,7 +426,7 @@ class Dispatcher:
         return "stopped" if self._stop.is_set() else "new"
 
     @property
-    def failure(self) -> Optional[BaseException]:
+    def failure(self) -> BaseException | None:
         """What made run() fail, or None."""
         return self._failure
 
@@ -448,7 +449,7 @@ class Dispatcher:
                                "lease_until": t["lease_until"]} for t in tickets]
 
     @property
-    def last_claim_ms(self) -> Optional[int]:
+    def last_claim_ms(self) -> int | None:
         """The store's time of the last claim transaction that committed, or None."""
         return self._last_claim_ms
 
@@ -492,7 +493,7 @@ class Dispatcher:
         return {"reachable": True, "error": None,
                 "seconds": round(time.perf_counter() - started, 6)}
 
-    def _last_claim_age_s(self) -> Optional[float]:
+    def _last_claim_age_s(self) -> float | None:
         if self._last_claim_ms is None:
             return None
         try:
@@ -584,7 +585,7 @@ class Dispatcher:
             keeper.remove_done_callback(self._keeper_died)
             keeper.cancel()
 
-    async def _wait(self, stop_wait: asyncio.Future, timeout: Optional[float], *,
+    async def _wait(self, stop_wait: asyncio.Future, timeout: float | None, *,
                     work: bool = False) -> None:
         """Wait until a slot is free (a send ended), stop(), the timeout, or, when
         idle (``work``), a wake-up from the store: work was enqueued or redriven."""
@@ -742,7 +743,7 @@ class Dispatcher:
         not sent at all, and judged the same way.
         """
         ticket = held.ticket
-        error: Optional[BaseException] = None
+        error: BaseException | None = None
         started = time.perf_counter()
         try:
             window_ms, short = (0, None) if held.cut else self._keeper.window(
@@ -874,7 +875,7 @@ class Dispatcher:
                       extra={"owner": self.owner, "jobs": len(helds), "status": "leased",
                              "error": _error_line(sys.exc_info()[1])})
 
-    def _facts(self, held: Held, seen: Optional[Attempt] = None,
+    def _facts(self, held: Held, seen: Attempt | None = None,
                **more: object) -> dict[str, object]:
         """A job's facts for a log record's ``extra=``: what an operator needs to
         find the attempt (id, token, owner, attempt) and what it saw. Never its body."""
@@ -890,8 +891,8 @@ class Dispatcher:
         return facts
 
 
-def _one_destination(url: Optional[str], destination: object,
-                     send: object) -> Optional[Destination]:
+def _one_destination(url: str | None, destination: object,
+                     send: object) -> Destination | None:
     """The destination of exactly one of url, destination and send (None: send)."""
     if sum(given is not None for given in (url, destination, send)) != 1:
         raise ValueError("give exactly one of url, destination and send")
@@ -903,7 +904,7 @@ def _one_destination(url: Optional[str], destination: object,
     return destination
 
 
-def _send_timeout_ms(value: object, policy: RetryPolicy) -> Optional[int]:
+def _send_timeout_ms(value: object, policy: RetryPolicy) -> int | None:
     """The send timeout, checked: None (each send bounded by its lease), or
     1 ms .. the policy's time to live (no longer than the retry budget)."""
     if value is None:
@@ -923,7 +924,7 @@ async def _within(sending: Awaitable[object], seconds: float) -> object:
         raise Retryable(f"timed out after {seconds}s") from None
 
 
-def _error_line(error: Optional[BaseException]) -> Optional[str]:
+def _error_line(error: BaseException | None) -> str | None:
     """An exception as one line: its class and message, as evidence keeps it."""
     if error is None:
         return None
@@ -951,7 +952,7 @@ async def run_once(
     send: Callable[[dict], Awaitable[object]],
     jitter: float,
     lease_ms: int = 1000,
-) -> Optional[dict]:
+) -> dict | None:
     """The async twin of ``lease.run_once`` (the contract's cycle on an event
     loop): the same steps (``lab_event``, ``lab_verdict``, ``cycle_result``).
     Its product sibling on any store is ``lease.stores.run_store_once``.
@@ -975,8 +976,8 @@ async def run_once(
 
 
 async def run_until_signalled(dispatcher: Dispatcher, *, until_idle: bool = False,
-                              on_stop: Optional[Callable[[str], None]] = None,
-                              on_ready: Optional[Callable[[], None]] = None) -> DispatcherStats:
+                              on_stop: Callable[[str], None] | None = None,
+                              on_ready: Callable[[], None] | None = None) -> DispatcherStats:
     """run() with SIGINT/SIGTERM handled: the first stops gracefully, a second aborts.
 
     ``on_ready`` is called once the handlers are in place: from then on a

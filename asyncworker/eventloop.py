@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib
-from typing import Any, Coroutine, TypeVar
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 __all__ = ["LOOPS", "YOUNG_THRESHOLD", "loop_in_use", "run", "tune_gc"]
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, NamedTuple, Optional, Union
+from collections.abc import Callable
+from typing import NamedTuple
 
 from asyncworker.leases import Held, StoreTime
 from asyncworker.store import AsyncStore
@@ -31,7 +32,7 @@ log = logging.getLogger("asyncworker.finisher")
 
 # (status or False for stale, reason: the cause if dead); ("leased", None) for evidence only;
 # BUSY when nothing was recorded: the store stayed busy past every lease of the group
-Recorded = tuple[Union[str, bool], Optional[str]]
+Recorded = tuple[str | bool, str | None]
 STALE: Recorded = (False, None)
 BUSY: Recorded = ("unrecorded", "busy")
 HOLD_CLAIMS = 4  # the most claims a finish group waits for; its size is that many batches
@@ -42,7 +43,7 @@ class Judged(NamedTuple):
     """What one attempt came to: the outcome to finish with (None: evidence
     only, the job stays leased), its retry delay, and what the attempt saw."""
 
-    outcome: Optional[str]
+    outcome: str | None
     delay_ms: int
     seen: Attempt
 
@@ -66,7 +67,7 @@ class GroupFinisher:
                  on_failed: Callable[[list[Held], list[Judged]], None],
                  on_committed: Callable[[float], None],
                  on_busy: Callable[[], None],
-                 claim_in_flight: Optional[Callable[[], Optional[asyncio.Future]]] = None,
+                 claim_in_flight: Callable[[], asyncio.Future | None] | None = None,
                  margin_ms: int = 0) -> None:
         self._queue = queue
         self._time = store_time
@@ -80,11 +81,11 @@ class GroupFinisher:
         self._on_committed = on_committed
         self._on_busy = on_busy
         self._to_finish: list[tuple[Held, Judged]] = []
-        self._flusher: Optional[asyncio.Task] = None
+        self._flusher: asyncio.Task | None = None
         # While a group waits for a claim: the earliest lease end it waits by, and a
         # future that an outcome whose lease ends sooner completes, to wake it.
         self._waits_until = NO_WAIT
-        self._sooner: Optional[asyncio.Future] = None
+        self._sooner: asyncio.Future | None = None
 
     def add(self, held: Held, judged: Judged) -> None:
         """Queue one outcome; from here this committer owns it and counts it."""

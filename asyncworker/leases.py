@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from asyncworker.store import AsyncStore
 from lease.worker import Busy, check_now
@@ -35,15 +35,15 @@ class StoreTime:
     rather than late, whatever this host's wall clock says.
     """
 
-    def __init__(self, clock: Optional[Callable[[], int]] = None) -> None:
+    def __init__(self, clock: Callable[[], int] | None = None) -> None:
         self._clock = clock
-        self._offset_ms: Optional[float] = None
+        self._offset_ms: float | None = None
 
     @property
     def injected(self) -> bool:
         return self._clock is not None
 
-    def given(self) -> Optional[int]:
+    def given(self) -> int | None:
         """The value to hand a store call: the injected clock's, or None (the store's)."""
         if self._clock is None:
             return None
@@ -81,20 +81,20 @@ class Held:
                  "cut", "can_extend", "extension", "handed_over", "has_slot", "http_status")
 
     def __init__(self, ticket: dict, event: dict, first_ms: int, extend_at: int,
-                 digest: Optional[str] = None) -> None:
+                 digest: str | None = None) -> None:
         self.ticket = ticket
         self.event = event  # what is sent: {"id", "qty"} or {"id", "body"}
         self.digest = digest  # a body's sha256 from its intake: its text's check
         self.first_ms = first_ms  # the store's time of the claim
         self.extend_at = extend_at  # the store's time at half of the current lease
         self.claimed_at = time.perf_counter()
-        self.task: Optional[asyncio.Task] = None
-        self.cut: Optional[str] = None  # why the lease keeper cancelled the send: timeout | lost
+        self.task: asyncio.Task | None = None
+        self.cut: str | None = None  # why the lease keeper cancelled the send: timeout | lost
         self.can_extend = True
-        self.extension: Optional[asyncio.Task] = None
+        self.extension: asyncio.Task | None = None
         self.handed_over = False  # its outcome is the finisher's: counted there
         self.has_slot = False  # it holds a send slot (from its claim to the end of its send)
-        self.http_status: Optional[int] = None  # the status of the answer taken as delivered
+        self.http_status: int | None = None  # the status of the answer taken as delivered
 
     async def settled(self) -> None:
         """Wait for an extension in flight: after it, ``ticket`` is the store's."""
@@ -139,7 +139,7 @@ class LeaseKeeper:
     def is_sending(self, held: Held) -> bool:
         return held in self._sending
 
-    def window(self, held: Held, timeout_ms: Optional[int]) -> tuple[int, Optional[str]]:
+    def window(self, held: Held, timeout_ms: int | None) -> tuple[int, str | None]:
         """(how long the send may take, None), or (0, why it must not start now).
 
         Without a timeout of its own a send is bounded by its lease: what the

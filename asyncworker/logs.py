@@ -17,7 +17,7 @@ import logging
 import sys
 import traceback
 from datetime import UTC, datetime
-from typing import Any, Optional, TextIO
+from typing import Any, TextIO
 
 __all__ = ["FORMATS", "LEVELS", "JsonFormatter", "TextFormatter", "configure", "fields_of",
            "json_line", "current_format", "say"]
@@ -50,7 +50,7 @@ def _one_line(text: str) -> str:
                    for c in " ".join(text.split()))
 
 
-def _exception_summary(record: logging.LogRecord) -> Optional[str]:
+def _exception_summary(record: logging.LogRecord) -> str | None:
     if not record.exc_info or record.exc_info[1] is None:
         return None
     error = record.exc_info[1]
@@ -113,7 +113,7 @@ class _Handler(logging.StreamHandler):
         super().handleError(record)
 
 
-_installed: Optional[logging.Handler] = None
+_installed: logging.Handler | None = None
 _format = "text"
 
 
@@ -144,7 +144,7 @@ def say(line: str, logger: str, level: str = "info", **fields: Any) -> None:
 
 
 def configure(level: str = "warning", fmt: str = "text",
-              stream: Optional[TextIO] = None) -> logging.Handler:
+              stream: TextIO | None = None) -> logging.Handler:
     """Log records at ``level`` and above to ``stream`` (stderr) in ``fmt``.
     Calling it again replaces the handler it installed; no other handler is touched."""
     global _installed, _format

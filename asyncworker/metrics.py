@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from typing import Any, Awaitable, Callable, Iterator, Optional, Protocol
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -74,7 +75,7 @@ class Observed(Protocol):
     def state(self) -> str: ...
 
     @property
-    def last_claim_ms(self) -> Optional[int]: ...
+    def last_claim_ms(self) -> int | None: ...
 
     @property
     def metrics(self) -> DispatcherMetrics: ...

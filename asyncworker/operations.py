@@ -25,8 +25,9 @@ import argparse
 import json
 import os
 import re
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any
 
 from lease.records import NotAQueue, StoreError
 from lease.store import Store
@@ -57,7 +58,7 @@ def one_line(text: str) -> str:
     return re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], text)
 
 
-def when(ms: Optional[int]) -> str:
+def when(ms: int | None) -> str:
     """A moment in milliseconds as UTC to the millisecond; '-' for none."""
     if ms is None:
         return "-"
@@ -113,7 +114,7 @@ def check_queue_path(path: str) -> None:
 
 def open_queue_store(queue: str, *, create: bool = False, read_only: bool = False,
                      migrate: bool = True, shared: bool = False,
-                     journal: Optional[str] = None) -> Store:
+                     journal: str | None = None) -> Store:
     """The store QUEUE names, for a command: a file is checked first (missing, a
     folder, empty: usage errors), a URL's server is reached and its queue found.
 
@@ -145,7 +146,7 @@ def open_queue_store(queue: str, *, create: bool = False, read_only: bool = Fals
         raise UsageError(about(queue, exc)) from None
 
 
-def about(queue: Optional[str], error: object) -> str:
+def about(queue: str | None, error: object) -> str:
     """An error's message, led by the queue it is about unless it names it already.
     A database server's message may span lines: one line here, its words kept."""
     message = str(error)
@@ -235,7 +236,7 @@ def _no_passphrase() -> str:
     raise _EncryptedKey
 
 
-def check_tls_files(cert: Optional[str], key: Optional[str]) -> None:
+def check_tls_files(cert: str | None, key: str | None) -> None:
     """--tls-cert and --tls-key: both or neither, each a file, the key unencrypted
     and the certificate's own. Loaded here once so that each fault has its name
     (ssl says "PEM lib" for most of them)."""
@@ -271,8 +272,8 @@ def served_tls(args: argparse.Namespace) -> bool:
     return args.tls_cert is not None
 
 
-def reached(args: argparse.Namespace, flag: str, url: Optional[str], *, ack: str = "echo-id",
-            secrets: tuple[bytes, ...] = (), serves: bool = False) -> Optional[Destination]:
+def reached(args: argparse.Namespace, flag: str, url: str | None, *, ack: str = "echo-id",
+            secrets: tuple[bytes, ...] = (), serves: bool = False) -> Destination | None:
     """The receiver ``url`` (given as ``flag``) names, with --ca-file and
     --insecure-plain-http (the options of a command that reaches a receiver,
     worded once in ``asyncworker.cli.parser``), as the destination
@@ -302,8 +303,8 @@ def reached(args: argparse.Namespace, flag: str, url: Optional[str], *, ack: str
 # ------------------------------------------------------------------ the receiver
 
 
-def stats_url(url: str, ca_file: Optional[str] = None, insecure_http: bool = False,
-              allow: Optional[str] = None) -> str:
+def stats_url(url: str, ca_file: str | None = None, insecure_http: bool = False,
+              allow: str | None = None) -> str:
     """The /stats beside a receiver's POST URL, by the senders' rule for the URL
     (https anywhere, plain http to loopback unless insecure_http); else ValueError,
     naming ``allow`` (a command's flag) as what allows plain http, if any does."""
@@ -319,7 +320,7 @@ def stats_url(url: str, ca_file: Optional[str] = None, insecure_http: bool = Fal
     return f"{parts.scheme}://{parts.netloc}/stats"
 
 
-def receiver_stats(url: str, ca_file: Optional[str] = None, insecure_http: bool = False
+def receiver_stats(url: str, ca_file: str | None = None, insecure_http: bool = False
                    ) -> dict:
     """GET the receiver's /stats: no proxy read, no redirect followed, https with
     its certificate verified (against ``ca_file`` only, when given)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import ssl
 import time
-from typing import Any, Optional, Union
+from typing import Any
 
 import aiohttp
 from yarl import URL
@@ -32,7 +32,7 @@ __all__ = ["Destination", "WireClient", "deliver", "send_http", "new_session"]
 
 
 def new_session(limit: int = 100, *,
-                ssl_context: Optional[ssl.SSLContext] = None) -> aiohttp.ClientSession:
+                ssl_context: ssl.SSLContext | None = None) -> aiohttp.ClientSession:
     """A session for long-running use: no proxy settings read, ``limit``
     connections kept alive for reuse, TLS by ``ssl_context`` (a
     ``Destination``'s; each request names its own context as well)."""
@@ -40,7 +40,7 @@ def new_session(limit: int = 100, *,
     return aiohttp.ClientSession(connector=connector, trust_env=False, auto_decompress=False)
 
 
-async def send_http(url: Union[str, Destination], event: dict, *, timeout: float,
+async def send_http(url: str | Destination, event: dict, *, timeout: float,
                     **options: Any) -> bool:
     """POST one event, lab or payload; True only for what the destination's
     ACK policy takes as delivered (the table in ``lease.http``, which also
@@ -64,14 +64,14 @@ async def send_http(url: Union[str, Destination], event: dict, *, timeout: float
 
 
 async def deliver(
-    url: Union[str, Destination],
+    url: str | Destination,
     event: dict,
     *,
     timeout: float,
-    token: Optional[int] = None,
-    session: Union[WireClient, aiohttp.ClientSession, None] = None,
-    timestamp: Optional[int] = None,
-    digest: Optional[str] = None,
+    token: int | None = None,
+    session: WireClient | aiohttp.ClientSession | None = None,
+    timestamp: int | None = None,
+    digest: str | None = None,
 ) -> int:
     """``send_http`` answering the HTTP status of the answer taken as delivered
     (an attempt's evidence); anything else is raised as ``send_http`` raises it."""
@@ -130,7 +130,7 @@ def _timeout(seconds: float) -> aiohttp.ClientTimeout:
 
 
 async def _post(session: aiohttp.ClientSession, destination: Destination, outgoing: Outgoing,
-                seconds: float) -> tuple[int, bytes, Optional[str]]:
+                seconds: float) -> tuple[int, bytes, str | None]:
     context = destination.ssl_context
     async with session.post(
         _url(destination.url), data=outgoing.body, headers=outgoing.headers,

@@ -27,8 +27,9 @@ import contextlib
 import os
 import random
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import Any, TypeVar, Union
 
 from lease import worker
 from lease.policy import DEFAULT_POLICY, RetryPolicy
@@ -53,7 +54,7 @@ class AsyncStore:
     """``async with AsyncStore(target) as queue: await queue.run(lambda s: s.counts())``."""
 
     def __init__(self, target: Target, *, create: bool = False,
-                 threads: Optional[int] = None, clock: Optional[Callable[[], int]] = None,
+                 threads: int | None = None, clock: Callable[[], int] | None = None,
                  listen: bool = False) -> None:
         """``target``: a SQLite file's path, a ``postgresql://`` URL, or a function
         that opens a Store of the caller's (called on a store thread; ``threads``
@@ -73,9 +74,9 @@ class AsyncStore:
             raise ValueError(f"threads must be an int in 1..64 (1 for a SQLite file), "
                              f"got {threads!r}")
         self.threads = threads
-        self._executor: Optional[ThreadPoolExecutor] = None
-        self._store: Optional[Store] = None
-        self._listener: Optional[threading.Thread] = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._store: Store | None = None
+        self._listener: threading.Thread | None = None
         self._closing = threading.Event()
         self.work_arrived = asyncio.Event()  # set by a NOTIFY; the waiter clears it
 
@@ -141,8 +142,8 @@ class AsyncStore:
         return await self._on_thread(fn, self.store)
 
     async def call(self, fn: Callable[[Store], T], *,
-                   keep_trying: Optional[Callable[[], bool]] = None,
-                   on_busy: Optional[Callable[[Busy], None]] = None,
+                   keep_trying: Callable[[], bool] | None = None,
+                   on_busy: Callable[[Busy], None] | None = None,
                    retry: BusyRetry = PATIENT,
                    draw: Callable[[], float] = random.random) -> T:
         """``fn(store)``, retried after a short jittered pause while the store is
@@ -188,9 +189,9 @@ class AsyncStore:
 
     # ------------------------------------------------------------ an embedding service's calls
 
-    async def enqueue_events(self, events: list, now_ms: Optional[int] = None,
+    async def enqueue_events(self, events: list, now_ms: int | None = None,
                              policy: RetryPolicy = DEFAULT_POLICY, *,
-                             not_before_ms: Optional[int] = None) -> list[Union[bool, Conflict]]:
+                             not_before_ms: int | None = None) -> list[bool | Conflict]:
         """The product's intake: {"id", "qty"} or {"id", "body"} events with the
         policy's budget, all in one transaction; per event True (new), False
         (duplicate) or its Conflict. ``now_ms`` None: the store's clock."""
@@ -198,8 +199,8 @@ class AsyncStore:
         return await self.call(lambda s: s.enqueue_events(events, policy, now_ms=now_ms,
                                                           not_before_ms=not_before_ms))
 
-    async def enqueue_many(self, events: list, now_ms: Optional[int], ttl_ms: int,
-                           max_attempts: int = 3) -> list[Union[bool, Conflict]]:
+    async def enqueue_many(self, events: list, now_ms: int | None, ttl_ms: int,
+                           max_attempts: int = 3) -> list[bool | Conflict]:
         """Lab events {"id", "qty"} with an explicit budget, all in one transaction:
         per event True (new), False (duplicate) or the Conflict that refused it."""
         events = list(events)
@@ -208,7 +209,7 @@ class AsyncStore:
         policy = RetryPolicy(max_attempts=max_attempts, ttl_ms=ttl_ms)
         return await self.enqueue_events(events, now_ms, policy)
 
-    async def enqueue(self, event: dict, now_ms: Optional[int], ttl_ms: int,
+    async def enqueue(self, event: dict, now_ms: int | None, ttl_ms: int,
                       max_attempts: int = 3) -> bool:
         [result] = await self.enqueue_many([event], now_ms, ttl_ms, max_attempts)
         if isinstance(result, Conflict):
@@ -216,7 +217,7 @@ class AsyncStore:
         return result
 
     async def redrive(self, job_id: str, ttl_ms: int, note: str, *,
-                      now_ms: Optional[int] = None) -> bool:
+                      now_ms: int | None = None) -> bool:
         """Redrive one dead job (audit row and release together); ValueError if
         it is missing or not dead."""
         [result] = await self.call(lambda s: s.redrive_jobs([job_id], ttl_ms, note,
@@ -225,7 +226,7 @@ class AsyncStore:
             raise result
         return True
 
-    async def snapshot(self, now_ms: Optional[int] = None) -> dict:
+    async def snapshot(self, now_ms: int | None = None) -> dict:
         return await self.call(lambda s: s.snapshot(now_ms))
 
     async def is_drained(self) -> bool:

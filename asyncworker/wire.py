@@ -36,7 +36,8 @@ import asyncio
 import collections
 import functools
 import ssl
-from typing import Any, Callable, Optional, Union, cast
+from collections.abc import Callable
+from typing import Any, cast
 
 import httptools
 
@@ -51,8 +52,8 @@ IDLE_SECONDS = 4.0  # an idle connection is closed after this long
 # tls, host, port, the TLS context itself: an id could be reused by another
 # context once the first is gone, and a connection verified under one trust
 # store must never serve another
-_Key = tuple[bool, str, int, Optional[ssl.SSLContext]]
-_Answer = tuple[int, bytes, Optional[str]]  # status, body (<= ACK_LIMIT + 1 bytes), Retry-After
+_Key = tuple[bool, str, int, ssl.SSLContext | None]
+_Answer = tuple[int, bytes, str | None]  # status, body (<= ACK_LIMIT + 1 bytes), Retry-After
 
 
 @functools.lru_cache(maxsize=256)
@@ -86,11 +87,11 @@ class _Connection(asyncio.Protocol):
         self._client = client
         self.key = key
         self._where = where  # host:port, for errors
-        self.transport: Optional[asyncio.Transport] = None
+        self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
-        self._waiter: Optional[asyncio.Future[_Answer]] = None
-        self._timer: Optional[asyncio.TimerHandle] = None
+        self._waiter: asyncio.Future[_Answer] | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._stray = False
         self._reset()
@@ -98,12 +99,12 @@ class _Connection(asyncio.Protocol):
     def _reset(self) -> None:
         self._head_bytes = 0  # raw bytes while the head is open
         self._head_size = 0  # the head's fields, as parsed
-        self._bad: Optional[BadAck] = None
+        self._bad: BadAck | None = None
         self._head_done = False
         self._body = bytearray()
         self._over = False  # more body than an ACK can be: read no further
         self._framed = False  # Content-Length or chunked: its end is known
-        self._retry_after: Optional[str] = None
+        self._retry_after: str | None = None
 
     @property
     def usable(self) -> bool:
@@ -194,10 +195,10 @@ class _Connection(asyncio.Protocol):
         if self._stray:  # a second answer behind the first: never reuse this stream
             self.close()
 
-    def eof_received(self) -> Optional[bool]:
+    def eof_received(self) -> bool | None:
         return False  # close the transport: connection_lost judges what arrived
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         if self.closed:  # closed by us: close() has failed what was in flight
             return
         self.closed = True
@@ -262,7 +263,7 @@ def _time_out(waiter: asyncio.Future[None]) -> None:
 
 
 async def _open(loop: asyncio.AbstractEventLoop, factory: Callable[[], _Connection],
-                host: str, port: int, context: Optional[ssl.SSLContext],
+                host: str, port: int, context: ssl.SSLContext | None,
                 deadline: float) -> _Connection:
     """A connection by ``deadline`` (TimeoutError after it).
 
@@ -320,12 +321,12 @@ class WireClient:
         if type(limit) is not int or limit < 1:
             raise ValueError(f"limit must be an int of at least 1, got {limit!r}")
         self.limit = limit
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._idle: dict[_Key, list[_Connection]] = {}
         self._open: set[_Connection] = set()
         self._room: collections.deque[asyncio.Future[None]] = collections.deque()
         self._connecting = 0
-        self._sweeper: Optional[asyncio.TimerHandle] = None
+        self._sweeper: asyncio.TimerHandle | None = None
         self.closed = False
 
     @property
@@ -357,7 +358,7 @@ class WireClient:
                 connection.close()
             raise  # answered as the send was cut: the connection went back whole
 
-    def _idle_connection(self, key: _Key, now: float) -> Optional[_Connection]:
+    def _idle_connection(self, key: _Key, now: float) -> _Connection | None:
         idle = self._idle.get(key)
         while idle:
             connection = idle.pop()
@@ -369,7 +370,7 @@ class WireClient:
         return None
 
     async def _connection(self, key: _Key, destination: Destination,
-                          context: Optional[ssl.SSLContext], deadline: float,
+                          context: ssl.SSLContext | None, deadline: float,
                           seconds: float) -> _Connection:
         """An idle connection of ``key`` freed meanwhile, or a new one."""
         loop = self.loop
@@ -417,7 +418,7 @@ class WireClient:
             if waiter in self._room:
                 self._room.remove(waiter)
 
-    def _reserve(self, key: _Key) -> Union[_Connection, bool]:
+    def _reserve(self, key: _Key) -> _Connection | bool:
         """An idle connection of ``key``; else True with room reserved for a new
         one (an idle connection to another route is closed to make it); else
         False: ``limit`` connections are open or being opened."""

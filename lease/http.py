@@ -99,18 +99,13 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
     Any,
-    Dict,
     Literal,
     NamedTuple,
-    Optional,
-    Sequence,
-    Tuple,
-    Type,
-    Union,
 )
 from urllib.parse import urlsplit
 
@@ -161,7 +156,7 @@ MAX_URL_CHARS = 2048
 MAX_TIMESTAMP = 2**40  # seconds: far past any real clock, still an int HMAC input
 
 
-def check_url(url: object) -> Tuple[str, int]:
+def check_url(url: object) -> tuple[str, int]:
     """(host, port) of an ``http://<loopback>[:port]/events`` URL, else ValueError.
 
     The lab's URL: loopback is any 127.x.y.z, ::1 or localhost; nothing
@@ -173,7 +168,7 @@ def check_url(url: object) -> Tuple[str, int]:
 
 
 @functools.lru_cache(maxsize=64)  # a dispatcher checks the same URL on every send
-def _check_url_text(url: str) -> Tuple[str, int]:
+def _check_url_text(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     if parts.scheme != "http":
         raise ValueError(f"url must start with http://, got {url!r:.100}")
@@ -182,7 +177,7 @@ def _check_url_text(url: str) -> Tuple[str, int]:
     if parts.username is not None or parts.password is not None:
         raise ValueError("url must not carry credentials")
     host = parts.hostname or ""
-    if not _is_loopback(host):
+    if not is_loopback(host):
         raise ValueError(f"url host must be loopback (127.0.0.0/8, ::1, localhost), got {host!r}")
     try:
         port = parts.port or 80
@@ -191,11 +186,14 @@ def _check_url_text(url: str) -> Tuple[str, int]:
     return host, port
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Only this host can reach it: localhost, 127.0.0.0/8, ::1 (bracketed or
+    not). A name other than localhost may resolve to anything: not loopback.
+    The one check of the senders, the receiver and the page."""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
 
@@ -208,7 +206,7 @@ class PlainHttpRefused(ValueError):
     what allows it where the refusal is read: the argument (``insecure_http``)
     here, a command's flag in the command line, nothing where none does."""
 
-    def __init__(self, host: str, allow: Optional[str] = "insecure_http=True") -> None:
+    def __init__(self, host: str, allow: str | None = "insecure_http=True") -> None:
         self.host = host
         way = f"use https://, or {allow} to send in the clear" if allow else "use https://"
         super().__init__(f"plain http only to a loopback host, got {host!r}: {way}")
@@ -244,11 +242,11 @@ class Destination:
 
     url: str
     ack: str = "echo-id"
-    ca_file: Optional[Union[str, os.PathLike[str]]] = None
-    secrets: Tuple[bytes, ...] = ()
+    ca_file: str | os.PathLike[str] | None = None
+    secrets: tuple[bytes, ...] = ()
     insecure_http: bool = False
     route: _Route = field(init=False, compare=False)
-    ssl_context: Optional[ssl.SSLContext] = field(init=False, compare=False)
+    ssl_context: ssl.SSLContext | None = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         if type(self.insecure_http) is not bool:
@@ -298,20 +296,20 @@ def _check_route(url: object, insecure_http: bool) -> _Route:
     if port == 0:
         raise ValueError(f"url port is invalid: {url!r:.100}")
     tls = parts.scheme == "https"
-    if not tls and not insecure_http and not _is_loopback(host):
+    if not tls and not insecure_http and not is_loopback(host):
         raise PlainHttpRefused(host)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return _Route(tls, host, port or (443 if tls else 80), target)
 
 
-def _check_secrets(secrets: object) -> Tuple[bytes, ...]:
+def _check_secrets(secrets: object) -> tuple[bytes, ...]:
     """No secrets (unsigned), or secrets as ``lease.signing`` checks them."""
     if isinstance(secrets, (list, tuple)) and not secrets:
         return ()
     return check_secrets(secrets)
 
 
-def _check_ca_path(ca_file: object) -> Optional[str]:
+def _check_ca_path(ca_file: object) -> str | None:
     if ca_file is None:
         return None
     if not isinstance(ca_file, (str, os.PathLike)) or isinstance(os.fspath(ca_file), bytes):
@@ -319,7 +317,7 @@ def _check_ca_path(ca_file: object) -> Optional[str]:
     return os.fsdecode(ca_file)
 
 
-def client_context(ca_file: Optional[str]) -> ssl.SSLContext:
+def client_context(ca_file: str | None) -> ssl.SSLContext:
     """A client context: TLS 1.2 or later, certificate and hostname verified,
     against ``ca_file`` alone when given (else the system's store)."""
     try:
@@ -359,7 +357,7 @@ def check_timeout(timeout: object) -> float:
     return float(timeout)
 
 
-def check_token(token: object) -> Optional[int]:
+def check_token(token: object) -> int | None:
     if token is None:
         return None
     if type(token) is not int or not 1 <= token <= MAX_TOKEN:
@@ -367,7 +365,7 @@ def check_token(token: object) -> Optional[int]:
     return token
 
 
-def _check_timestamp(timestamp: object) -> Optional[int]:
+def _check_timestamp(timestamp: object) -> int | None:
     if timestamp is None:
         return None
     if type(timestamp) is not int or not 0 <= timestamp <= MAX_TIMESTAMP:
@@ -381,10 +379,10 @@ class Outgoing(NamedTuple):
 
     event_id: str  # the id an ACK must name
     body: bytes
-    headers: Dict[str, str]
+    headers: dict[str, str]
 
 
-def request_parts(event: object, token: Optional[int], digest: Optional[str] = None) -> Outgoing:
+def request_parts(event: object, token: int | None, digest: str | None = None) -> Outgoing:
     """The checked event's request body and headers, for both senders.
 
     ValueError, before anything is sent, for an event that is neither a lab
@@ -400,7 +398,7 @@ def request_parts(event: object, token: Optional[int], digest: Optional[str] = N
 
 
 def signed_parts(destination: Destination, event: object, token: object,
-                 timestamp: object, digest: Optional[str] = None) -> Outgoing:
+                 timestamp: object, digest: str | None = None) -> Outgoing:
     """``request_parts``, signed with the destination's secrets (if any) at
     ``timestamp`` (int seconds; None: the wall clock). Every argument is
     checked, signed or not, before anything is sent."""
@@ -413,7 +411,7 @@ def signed_parts(destination: Destination, event: object, token: object,
     return outgoing
 
 
-def _event_body(event: object, digest: Optional[str] = None) -> Tuple[str, bytes]:
+def _event_body(event: object, digest: str | None = None) -> tuple[str, bytes]:
     if type(event) is dict and event.keys() == {"id", "qty"}:
         check_event(event)  # the lab's event keeps the lab's rule and its bytes
         return event["id"], json.dumps({"id": event["id"], "qty": event["qty"]}).encode()
@@ -448,14 +446,14 @@ def _parse_body(text: str) -> object:
 
 
 def answer_verdict(destination: Destination, status: int, body: bytes, event_id: str,
-                   retry_after: Optional[str], now_ms: int) -> Literal[True]:
+                   retry_after: str | None, now_ms: int) -> Literal[True]:
     """What an answer proves under the destination's ACK policy (the table)."""
     if destination.ack == "status":
         return status_verdict(status, body, retry_after, now_ms)
     return ack_verdict(status, body, event_id, retry_after, now_ms)
 
 
-def ack_verdict(status: int, body: bytes, event_id: str, retry_after: Optional[str] = None,
+def ack_verdict(status: int, body: bytes, event_id: str, retry_after: str | None = None,
                 now_ms: int = 0) -> Literal[True]:
     """Decide what an HTTP answer proves. ``body`` holds at most ACK_LIMIT + 1 bytes.
 
@@ -481,7 +479,7 @@ def ack_verdict(status: int, body: bytes, event_id: str, retry_after: Optional[s
     raise _answered(BadAck, status, f"receiver answered {status}; redirects are not followed")
 
 
-def status_verdict(status: int, body: bytes, retry_after: Optional[str],
+def status_verdict(status: int, body: bytes, retry_after: str | None,
                    now_ms: int) -> Literal[True]:
     """The ``status`` policy: any 2xx is delivered, whatever its body (read and
     discarded up to the cap). ``retry_after`` is the answer's Retry-After
@@ -498,7 +496,7 @@ def status_verdict(status: int, body: bytes, retry_after: Optional[str],
     raise _answered(BadAck, status, f"receiver answered {status}; redirects are not followed")
 
 
-def _unavailable(status: int, retry_after: Optional[str], now_ms: int) -> LeaseError:
+def _unavailable(status: int, retry_after: str | None, now_ms: int) -> LeaseError:
     """A 429 or 5xx, under either policy: Retryable, with the answer's
     Retry-After as ``retry_after_ms`` (None when it gave none)."""
     wait_ms = retry_after_ms(retry_after, now_ms)
@@ -513,7 +511,7 @@ def _refusal(status: int, body: bytes) -> str:
     return f"receiver refused with {status}{hint}: {body[:200]!r}"
 
 
-def retry_after_ms(value: Optional[str], now_ms: int) -> Optional[int]:
+def retry_after_ms(value: str | None, now_ms: int) -> int | None:
     """A Retry-After header as milliseconds from ``now_ms`` (delta-seconds or
     an HTTP date, RFC 9110 10.2.3), 0 for a date past, at most a day (the
     product's longest delay); None when absent or not one of the two."""
@@ -532,14 +530,14 @@ def retry_after_ms(value: Optional[str], now_ms: int) -> Optional[int]:
     return max(0, min(round(when.timestamp() * 1000) - now_ms, PRODUCT.max_delay_ms))
 
 
-def _answered(kind: Type[LeaseError], status: int, message: str) -> LeaseError:
+def _answered(kind: type[LeaseError], status: int, message: str) -> LeaseError:
     """``kind(message)`` with the answer's status as evidence of the attempt."""
     error = kind(message)
     error.http_status = status  # type: ignore[attr-defined]  # documented in the table
     return error
 
 
-def transport_text(exc: BaseException, host: str, port: int) -> Optional[str]:
+def transport_text(exc: BaseException, host: str, port: int) -> str | None:
     """What a failure to reach ``host:port`` was, in the words both senders use,
     or None when it is none of these (a refusal, DNS, TLS)."""
     if isinstance(exc, ssl.SSLCertVerificationError):
@@ -557,9 +555,9 @@ def transport_text(exc: BaseException, host: str, port: int) -> Optional[str]:
 # --------------------------------------------------------------- the sync sender
 
 
-def send_http(url: Union[str, Destination], event: dict, *, timeout: float,
-              token: Optional[int] = None, timestamp: Optional[int] = None,
-              digest: Optional[str] = None) -> bool:
+def send_http(url: str | Destination, event: dict, *, timeout: float,
+              token: int | None = None, timestamp: int | None = None,
+              digest: str | None = None) -> bool:
     """POST one event, lab or payload; True only for what the destination's
     ACK policy takes as delivered (see the module's table).
 
@@ -647,7 +645,7 @@ class _DeadlineSSLSocket(_Deadline, ssl.SSLSocket):
     """The same bound over TLS: made by ``SSLContext.wrap_socket`` (the
     context's ``sslsocket_class``), its deadline set before the handshake."""
 
-    def recv_into(self, buffer: WriteableBuffer, nbytes: Optional[int] = None,
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int | None = None,
                   flags: int = 0) -> int:
         self.settimeout(self.time_left())
         return super().recv_into(buffer, nbytes, flags)
@@ -703,7 +701,7 @@ class _ResolveTimeout(TimeoutError):
     """The resolver did not answer before the deadline."""
 
 
-_AddrInfo = Sequence[Tuple[Any, ...]]  # getaddrinfo's 5-tuples
+_AddrInfo = Sequence[tuple[Any, ...]]  # getaddrinfo's 5-tuples
 
 
 def _resolve(host: str, port: int, deadline: float) -> _AddrInfo:

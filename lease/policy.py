@@ -20,7 +20,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any
 
 from lease.worker import (
     LAB,
@@ -109,14 +109,14 @@ class RetryPolicy:
                            self.ratio(random_ratio), limits=PRODUCT)
 
     def classify(self, error: BaseException, attempt: int,
-                 random_ratio: float) -> Optional[Verdict]:
+                 random_ratio: float) -> Verdict | None:
         """classify_error with this policy's backoff."""
         return classify_error(error, attempt, self.ratio(random_ratio),
                               base_ms=self.backoff_base_ms, cap_ms=self.backoff_cap_ms,
                               limits=PRODUCT)
 
     def judge(self, error: BaseException, attempt: int,
-              random_ratio: float) -> Optional[Verdict]:
+              random_ratio: float) -> Verdict | None:
         """A failed send's (outcome, delay_ms) by this policy, None when it is
         not ours to judge (a bad ACK, an unclassified error). A receiver's
         Retry-After (``error.retry_after_ms``, as the senders set it) is
@@ -128,7 +128,7 @@ class RetryPolicy:
                                         self.backoff_cap_ms))
 
 
-def retry_delay_ms(policy_delay_ms: int, retry_after_ms: Optional[int], cap_ms: int) -> int:
+def retry_delay_ms(policy_delay_ms: int, retry_after_ms: int | None, cap_ms: int) -> int:
     """A retry's delay: the policy's, or longer when the receiver asked for
     longer (Retry-After), but never past the policy's backoff cap for that."""
     if retry_after_ms is None:
@@ -136,7 +136,7 @@ def retry_delay_ms(policy_delay_ms: int, retry_after_ms: Optional[int], cap_ms: 
     return max(policy_delay_ms, min(retry_after_ms, cap_ms))
 
 
-def _retry_after_ms(error: BaseException) -> Optional[int]:
+def _retry_after_ms(error: BaseException) -> int | None:
     """The wait the receiver asked for, as the sender put it on its exception."""
     try:
         wait = getattr(error, "retry_after_ms", None)
@@ -158,12 +158,12 @@ class Intake:
 
     id: str
     qty: int
-    body: Optional[str]
-    digest: Optional[str]
-    key: Optional[str] = None  # the ordering key: delivered one at a time, in intake order
+    body: str | None
+    digest: str | None
+    key: str | None = None  # the ordering key: delivered one at a time, in intake order
 
 
-def canonical_body(body: object) -> Tuple[str, str]:
+def canonical_body(body: object) -> tuple[str, str]:
     """(text, sha256 hex) of a JSON object body: sorted keys, no spaces, UTF-8.
 
     Two bodies that are equal as JSON get the same text and digest, so a
@@ -256,7 +256,7 @@ MAX_ACTOR_CHARS = 100
 _ACTOR = re.compile(rf"[^\x00-\x1f\x7f]{{1,{MAX_ACTOR_CHARS}}}")
 
 
-def check_actor(actor: object) -> Optional[str]:
+def check_actor(actor: object) -> str | None:
     """Who made an operator's change, for its audit row: None, or 1-100
     characters without control characters (an operator's name or a token's label)."""
     if actor is not None and (type(actor) is not str or not _ACTOR.fullmatch(actor)):

@@ -7,7 +7,7 @@ and the errors in one place.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple
 
 from lease.worker import (
     BadAck,
@@ -89,13 +89,13 @@ class Attempt(NamedTuple):
     store's time of the claim; ``latency_ms`` the send's own duration."""
 
     started_ms: int
-    latency_ms: Optional[int] = None
-    http_status: Optional[int] = None
-    error: Optional[str] = None
+    latency_ms: int | None = None
+    http_status: int | None = None
+    error: str | None = None
 
     @classmethod
-    def of(cls, started_ms: int, latency_ms: int, error: Optional[BaseException],
-           delivered_status: Optional[int] = None) -> Attempt:
+    def of(cls, started_ms: int, latency_ms: int, error: BaseException | None,
+           delivered_status: int | None = None) -> Attempt:
         """The evidence of a send that returned (error None: the HTTP status of
         its answer, ``delivered_status``, when it had one) or raised ``error``:
         the HTTP status the sender put on it, its class and message, capped."""
@@ -104,7 +104,7 @@ class Attempt(NamedTuple):
         return cls(started_ms, latency_ms, _http_status(error), _error_text(error))
 
 
-def _http_status(error: BaseException) -> Optional[int]:
+def _http_status(error: BaseException) -> int | None:
     """The HTTP status the sender put on its exception, if it is one."""
     try:
         status = getattr(error, "http_status", None)
@@ -129,8 +129,8 @@ class Leased(NamedTuple):
     for a {"id", "qty"} event)."""
 
     ticket: dict
-    body: Optional[str]
-    digest: Optional[str] = None
+    body: str | None
+    digest: str | None = None
 
     @property
     def event(self) -> dict:
@@ -151,6 +151,6 @@ class Claimed(NamedTuple):
 
 
 # (ticket, outcome or None for evidence only, delay_ms, Attempt)
-FinishItem = tuple[dict, Optional[str], int, Attempt]
+FinishItem = tuple[dict, str | None, int, Attempt]
 # per item: (status, reason), False for a stale ticket, ("leased", None) for evidence only
-Finished = Union[tuple[str, Optional[str]], bool]
+Finished = tuple[str, str | None] | bool

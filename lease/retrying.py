@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Optional, TypeVar
+from typing import TypeVar
 
 from lease.worker import Busy
 
@@ -39,13 +40,13 @@ class BusyRetry:
         return time.monotonic() + self.patience_s
 
     @staticmethod
-    def still_trying(give_up: float, keep_trying: Optional[Callable[[], bool]]) -> bool:
+    def still_trying(give_up: float, keep_trying: Callable[[], bool] | None) -> bool:
         """After a Busy: whether to try again (the caller's ``keep_trying``
         decides when it gives one, else the patience)."""
         return keep_trying() if keep_trying is not None else time.monotonic() < give_up
 
-    def call(self, fn: Callable[[], T], *, on_busy: Optional[Callable[[Busy], None]] = None,
-             keep_trying: Optional[Callable[[], bool]] = None,
+    def call(self, fn: Callable[[], T], *, on_busy: Callable[[Busy], None] | None = None,
+             keep_trying: Callable[[], bool] | None = None,
              draw: Callable[[], float] = random.random,
              sleep: Callable[[float], None] = time.sleep) -> T:
         """``fn()``, retried while it raises Busy, for up to ``patience_s``
@@ -62,8 +63,8 @@ class BusyRetry:
             sleep(self.pause_s(draw()))
 
     async def call_async(self, fn: Callable[[], Awaitable[T]], *,
-                         on_busy: Optional[Callable[[Busy], None]] = None,
-                         keep_trying: Optional[Callable[[], bool]] = None,
+                         on_busy: Callable[[Busy], None] | None = None,
+                         keep_trying: Callable[[], bool] | None = None,
                          draw: Callable[[], float] = random.random) -> T:
         """``await fn()``, retried as ``call`` retries, pausing on the event loop."""
         give_up = self.give_up_at()

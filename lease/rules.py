@@ -10,7 +10,7 @@ finish decision, the marker check) are in ``lease.worker``.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Tuple
+from collections.abc import Mapping
 
 from lease.policy import PRODUCT, Intake, check_ordering_key
 from lease.records import Attempt
@@ -78,15 +78,15 @@ TABLES_V1 = {  # version 1: a version-1 PostgreSQL database has these
 
 
 
-def conflict(intake: Intake, qty: int, digest: Optional[str],
-              key: Optional[str] = None) -> Conflict:
+def conflict(intake: Intake, qty: int, digest: str | None,
+              key: str | None = None) -> Conflict:
     """The intake's refusal of an id kept with other content, in every store's words."""
     return Conflict(f"job {intake.id!r} exists with other content "
                     f"({_content(qty, digest, key)}, not "
                     f"{_content(intake.qty, intake.digest, intake.key)})")
 
 
-def _content(qty: int, digest: Optional[str], key: Optional[str]) -> str:
+def _content(qty: int, digest: str | None, key: str | None) -> str:
     text = f"qty {qty}" if digest is None else f"body sha256 {digest[:12]}..."
     return text if key is None else f"{text}, key {key!r:.40}"
 
@@ -167,7 +167,7 @@ def check_ids(job_ids: object) -> list:
     return job_ids
 
 
-def cancel_decisions(rows: Mapping[str, Mapping], job_ids: list) -> Tuple[list, list]:
+def cancel_decisions(rows: Mapping[str, Mapping], job_ids: list) -> tuple[list, list]:
     """Pure: given the rows of the ids (id -> row with seq, id, status, reason,
     token), per id True or its ValueError, in order; the audit rows
     (seq, id, token, was). Every store calls this."""
@@ -191,13 +191,13 @@ def cancel_decisions(rows: Mapping[str, Mapping], job_ids: list) -> Tuple[list, 
     return results, audits
 
 
-def list_filters(status: Optional[str], reason: Optional[str], id_prefix: Optional[str],
-                 after_seq: Optional[int], limit: int,
-                 key: Optional[str] = None) -> list[Tuple[str, list]]:
+def list_filters(status: str | None, reason: str | None, id_prefix: str | None,
+                 after_seq: int | None, limit: int,
+                 key: str | None = None) -> list[tuple[str, list]]:
     """Pure: list_jobs's filters, checked, as (name, arguments) in order:
     "status", "reason", "id_prefix" (its length and itself), "after_seq",
     "key". Each driver writes its own condition for each name."""
-    filters: list[Tuple[str, list]] = []
+    filters: list[tuple[str, list]] = []
     if status is not None:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r:.40}")

@@ -31,7 +31,7 @@ import binascii
 import hashlib
 import hmac
 import os
-from typing import Iterable, Mapping, Optional, Sequence, Union
+from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
     "ID_HEADER",
@@ -86,7 +86,7 @@ def parse_secret(text: object) -> Secret:
     return key
 
 
-def read_secrets(path: Union[str, os.PathLike[str]]) -> tuple[Secret, ...]:
+def read_secrets(path: str | os.PathLike[str]) -> tuple[Secret, ...]:
     """The secrets of a secrets file, in order; ValueError (with the line
     number, never the secret) for a bad line or a file with none."""
     with open(path, encoding="utf-8") as file:
@@ -195,7 +195,7 @@ def _offered(header: str) -> list[bytes]:
     return offered
 
 
-def new_secret(nbytes: int = 32, *, random: Optional[bytes] = None) -> str:
+def new_secret(nbytes: int = 32, *, random: bytes | None = None) -> str:
     """A fresh ``whsec_`` secret (``random`` for tests that need a fixed one)."""
     key = os.urandom(nbytes) if random is None else random
     return SECRET_PREFIX + base64.b64encode(key).decode()

@@ -29,7 +29,8 @@ when to give up.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional, Protocol, Union, runtime_checkable
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, runtime_checkable
 
 from lease.policy import DEFAULT_POLICY, RetryPolicy
 from lease.records import Claimed
@@ -63,8 +64,8 @@ class Store(Protocol):
 
     # -- intake
     def enqueue_events(self, events: Iterable[object], policy: RetryPolicy = DEFAULT_POLICY, *,
-                       now_ms: Optional[int] = None, not_before_ms: Optional[int] = None,
-                       on_progress: Optional[Callable[[int], None]] = None,
+                       now_ms: int | None = None, not_before_ms: int | None = None,
+                       on_progress: Callable[[int], None] | None = None,
                        on_conflict: str = "return") -> list:
         """All or none, in one transaction; per event True (new), False (the same
         id and content: a duplicate, untouched) or its Conflict, the others
@@ -74,28 +75,28 @@ class Store(Protocol):
 
     # -- one attempt
     def claim_jobs(self, owner: str, lease_ms: int, limit: int = 1, *,
-                   now_ms: Optional[int] = None, fault: Fault = None) -> Claimed: ...
+                   now_ms: int | None = None, fault: Fault = None) -> Claimed: ...
 
-    def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: Optional[int] = None,
-                     fault: Fault = None) -> Union[dict, bool]:
+    def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: int | None = None,
+                     fault: Fault = None) -> dict | bool:
         """The new ticket, or False: the whole marker no longer matches."""
         ...
 
-    def finish_jobs(self, items: list, *, now_ms: Optional[int] = None,
+    def finish_jobs(self, items: list, *, now_ms: int | None = None,
                     fault: Fault = None) -> list:
         """``items`` of FinishItem; per item a Finished."""
         ...
 
     # -- the operator
     def redrive_jobs(self, job_ids: list, ttl_ms: int, note: str, *,
-                     now_ms: Optional[int] = None, fault: Fault = None,
-                     actor: Optional[str] = None) -> list:
+                     now_ms: int | None = None, fault: Fault = None,
+                     actor: str | None = None) -> list:
         """Per id True or its ValueError; each release atomic with its audit row
         (the note, and who did it: ``actor``)."""
         ...
 
-    def cancel_jobs(self, job_ids: list, note: str, *, now_ms: Optional[int] = None,
-                    fault: Fault = None, actor: Optional[str] = None) -> list: ...
+    def cancel_jobs(self, job_ids: list, note: str, *, now_ms: int | None = None,
+                    fault: Fault = None, actor: str | None = None) -> list: ...
 
     def prune_done(self, finished_before_ms: int, limit: int = MAX_BATCH) -> int: ...
 
@@ -108,12 +109,12 @@ class Store(Protocol):
 
     def blocked_heads(self, limit: int = MAX_BATCH) -> list[dict[str, Any]]: ...
 
-    def snapshot(self, now_ms: Optional[int] = None) -> dict[str, Any]: ...
+    def snapshot(self, now_ms: int | None = None) -> dict[str, Any]: ...
 
-    def job_history(self, job_id: str) -> Optional[dict[str, Any]]: ...
+    def job_history(self, job_id: str) -> dict[str, Any] | None: ...
 
-    def dead_jobs(self, reason: Optional[str] = None, limit: Optional[int] = None, *,
-                  key: Optional[str] = None) -> list[dict[str, Any]]:
+    def dead_jobs(self, reason: str | None = None, limit: int | None = None, *,
+                  key: str | None = None) -> list[dict[str, Any]]:
         """Dead jobs in seq order, optionally of one reason and of one ordering
         ``key`` (an exact match; a job without a key has none), at most
         ``limit`` of them; each with ``last_error`` where attempts are recorded."""
@@ -121,9 +122,9 @@ class Store(Protocol):
 
     def jobs_with_status(self, status: str) -> list[dict[str, Any]]: ...
 
-    def list_jobs(self, *, status: Optional[str] = None, reason: Optional[str] = None,
-                  id_prefix: Optional[str] = None, after_seq: Optional[int] = None,
-                  limit: int = 50, key: Optional[str] = None) -> list[dict[str, Any]]:
+    def list_jobs(self, *, status: str | None = None, reason: str | None = None,
+                  id_prefix: str | None = None, after_seq: int | None = None,
+                  limit: int = 50, key: str | None = None) -> list[dict[str, Any]]:
         """One page of whole rows in seq order after ``after_seq`` (keyset
         pagination), filtered (``key``: one ordering key, exactly); a dead row
         with ``last_error``."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Optional, Union
+from collections.abc import Callable
 
 from lease.policy import DEFAULT_POLICY, PRODUCT, RetryPolicy
 from lease.records import Attempt
@@ -36,10 +36,10 @@ def is_postgres_url(target: object) -> bool:
     return isinstance(target, str) and target.startswith(POSTGRES_SCHEMES)
 
 
-def open_store(target: Union[str, os.PathLike[str]], *, create: bool = False,
-               read_only: bool = False, clock: Optional[Callable[[], int]] = None,
+def open_store(target: str | os.PathLike[str], *, create: bool = False,
+               read_only: bool = False, clock: Callable[[], int] | None = None,
                threads: int = 1, shared: bool = False,
-               journal: Optional[str] = None) -> Store:
+               journal: str | None = None) -> Store:
     """The store a queue is named by: a ``postgresql://`` URL, or a SQLite file's path.
 
     ``create`` makes a missing file (SQLite) or the missing tables (both);
@@ -82,8 +82,8 @@ def run_store_once(
     lease_ms: int = 1000,
     *,
     policy: RetryPolicy = DEFAULT_POLICY,
-    clock: Optional[Callable[[], int]] = None,
-) -> Optional[dict]:
+    clock: Callable[[], int] | None = None,
+) -> dict | None:
     """Claim one job of any store, send it with no transaction open, finish it
     with its attempt's evidence: the product's member of the run_once family
     (``lease.worker.run_once``, the contract on one file, and
@@ -110,8 +110,8 @@ def run_store_once(
     [job] = claimed.leased
     ticket = job.ticket
     started = time.perf_counter()
-    error: Optional[BaseException] = None
-    verdict: Optional[tuple[str, int]]
+    error: BaseException | None = None
+    verdict: tuple[str, int] | None
     try:
         verdict = classify_result(send(job.event))
     except BaseException as exc:  # judged below; whatever is not ours propagates
@@ -129,15 +129,15 @@ def run_store_once(
 
 
 def run_queue(
-    target: Union[str, os.PathLike[str]],
+    target: str | os.PathLike[str],
     owner: str,
     send: Callable[[dict], object],
     jitter: float,
     lease_ms: int = 1000,
     *,
     policy: RetryPolicy = DEFAULT_POLICY,
-    clock: Optional[Callable[[], int]] = None,
-) -> Optional[dict]:
+    clock: Callable[[], int] | None = None,
+) -> dict | None:
     """run_store_once on an existing queue (a file's path or a ``postgresql://`` URL),
     with a store opened for it and always closed: the equivalent of
     ``lease.worker.run_file`` on any store. A missing queue is never created."""

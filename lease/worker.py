@@ -32,9 +32,11 @@ import math
 import os
 import re
 import sqlite3
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Pattern, Tuple, Union
+from re import Pattern
+from typing import Any, NamedTuple
 
 __all__ = [
     "LeaseError",
@@ -157,8 +159,8 @@ class Limits(NamedTuple):
 LAB = Limits(_IDENTIFIER, "1-64 ASCII letters, digits, '_' or '-'", 1, MAX_QTY, MAX_ATTEMPTS,
              MAX_MS, MAX_MS, MAX_MS)
 
-Fault = Optional[Callable[[str], object]]
-Verdict = Tuple[str, int]
+Fault = Callable[[str], object] | None
+Verdict = tuple[str, int]
 
 # ---------------------------------------------------------------------------
 # Validators: each raises ValueError naming the argument, and mutates nothing.
@@ -249,7 +251,7 @@ def check_event(event: object) -> dict:
     return event
 
 
-def parse_json(data: Union[str, bytes]) -> object:
+def parse_json(data: str | bytes) -> object:
     """JSON text, strictly: UTF-8 (bytes are decoded here: json would take
     UTF-16 and a byte order mark too), no duplicate keys at any depth (a
     parser that keeps the last one would read another value than one that
@@ -282,7 +284,7 @@ def _no_constant(name: str) -> object:
 _STRICT_JSON = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constant)
 
 
-def parse_event(data: Union[str, bytes]) -> dict:
+def parse_event(data: str | bytes) -> dict:
     """An event from its JSON text: parse_json, then check_event."""
     return check_event(parse_json(data))
 
@@ -391,7 +393,7 @@ def classify_error(
     base_ms: int = RETRY_BASE_MS,
     cap_ms: int = RETRY_CAP_MS,
     limits: Limits = LAB,
-) -> Optional[Verdict]:
+) -> Verdict | None:
     """A send's exception as (outcome, delay_ms), or None when it is not ours to classify.
 
     Permanent is checked first: a refusal for good is never retried. The
@@ -406,7 +408,7 @@ def classify_error(
 
 def finish_decision(
     outcome: str, attempts: int, max_attempts: int, deadline: int, now_ms: int, delay_ms: int
-) -> Tuple[str, Optional[str], int]:
+) -> tuple[str, str | None, int]:
     """(status, reason, available_at) of a valid finish."""
     if outcome == "ok":
         return ("done", None, now_ms)
@@ -439,8 +441,8 @@ def extended_until(lease_until: int, deadline: int, now_ms: int, lease_ms: int) 
 
 
 def judge_finish(
-    row: Optional[dict], ticket: dict, outcome: str, delay_ms: int, now_ms: int
-) -> Optional[Tuple[str, Optional[str], int]]:
+    row: dict | None, ticket: dict, outcome: str, delay_ms: int, now_ms: int
+) -> tuple[str, str | None, int] | None:
     """One fenced finish on the row of its job (the marker and budget columns,
     None when missing): (status, reason, available_at), or None for a stale
     ticket. The row is updated in place, so a later finish of the same job in
@@ -555,7 +557,7 @@ def connect_file(text: str, create: bool) -> sqlite3.Connection:
         raise FileNotFoundError(f"queue file not found: {text}") from exc
 
 
-def open_queue(path: Union[str, os.PathLike[str]], *, create: bool = True) -> sqlite3.Connection:
+def open_queue(path: str | os.PathLike[str], *, create: bool = True) -> sqlite3.Connection:
     """Open (creating if missing) a queue file and return its connection.
 
     Settings, each for a reason: autocommit (isolation_level=None) so every
@@ -569,7 +571,7 @@ def open_queue(path: Union[str, os.PathLike[str]], *, create: bool = True) -> sq
     return open_file(check_path(path), create, "DELETE")
 
 
-def open_file(text: str, create: bool, journal: Optional[str]) -> sqlite3.Connection:
+def open_file(text: str, create: bool, journal: str | None) -> sqlite3.Connection:
     """``open_queue`` with the journal mode to set (the contract's DELETE), or
     None to keep the file's own (a product file made WAL keeps it)."""
     con = connect_file(text, create)
@@ -735,7 +737,7 @@ def claim(
     now_ms: int,
     lease_ms: int = 1000,
     fault: Fault = None,
-) -> Optional[dict]:
+) -> dict | None:
     """Lease the oldest available job to owner, or None.
 
     First, in the same transaction, move pending and expired-leased rows past
@@ -772,7 +774,7 @@ def claim_batch(
     lease_ms: int = 1000,
     limit: int = 1,
     fault: Fault = None,
-) -> Tuple[list, dict]:
+) -> tuple[list, dict]:
     """claim_many, and what its quarantine moved: ``(tickets, {"deadline": n,
     "exhausted": m})``, so a dispatcher can count every job that ended in its
     run, the ones its claims moved to dead included."""
@@ -787,7 +789,7 @@ def claim_batch(
 
 def _claim_tx(
     con: sqlite3.Connection, owner: str, now_ms: int, lease_ms: int, limit: int, fault: Fault
-) -> Tuple[list, dict]:
+) -> tuple[list, dict]:
     """The claim transaction, arguments already checked: (tickets, quarantine moves)."""
     with immediate(con):
         moved = _quarantine(con, now_ms)
@@ -801,7 +803,7 @@ def _claim_tx(
     return tickets, moved
 
 
-def _load_marked(con: sqlite3.Connection, ticket: dict, now_ms: int) -> Optional[sqlite3.Row]:
+def _load_marked(con: sqlite3.Connection, ticket: dict, now_ms: int) -> sqlite3.Row | None:
     row = select_rows(con, "SELECT * FROM jobs WHERE id = ?", (ticket["id"],)).fetchone()
     if row is None or not marker_matches(row, ticket, now_ms):
         return None
@@ -814,7 +816,7 @@ def extend(
     now_ms: int,
     lease_ms: int,
     fault: Fault = None,
-) -> Union[dict, bool]:
+) -> dict | bool:
     """Push a live lease forward: the new ticket, or False for a stale marker.
 
     The same whole-marker check as finish; the token stays; the new
@@ -830,7 +832,7 @@ def extend(
 
 def _extend_tx(
     con: sqlite3.Connection, ticket: dict, now_ms: int, lease_ms: int, fault: Fault
-) -> Union[dict, bool]:
+) -> dict | bool:
     """The extension transaction, arguments already checked."""
     with immediate(con):
         row = _load_marked(con, ticket, now_ms)
@@ -850,7 +852,7 @@ def finish(
     now_ms: int,
     delay_ms: int = 0,
     fault: Fault = None,
-) -> Union[str, bool]:
+) -> str | bool:
     """Record a send's outcome for a live lease: the new status, or False if stale.
 
     False, changing nothing, when the job is missing or not leased, when any
@@ -1016,7 +1018,7 @@ def _redrive_tx(
     return results
 
 
-def redrive_decisions(rows: Mapping[str, Mapping], job_ids: list) -> Tuple[list, list, list]:
+def redrive_decisions(rows: Mapping[str, Mapping], job_ids: list) -> tuple[list, list, list]:
     """Pure: given the rows of the ids (id -> row with seq, id, status, token;
     a missing id has none), per id True or its ValueError, in order; the audit
     rows (id, token) and the seqs to release. Every store calls this."""
@@ -1084,7 +1086,7 @@ def run_once(
     send: Callable[[dict], object],
     jitter: float,
     lease_ms: int = 1000,
-) -> Optional[dict]:
+) -> dict | None:
     """Claim one job, send it with no transaction open, finish it.
 
     Returns None when there is no work, else {"id", "token", "status"} where
@@ -1111,13 +1113,13 @@ def run_once(
 
 
 def run_file(
-    path: Union[str, os.PathLike[str]],
+    path: str | os.PathLike[str],
     owner: str,
     clock: Callable[[], int],
     send: Callable[[dict], object],
     jitter: float,
     lease_ms: int = 1000,
-) -> Optional[dict]:
+) -> dict | None:
     """run_once on an existing queue file, with a connection owned and always closed.
 
     A missing file (or anything that is not a regular file) is

@@ -12,7 +12,7 @@ import os
 import platform
 import sqlite3
 import sys
-from typing import Any, Optional
+from typing import Any
 
 from asyncworker.bench.measure import fmt, median_pair, placements
 from asyncworker.bench.sqlite import run_child
@@ -30,7 +30,7 @@ def _peers_installed() -> list[str]:
 
 
 def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
-              store: Optional[str] = None, pin: bool = True) -> list[dict]:
+              store: str | None = None, pin: bool = True) -> list[dict]:
     """Measure everything once and print the table; return the rows. ``pin``:
     each receiver on half of the CPUs and its clients on the other (False:
     both left to the scheduler). With
@@ -41,7 +41,7 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
     size = (lambda full, small: small) if quick else (lambda full, small: full)
     rows: list[dict] = []
 
-    def row(label: str, result: dict, limit: Optional[float], limit_label: str) -> None:
+    def row(label: str, result: dict, limit: float | None, limit_label: str) -> None:
         ratio = result.get("rate", 0) / limit if limit else None
         rows.append({"scenario": label, **result, "limit": limit, "limit_label": limit_label,
                      "ratio": ratio})

@@ -47,8 +47,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from asyncworker.bench.measure import cpu_s, cpus_of, placements, receiver_apart
 from asyncworker.eventloop import LOOPS
@@ -84,7 +85,7 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def fill_queue(path: Path, n: int, prefix: str = "job", journal: Optional[str] = None,
+def fill_queue(path: Path, n: int, prefix: str = "job", journal: str | None = None,
                body_bytes: int = 0) -> None:
     """A product queue of n lab events, every one ready now (``journal``: "wal"
     for a file in WAL mode); with ``body_bytes``, payload events instead, each
@@ -100,7 +101,7 @@ def fill_queue(path: Path, n: int, prefix: str = "job", journal: Optional[str] =
         store.close()
 
 
-def _stored(job_id: str, i: int, body_bytes: int) -> tuple[dict, Optional[str]]:
+def _stored(job_id: str, i: int, body_bytes: int) -> tuple[dict, str | None]:
     """The event as a store hands it back ({"id", "body"} with its text), and its digest."""
     from lease.policy import check_product_event
 
@@ -202,7 +203,7 @@ class MemoryStore:
         return int(time.time() * 1000)
 
     def claim_jobs(self, owner: str, lease_ms: int, limit: int = 1, *,
-                   now_ms: Optional[int] = None, fault: Any = None) -> Any:
+                   now_ms: int | None = None, fault: Any = None) -> Any:
         from lease.records import Claimed, Leased
 
         now = self.now_ms() if now_ms is None else now_ms
@@ -217,11 +218,11 @@ class MemoryStore:
                                  event.get("body"), digest))
         return Claimed(leased, {"deadline": 0, "exhausted": 0}, now)
 
-    def finish_jobs(self, items: list, *, now_ms: Optional[int] = None,
+    def finish_jobs(self, items: list, *, now_ms: int | None = None,
                     fault: Any = None) -> list:
         return [("done", None)] * len(items)
 
-    def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: Optional[int] = None,
+    def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: int | None = None,
                      fault: Any = None) -> Any:
         return {**ticket, "lease_until": (now_ms or self.now_ms()) + lease_ms}
 
@@ -252,7 +253,7 @@ class MemoryStore:
     schema_version = _not_here
 
 
-async def _dispatch(queue: str, concurrency: int, batch: int, *, url: Optional[str] = None,
+async def _dispatch(queue: str, concurrency: int, batch: int, *, url: str | None = None,
                     send_ms: float = 0.0) -> dict:
     """The dispatcher on ``queue``: a file, a URL, or ``memory:N:PREFIX:BODY_BYTES``
     (``MemoryStore``)."""
@@ -382,14 +383,14 @@ class CpuBench:
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
 
-    def _queue(self, n: int, journal: Optional[str] = None, body_bytes: int = 0) -> Path:
+    def _queue(self, n: int, journal: str | None = None, body_bytes: int = 0) -> Path:
         self._runs += 1
         path = self.folder / f"q{self._runs}.db"
         fill_queue(path, n, prefix=f"run{self._runs}", journal=journal, body_bytes=body_bytes)
         return path
 
     def _dispatch_cpu(self, url: str, n: int, concurrency: int,
-                      journal: Optional[str], body_bytes: int = 0) -> dict:
+                      journal: str | None, body_bytes: int = 0) -> dict:
         """One dispatcher run against ``url`` on a fresh queue file, removed after."""
         queue = self._queue(n, journal, body_bytes)
         try:
@@ -468,7 +469,7 @@ class CpuBench:
                    for kind, values in sending.items()}}
 
     def in_process(self, n: int, concurrency: int, batch: int, send_ms: float = 0.0,
-                   journal: Optional[str] = None) -> dict:
+                   journal: str | None = None) -> dict:
         queue = self._queue(n, journal)
         try:
             result = _run(_child_command(self.loop, "dispatch", queue, "-", concurrency, batch,
@@ -481,7 +482,7 @@ class CpuBench:
         return result
 
     def in_process_paired(self, n: int, concurrency: int, batch: int,
-                          journal: Optional[str] = None,
+                          journal: str | None = None,
                           rounds: int = INPROCESS_ROUNDS) -> dict:
         """The in-process send, and the store alone at the same batch on the same
         journal, alternating ``rounds`` times: the store's own rate is the most
@@ -502,7 +503,7 @@ class CpuBench:
                                        for one, other in zip(ours, alone, strict=True)])}
 
     def store_alone(self, n: int, per_transaction: int, body_bytes: int = 0,
-                    journal: Optional[str] = None) -> dict:
+                    journal: str | None = None) -> dict:
         queue = self._queue(n, journal, body_bytes)
         try:
             result = _run(_child_command(self.loop, "store", queue, per_transaction))
@@ -512,7 +513,7 @@ class CpuBench:
         result["us_per_job"] = result["cpu_s"] / result["jobs"] * 1e6
         return result
 
-    def profile(self, out: Any, top: int = 25, keep: Optional[Path] = None) -> None:
+    def profile(self, out: Any, top: int = 25, keep: Path | None = None) -> None:
         """py-spy on the plain client, the c64 dispatcher and the in-process one: the top entries
         by own time and by total time (the project's own frames); ``keep``: a
         folder for py-spy's raw stacks."""
@@ -534,7 +535,7 @@ class CpuBench:
                           ("dispatch", self._queue(n * 5), "-", 64, 64, 0), out, top, keep)
 
     def _profile_one(self, py_spy: str, title: str, child: tuple, out: Any, top: int,
-                     keep: Optional[Path]) -> None:
+                     keep: Path | None) -> None:
         self._runs += 1
         raw = (keep or self.folder) / f"profile-{self._runs}.txt"
         subprocess.run([py_spy, "record", "--format", "raw", "--rate", "250",
@@ -673,7 +674,7 @@ def run_cpu_bench(*, pairs: int = 5, quick: bool = False, out: Any = None,
     return rows
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--child"]:
         child_main(args[1:])

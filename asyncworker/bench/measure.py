@@ -13,8 +13,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any
 
 from lease import worker
 
@@ -46,7 +47,7 @@ def cpus_of(pid: int = 0) -> list[int]:
     return sorted(os.sched_getaffinity(pid))
 
 
-def split_cpus() -> Optional[tuple[frozenset[int], frozenset[int]]]:
+def split_cpus() -> tuple[frozenset[int], frozenset[int]] | None:
     """This thread's CPUs in two halves by number, the receiver's and its
     clients'; None where there is nothing to split (one CPU). By number, not
     by physical core: where two numbers are one core's hyperthreads, the
@@ -65,7 +66,7 @@ def split_cpus() -> Optional[tuple[frozenset[int], frozenset[int]]]:
 
 
 @contextlib.contextmanager
-def on_cpus(cpus: Optional[frozenset[int]]) -> Iterator[None]:
+def on_cpus(cpus: frozenset[int] | None) -> Iterator[None]:
     """Run this thread on ``cpus`` for the block, so that the processes and
     threads it starts there inherit them from their first instruction; None:
     as it was."""
@@ -100,7 +101,7 @@ class Receiver:
     wherever the scheduler puts it)."""
 
     def __init__(self, folder: Path, latency_ms: int, *, group: int = 64, loop: str = "auto",
-                 cpus: Optional[frozenset[int]] = None) -> None:
+                 cpus: frozenset[int] | None = None) -> None:
         with on_cpus(cpus):
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "asyncworker", "serve", "--inbox",

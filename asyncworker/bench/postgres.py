@@ -32,9 +32,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from lease.policy import RetryPolicy
@@ -329,7 +330,7 @@ def _temporary_folder() -> Iterator[Any]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _at(ordered: list[float], q: float) -> Optional[float]:
+def _at(ordered: list[float], q: float) -> float | None:
     return None if not ordered else round(ordered[min(len(ordered) - 1, int(len(ordered) * q))], 2)
 
 
@@ -422,7 +423,7 @@ def _measure(url: str, quick: bool, peers: bool) -> list[dict]:
     size = (lambda full, small: small) if quick else (lambda full, small: full)
     rows: list[dict] = []
 
-    def row(label: str, result: dict, limit: Optional[float], limit_label: str) -> dict:
+    def row(label: str, result: dict, limit: float | None, limit_label: str) -> dict:
         ratio = result.get("rate", 0) / limit if limit else None
         rows.append({"scenario": label, **result, "limit": limit, "limit_label": limit_label,
                      "ratio": ratio})

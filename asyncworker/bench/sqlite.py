@@ -26,8 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from asyncworker import eventloop
 from asyncworker.bench.measure import (
@@ -96,7 +97,7 @@ def scenario_sync(folder: Path, n: int) -> dict:
             **percentiles(latencies)}
 
 
-async def _dispatch(path: Path, *, url: Optional[str] = None, send: Any = None,
+async def _dispatch(path: Path, *, url: str | None = None, send: Any = None,
                     concurrency: int, batch: int, lease_ms: int = 30_000) -> dict:
     from asyncworker.dispatcher import Dispatcher
 

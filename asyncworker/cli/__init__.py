@@ -50,7 +50,7 @@ import io
 import os
 import sqlite3
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from asyncworker.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 from asyncworker.cli.output import to_stderr
@@ -61,7 +61,7 @@ from lease.records import NotAQueue, StoreError
 __all__ = ["main"]
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(sys.stdout, io.TextIOWrapper):  # a file name that is not UTF-8, printed
         sys.stdout.reconfigure(errors="backslashreplace")
     args = argparse.Namespace(command=None)
@@ -102,7 +102,7 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
     return code
 
 
-def _named(args: argparse.Namespace) -> Optional[str]:
+def _named(args: argparse.Namespace) -> str | None:
     return getattr(args, "queue", None) or getattr(args, "store", None) or getattr(
         args, "inbox", None)
 

@@ -40,7 +40,7 @@ import time
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from asyncworker.cli.running import CRASH_DRILL
 from asyncworker.operations import receiver_stats, shown
@@ -61,8 +61,8 @@ class Check:
     expected: str
 
 
-def run_demo(*, jobs: int = 300, concurrency: int = 16, keep: Optional[str] = None,
-             store: Optional[str] = None) -> int:
+def run_demo(*, jobs: int = 300, concurrency: int = 16, keep: str | None = None,
+             store: str | None = None) -> int:
     """The story on a new queue file in the demo's folder, or on ``store`` (a
     postgresql:// URL whose queue holds no job)."""
     folder = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="asyncworker-demo-"))
@@ -117,7 +117,7 @@ def _spawn(children: list, args: list[str], log: Path) -> subprocess.Popen:
 
 
 def tell_the_story(folder: Path, jobs: int, concurrency: int, children: list,
-                   store: Optional[str] = None) -> dict:
+                   store: str | None = None) -> dict:
     queue, inbox = store or str(folder / "queue.db"), folder / "inbox.db"
     with closing(open_store(queue, create=True)) as looking:
         return _story(looking, queue, inbox, folder, jobs, concurrency, children)
@@ -190,7 +190,7 @@ def _story(looking: Store, queue: str, inbox: Path, folder: Path, jobs: int,
 _LAST_ACK = re.compile(re.escape(CRASH_DRILL) + r" (\S+) token ([0-9]+),")
 
 
-def last_ack(log: Path) -> Optional[dict]:
+def last_ack(log: Path) -> dict | None:
     """The job dispatcher-1 was ACKed for just before its SIGKILL, as its crash
     drill named it on stderr: {"id", "token"}, or None if it never said so."""
     found = _LAST_ACK.search(log.read_text(errors="replace"))
@@ -232,7 +232,7 @@ def _redrive_expired(store: Store) -> int:
 
 
 def gather_evidence(store: Store, inbox: Path, orders: dict[str, int], received: dict,
-                    exits: dict, killed: Optional[dict] = None) -> dict:
+                    exits: dict, killed: dict | None = None) -> dict:
     snap = store.snapshot()
     finished = store.jobs_with_status("done")
     done = {job["id"]: job["qty"] for job in finished}
@@ -270,8 +270,8 @@ def gather_evidence(store: Store, inbox: Path, orders: dict[str, int], received:
     }
 
 
-def _killed_job(store: Store, killed: Optional[dict],
-                arrivals: dict[str, tuple[int, Optional[int]]]) -> Optional[dict]:
+def _killed_job(store: Store, killed: dict | None,
+                arrivals: dict[str, tuple[int, int | None]]) -> dict | None:
     """The job ACKed to dispatcher-1 just before its SIGKILL, as three places saw
     it: the drill's words, the inbox's arrivals, the queue's row and attempts."""
     if killed is None:

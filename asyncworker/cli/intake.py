@@ -8,8 +8,9 @@ import os
 import sqlite3
 import sys
 from array import array
+from collections.abc import Iterator
 from contextlib import ExitStack, closing
-from typing import Any, BinaryIO, Iterator, Optional
+from typing import Any, BinaryIO
 from urllib.parse import quote
 
 from asyncworker.cli.exits import EXIT_FAILED, EXIT_OK
@@ -64,7 +65,7 @@ def init(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _shared_version_before(queue: str) -> Optional[int]:
+def _shared_version_before(queue: str) -> int | None:
     """The version of the queue in a service's file, None when it holds none yet:
     read with a read-only connection of its own (the file is the service's)."""
     if not os.path.exists(queue) or os.path.getsize(queue) == 0:
@@ -81,7 +82,7 @@ def _shared_version_before(queue: str) -> Optional[int]:
         con.close()
 
 
-def _version_before(queue: str) -> Optional[int]:
+def _version_before(queue: str) -> int | None:
     """The schema version QUEUE has before init, None when there is no queue yet.
     Looking changes nothing: a file is opened unmigrated, a database read-only."""
     if not is_postgres_url(queue):
@@ -99,7 +100,7 @@ def _version_before(queue: str) -> Optional[int]:
 # ------------------------------------------------------------------ enqueue
 
 
-def parse_event_line(raw: bytes) -> Optional[object]:
+def parse_event_line(raw: bytes) -> object | None:
     """One JSON line's value, strictly; None for a blank line; ValueError names the fault.
 
     The JSON rules are the receiver's (no duplicate keys, no NaN); what the
@@ -151,7 +152,7 @@ def _open_source(source: str) -> BinaryIO:
         raise UsageError(f"cannot read {source}: {exc.strerror or exc}") from None
 
 
-def _single_event(args: argparse.Namespace) -> Optional[dict]:
+def _single_event(args: argparse.Namespace) -> dict | None:
     """The event of --id with --qty or --body; None for --file. Usage checked."""
     single = args.id is not None or args.qty is not None or args.body is not None
     if single == (args.file is not None):
@@ -169,7 +170,7 @@ def _single_event(args: argparse.Namespace) -> Optional[dict]:
     return event
 
 
-def _keyed(events: Any, key: Optional[str]) -> Any:
+def _keyed(events: Any, key: str | None) -> Any:
     """Every event with --key, unless it carries a key of its own."""
     if key is None:
         return events
@@ -206,7 +207,7 @@ def enqueue(args: argparse.Namespace) -> int:
 
 
 def _intake(store: Store, events: Any, policy: RetryPolicy, delay_ms: int,
-            lines: Optional[JsonLines] = None, on_conflict: str = "return") -> list:
+            lines: JsonLines | None = None, on_conflict: str = "return") -> list:
     """enqueue_events, a bad line named by its number; a progress line on a terminal.
     The delay is counted from the store's clock, as the job's first moment is."""
     live = sys.stderr.isatty() and lines is not None
@@ -231,7 +232,7 @@ def _enqueue_progress(done: int) -> None:
         to_stderr(f"\r\x1b[2Kenqueue: {done} events read, one transaction, nothing committed yet")
 
 
-def _report_intake(results: list, lines: Optional[JsonLines], written: bool = True) -> int:
+def _report_intake(results: list, lines: JsonLines | None, written: bool = True) -> int:
     """Each conflict on stderr, by line; the counts on stdout (0 new and 0
     duplicate when the intake was refused whole and nothing was written)."""
     counts = {"new": 0, "duplicate": 0, "conflicting": 0}

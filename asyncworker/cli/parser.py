@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Any, Callable, NoReturn, Optional
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from asyncworker.cli import actions, intake, launchers, reads, running
 from asyncworker.cli.exits import EXIT_CODES, EXIT_USAGE
@@ -200,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      parser_class=Parser)
 
     def command(name: str, help_text: str, handler: Callable[[argparse.Namespace], int],
-                description: Optional[str] = None) -> argparse.ArgumentParser:
+                description: str | None = None) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=description or help_text)
         sub.set_defaults(handler=handler)
         _log_arguments(sub)
@@ -451,7 +452,7 @@ def _destination_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _tls_arguments(p: argparse.ArgumentParser, *, serves: bool = False,
-                   reaches: Optional[str] = None, secret: Optional[str] = None) -> None:
+                   reaches: str | None = None, secret: str | None = None) -> None:
     """The TLS and secret options of every command that serves https (``serves``)
     or reaches a receiver (``reaches``: the flag that names its URL), worded
     here once and checked by ``served_tls``, ``reached`` and ``read_secret_file``."""

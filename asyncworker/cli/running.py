@@ -11,7 +11,7 @@ import socket
 import sqlite3
 import sys
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asyncworker.cli.exits import EXIT_DEAD, EXIT_INTERRUPTED, EXIT_OK
 from asyncworker.cli.output import announce, duration, say_blocked, say_left_leased, show_progress
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_DEAD if stats.dead or end.blocked else EXIT_OK
 
 
-def _send_timeout_ms(args: argparse.Namespace, policy: RetryPolicy) -> Optional[int]:
+def _send_timeout_ms(args: argparse.Namespace, policy: RetryPolicy) -> int | None:
     """--send-timeout, within the retry budget; None: each send bounded by its lease."""
     if args.send_timeout is None:
         return None
@@ -160,11 +160,11 @@ class RunEnd(NamedTuple):
 
     seconds: float
     rate: float
-    blocked: Optional[list[dict]]
+    blocked: list[dict] | None
 
 
 async def _dispatch(dispatcher: Dispatcher, until_idle: bool, banner: str,
-                    metrics: Optional[tuple[str, int]] = None) -> RunEnd:
+                    metrics: tuple[str, int] | None = None) -> RunEnd:
     import asyncio
 
     from asyncworker.dispatcher import run_until_signalled

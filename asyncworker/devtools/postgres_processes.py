@@ -16,13 +16,12 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 GONE_TIMEOUT_S = 10.0  # a SIGKILLed process is gone as soon as the kernel tears it down
 RELEASED = b"released"  # the owner closed the server itself: the watchdog does nothing
 
 
-def state(pid: int) -> Optional[tuple[str, int]]:
+def state(pid: int) -> tuple[str, int] | None:
     """(state letter, parent pid) of a process; None once it is gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()

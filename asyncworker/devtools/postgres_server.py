@@ -34,8 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from asyncworker.devtools import postgres_processes
@@ -75,7 +76,7 @@ def _version_key(bindir: Path) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", bindir.parent.name))
 
 
-def _pg_config_bindir() -> Optional[Path]:
+def _pg_config_bindir() -> Path | None:
     pg_config = shutil.which("pg_config")
     if pg_config is None:
         return None
@@ -150,19 +151,19 @@ class PostgresServer:
     ``fsync=True``. ``settings`` adds or overrides server settings.
     """
 
-    def __init__(self, *, fsync: bool = False, settings: Optional[Mapping[str, str]] = None,
-                 port: Optional[int] = None, base_dir: Optional[os.PathLike] = None) -> None:
+    def __init__(self, *, fsync: bool = False, settings: Mapping[str, str] | None = None,
+                 port: int | None = None, base_dir: os.PathLike | None = None) -> None:
         self.bindir = find_binaries()  # before anything exists: a missing server creates nothing
         self.fsync = fsync
         self.settings = dict(settings or {})
         self.port = port or 0
         self._fixed_port = port is not None
         self.base_dir = base_dir
-        self.root: Optional[Path] = None
-        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.root: Path | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         # kills the server if this process dies without closing it (postgres_processes)
-        self._watchdog: Optional[subprocess.Popen[bytes]] = None
-        self.startup_s: Optional[float] = None  # initdb and the first start, measured
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self.startup_s: float | None = None  # initdb and the first start, measured
 
     @property
     def url(self) -> str:
@@ -177,7 +178,7 @@ class PostgresServer:
         return self._folder() / "server.log"
 
     @property
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         """The postmaster's pid while it runs."""
         return self.proc.pid if self.running and self.proc is not None else None
 
@@ -365,7 +366,7 @@ class PostgresServer:
                                    f"{_tail(self._log_text(log_from))}")
             time.sleep(0.05)
 
-    def _status(self) -> Optional[str]:
+    def _status(self) -> str | None:
         """The postmaster's own status line in postmaster.pid (starting, ready, ...)."""
         assert self.proc is not None
         try:
@@ -376,7 +377,7 @@ class PostgresServer:
             return None  # not written yet, or left by the run before a kill
         return lines[7].strip()
 
-    def _probe(self) -> Optional[str]:
+    def _probe(self) -> str | None:
         """The data directory of the server answering on our port; None if none answers."""
         import psycopg
 
@@ -424,7 +425,7 @@ class ExternalServer:
         return terminate_backends(self.url, dbname)
 
 
-Server = Union[PostgresServer, ExternalServer]
+Server = PostgresServer | ExternalServer
 
 
 # --- databases ------------------------------------------------------------------------
@@ -480,7 +481,7 @@ def fresh_database(url: str) -> str:
     return fresh
 
 
-def drop_database(url: str, admin_url: Optional[str] = None) -> None:
+def drop_database(url: str, admin_url: str | None = None) -> None:
     """Drop the database fresh_database made, its sessions ended first.
     ``admin_url`` is where to run the DROP (default: the server's ``postgres``)."""
     name = database_of(url)

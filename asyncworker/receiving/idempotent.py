@@ -52,9 +52,10 @@ import logging
 import os
 import sqlite3
 import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterator, Optional, Sequence, Union
+from typing import Any
 
 from aiohttp import web
 
@@ -106,7 +107,7 @@ class Reject(Exception):
 # ------------------------------------------------------------------ the transaction
 
 
-def check_file(path: Union[str, os.PathLike]) -> str:
+def check_file(path: str | os.PathLike) -> str:
     """The path as a str, once it is known that the library can use the file:
     missing (created at startup), or SQLite whose ``received_events`` table,
     if any, is the library's. ValueError naming the file otherwise; nothing is
@@ -190,8 +191,8 @@ _WRITES = {sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE,
            sqlite3.SQLITE_DROP_INDEX, sqlite3.SQLITE_CREATE_TRIGGER}
 
 
-def _refuse_for_effect(action: int, arg1: Optional[str], arg2: Optional[str],
-                       database: Optional[str], source: Optional[str]) -> int:
+def _refuse_for_effect(action: int, arg1: str | None, arg2: str | None,
+                       database: str | None, source: str | None) -> int:
     if action == _TRANSACTION_CONTROL:
         return sqlite3.SQLITE_DENY  # a COMMIT inside the effect would commit half an event
     if action in _WRITES and TABLE in (arg1, arg2):
@@ -215,7 +216,7 @@ def _effect_guard(con: sqlite3.Connection) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class _Options:
-    signatures: Optional[Signatures]
+    signatures: Signatures | None
     read_timeout: float
 
 
@@ -224,8 +225,8 @@ class IdempotentReceiver:
     cleanup context (opens the connection at startup, closes it at cleanup).
     ``add_receiver`` wires both into an app."""
 
-    def __init__(self, db_path: Union[str, os.PathLike], effect: Effect, *,
-                 secrets: Optional[Sequence[bytes]] = None, tolerance_s: int = TOLERANCE_S,
+    def __init__(self, db_path: str | os.PathLike, effect: Effect, *,
+                 secrets: Sequence[bytes] | None = None, tolerance_s: int = TOLERANCE_S,
                  clock: Callable[[], float] = time.time, read_timeout: float = 10.0) -> None:
         if not callable(effect):
             raise ValueError(f"effect must be callable, got {type(effect).__name__}")
@@ -234,8 +235,8 @@ class IdempotentReceiver:
         self._options = _Options(Signatures.of(secrets, tolerance_s, clock), read_timeout)
         self._path = check_file(db_path)
         self._effect, self._clock = effect, clock
-        self._thread: Optional[ThreadPoolExecutor] = None
-        self._con: Optional[sqlite3.Connection] = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._con: sqlite3.Connection | None = None
 
     async def context(self, app: web.Application) -> AsyncIterator[None]:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=TABLE)
@@ -297,7 +298,7 @@ def parse_event(content_type: str, body: bytes, id_headers: list[str]) -> Event:
     return Event(event_id, value, digest)
 
 
-def add_receiver(app: web.Application, path: str, db_path: Union[str, os.PathLike],
+def add_receiver(app: web.Application, path: str, db_path: str | os.PathLike,
                  effect: Effect, **options: Any) -> IdempotentReceiver:
     """Receive events at ``POST path`` of ``app`` into ``db_path`` (options as
     ``IdempotentReceiver``: secrets, tolerance_s, clock, read_timeout).
@@ -308,7 +309,7 @@ def add_receiver(app: web.Application, path: str, db_path: Union[str, os.PathLik
     return receiver
 
 
-def receiver_app(db_path: Union[str, os.PathLike], effect: Effect, *, path: str = "/events",
+def receiver_app(db_path: str | os.PathLike, effect: Effect, *, path: str = "/events",
                  **options: Any) -> web.Application:
     """An application that does nothing else: events at ``POST path``."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)

@@ -51,7 +51,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple
 
 import aiosqlite
 
@@ -236,16 +236,16 @@ class Arrival(NamedTuple):
 
     id: str
     qty: int  # 1..1000 for a lab event; 0 for a payload event
-    token: Optional[int] = None
-    digest: Optional[str] = None  # sha256 of a payload's canonical body; None for a lab event
+    token: int | None = None
+    digest: str | None = None  # sha256 of a payload's canonical body; None for a lab event
 
 
 class Kept(NamedTuple):
     """What the inbox keeps of an id to decide the next arrival for it."""
 
     qty: int
-    digest: Optional[str]
-    max_token: Optional[int]
+    digest: str | None
+    max_token: int | None
 
 
 @dataclass(frozen=True)
@@ -255,10 +255,10 @@ class Delivery:
     outcome: str  # applied | duplicate | conflict | stale
     id: str
     qty: int
-    digest: Optional[str] = None
-    known_qty: Optional[int] = None  # of the row kept for this id
-    known_digest: Optional[str] = None
-    max_token: Optional[int] = None
+    digest: str | None = None
+    known_qty: int | None = None  # of the row kept for this id
+    known_digest: str | None = None
+    max_token: int | None = None
 
 
 def decide_group(known: dict[str, Kept], arrivals: list[Arrival]) -> list[Delivery]:
@@ -280,7 +280,7 @@ def decide_group(known: dict[str, Kept], arrivals: list[Arrival]) -> list[Delive
             state[event_id] = Kept(qty, digest, token)
             deliveries.append(Delivery(APPLIED, event_id, qty, digest, qty, digest, token))
             continue
-        max_token: Optional[int]
+        max_token: int | None
         if (kept.qty, kept.digest) != (qty, digest):
             outcome, max_token = CONFLICT, kept.max_token
         elif token is not None and kept.max_token is not None and token < kept.max_token:
@@ -349,7 +349,7 @@ class InboxContents:
     pruned: int = 0  # rows deleted by retention, all time (not in ``applied``)
 
 
-def read_inbox(path: Union[str, Path]) -> InboxContents:
+def read_inbox(path: str | Path) -> InboxContents:
     """Read an inbox file (synchronously, writing nothing): for evidence and checks.
 
     ValueError if there is no inbox at ``path``; an empty file reads as empty.
@@ -369,7 +369,7 @@ def read_inbox(path: Union[str, Path]) -> InboxContents:
                          totals.pruned)
 
 
-def prune_inbox(path: Union[str, os.PathLike], older_than_ms: int, *, now_ms: int,
+def prune_inbox(path: str | os.PathLike, older_than_ms: int, *, now_ms: int,
                 batch: int = 10_000) -> int:
     """Delete the rows first seen before ``now_ms - older_than_ms``, oldest
     first, ``batch`` rows per transaction; return how many.
@@ -429,18 +429,18 @@ class Inbox:
     def __init__(self, db: aiosqlite.Connection, max_group: int) -> None:
         self._db = db
         self._max_group = max_group
-        self._waiting: asyncio.Queue[Optional[tuple]] = asyncio.Queue()
-        self._writer: Optional[asyncio.Task] = None
+        self._waiting: asyncio.Queue[tuple | None] = asyncio.Queue()
+        self._writer: asyncio.Task | None = None
         # One user of the connection at a time: a group's transaction, or a
         # refresh of the figures, never a read in the middle of a transaction.
         self._using = asyncio.Lock()
-        self._data_version: Optional[int] = None
+        self._data_version: int | None = None
         self.totals = InboxTotals()
         self.commits = 0  # commits by this process
         self.grouped = 0  # requests those commits answered
 
     @classmethod
-    async def open(cls, path: Union[str, Path], *, max_group: int = 64) -> Inbox:
+    async def open(cls, path: str | Path, *, max_group: int = 64) -> Inbox:
         """Open the inbox at ``path``, creating it if the file is missing or empty.
 
         ValueError, with nothing created or changed, for a path that holds no
@@ -488,8 +488,8 @@ class Inbox:
         async with self._using:
             await self._reload_if_changed()
 
-    async def deliver(self, event_id: str, qty: int, token: Optional[int],
-                      digest: Optional[str] = None) -> Delivery:
+    async def deliver(self, event_id: str, qty: int, token: int | None,
+                      digest: str | None = None) -> Delivery:
         """Queue one validated request and wait until its group has committed.
 
         A lab event has qty 1..1000 and no digest; a payload event qty 0 and
@@ -617,7 +617,7 @@ def _prepare(path: str) -> None:
         set_up(con, path)
 
 
-def read_arrivals(path: Union[str, Path]) -> dict[str, tuple[int, Optional[int]]]:
+def read_arrivals(path: str | Path) -> dict[str, tuple[int, int | None]]:
     """Each id's arrivals at the inbox file: (times seen, the highest claim
     token seen, None for requests that carried none). Writes nothing; the ids
     retention pruned are not there. ValueError if there is no inbox at ``path``."""

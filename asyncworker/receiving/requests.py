@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence, Union
 
 from aiohttp import StreamReader, web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -58,7 +58,7 @@ def _closing(status: int, message: str) -> web.Response:
 
 
 async def read_body(request: web.Request, timeout: float,
-                    count: Count = _uncounted) -> Union[bytes, web.Response]:
+                    count: Count = _uncounted) -> bytes | web.Response:
     """The whole body, or the answer for one too large (413), cut off (400) or
     too slow (408). The cap is read here, not from the app: a sub-application's
     own client_max_size is not the one aiohttp applies."""
@@ -112,8 +112,8 @@ class Signatures:
             raise ValueError(f"clock must be callable, got {type(self.clock).__name__}")
 
     @classmethod
-    def of(cls, secrets: Optional[Sequence[bytes]], tolerance_s: int = TOLERANCE_S,
-           clock: Callable[[], float] = time.time) -> Optional[Signatures]:
+    def of(cls, secrets: Sequence[bytes] | None, tolerance_s: int = TOLERANCE_S,
+           clock: Callable[[], float] = time.time) -> Signatures | None:
         """The check for these secrets; None (nothing checked) when secrets is None."""
         check_tolerance(tolerance_s)
         if secrets is None:
@@ -138,8 +138,8 @@ def signature_refused(exc: SignatureError) -> web.Response:
     return error(401, f"signature {exc.kind}: {exc}")
 
 
-def check_signature(signatures: Optional[Signatures], request: web.Request, body: bytes,
-                    count: Count = _uncounted) -> Optional[web.Response]:
+def check_signature(signatures: Signatures | None, request: web.Request, body: bytes,
+                    count: Count = _uncounted) -> web.Response | None:
     """None when no secret is configured or the signature verifies, else the
     401. Before the body is parsed: an unsigned request reaches nothing. The id
     it signs is the ``webhook-id`` the receiver then takes as the event's."""

@@ -45,7 +45,6 @@ commit) is off unless asked for, and seeded.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import os
@@ -54,8 +53,9 @@ import signal
 import socket
 import ssl
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -75,7 +75,7 @@ from asyncworker.receiving.inbox import (
     probe_inbox,
 )
 from asyncworker.receiving.requests import Signatures, check_signature, error, read_body
-from lease.http import ID_HEADER, TOKEN_HEADER
+from lease.http import ID_HEADER, TOKEN_HEADER, is_loopback
 from lease.policy import MAX_BODY_BYTES, PRODUCT, canonical_body
 from lease.signing import TOLERANCE_S, SignatureError
 from lease.worker import (
@@ -98,7 +98,7 @@ class Faults:
     latency_ms: int = 0
     p_503: float = 0.0
     p_drop: float = 0.0
-    seed: Optional[int] = None
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if type(self.latency_ms) is not int or not 0 <= self.latency_ms <= 60_000:
@@ -156,7 +156,7 @@ FAULTS = web.AppKey("faults", Faults)
 LIMITS = web.AppKey("limits", Limits)
 RANDOM = web.AppKey("random", random.Random)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
-SIGNATURES: web.AppKey[Optional[Signatures]] = web.AppKey("signatures")
+SIGNATURES: web.AppKey[Signatures | None] = web.AppKey("signatures")
 PATH = web.AppKey("path", str)
 
 
@@ -196,7 +196,7 @@ def _parse_json(body: bytes) -> object:
         raise BadRequest(str(exc)) from None
 
 
-def _lab_event(event: dict, webhook_id: Optional[str], token: Optional[int]) -> Arrival:
+def _lab_event(event: dict, webhook_id: str | None, token: int | None) -> Arrival:
     check_event(event)
     if webhook_id is not None and webhook_id != event["id"]:
         raise ValueError(f"{ID_HEADER} must be the event id {event['id']!r}, "
@@ -204,7 +204,7 @@ def _lab_event(event: dict, webhook_id: Optional[str], token: Optional[int]) -> 
     return Arrival(event["id"], event["qty"], token)
 
 
-def _payload_event(body: object, webhook_id: Optional[str], token: Optional[int]) -> Arrival:
+def _payload_event(body: object, webhook_id: str | None, token: int | None) -> Arrival:
     if webhook_id is None:
         raise ValueError(_not_a_lab_event(body))
     event_id = check_job_id(ID_HEADER, webhook_id, PRODUCT)
@@ -219,13 +219,13 @@ def _not_a_lab_event(body: object) -> str:
             f" any other JSON object is a payload event, sent with a {ID_HEADER} header")
 
 
-def _one_header(name: str, headers: list[str]) -> Optional[str]:
+def _one_header(name: str, headers: list[str]) -> str | None:
     if len(headers) > 1:
         raise BadRequest(f"{name} must be sent once, got {len(headers)}")
     return headers[0] if headers else None
 
 
-def _parse_token(headers: list[str]) -> Optional[int]:
+def _parse_token(headers: list[str]) -> int | None:
     header = _one_header(TOKEN_HEADER, headers)
     if header is None:
         return None
@@ -293,7 +293,7 @@ def _conflict(delivery: Delivery) -> str:
             f", not {_what(delivery.qty, delivery.digest)}")
 
 
-def _what(qty: Optional[int], digest: Optional[str]) -> str:
+def _what(qty: int | None, digest: str | None) -> str:
     return f"qty {qty}" if digest is None else f"the body of sha256 {digest[:16]}..."
 
 
@@ -358,9 +358,9 @@ class _StatsCollector:
                                           value=value)
 
 
-def make_app(inbox_path: Union[str, os.PathLike], *, faults: Faults = Faults(),
+def make_app(inbox_path: str | os.PathLike, *, faults: Faults = Faults(),
              max_group: int = 64, limits: Limits = Limits(),
-             secrets: Optional[Sequence[bytes]] = None, tolerance_s: int = TOLERANCE_S,
+             secrets: Sequence[bytes] | None = None, tolerance_s: int = TOLERANCE_S,
              clock: Callable[[], float] = time.time, path: str = EVENTS_PATH) -> web.Application:
     """The receiver as an aiohttp application; the inbox opens on startup.
     Events are posted to ``path``; ``GET /stats`` and ``/metrics`` at the root.
@@ -423,7 +423,7 @@ class Listener:
     """
 
     def __init__(self, app: web.Application, host: str, port: int, *,
-                 tls: Optional[ssl.SSLContext] = None) -> None:
+                 tls: ssl.SSLContext | None = None) -> None:
         limits = app[LIMITS]
         self.app, self._tls = app, tls
         self._sock = _bind(host, port, limits.max_connections)
@@ -437,7 +437,7 @@ class Listener:
                                      keepalive_timeout=limits.read_timeout,
                                      lingering_time=limits.read_timeout,
                                      logger=_connection_log(app[COUNTERS]))
-        self._server: Optional[asyncio.AbstractServer] = None
+        self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
         await self._runner.setup()
@@ -536,7 +536,7 @@ class _Counted(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._inner.data_received(data)
 
-    def eof_received(self) -> Optional[bool]:
+    def eof_received(self) -> bool | None:
         return self._inner.eof_received()
 
     def pause_writing(self) -> None:
@@ -545,7 +545,7 @@ class _Counted(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._inner.resume_writing()
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._counters.add("open_connections", -1)
         self._inner.connection_lost(exc)
 
@@ -562,11 +562,11 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
-async def serve(inbox_path: Union[str, os.PathLike], host: str = "127.0.0.1", port: int = 0, *,
+async def serve(inbox_path: str | os.PathLike, host: str = "127.0.0.1", port: int = 0, *,
                 faults: Faults = Faults(), max_group: int = 64, limits: Limits = Limits(),
-                secrets: Optional[Sequence[bytes]] = None, tolerance_s: int = TOLERANCE_S,
-                path: str = EVENTS_PATH, tls_cert: Optional[Union[str, os.PathLike]] = None,
-                tls_key: Optional[Union[str, os.PathLike]] = None) -> None:
+                secrets: Sequence[bytes] | None = None, tolerance_s: int = TOLERANCE_S,
+                path: str = EVENTS_PATH, tls_cert: str | os.PathLike | None = None,
+                tls_key: str | os.PathLike | None = None) -> None:
     """Run the receiver until SIGINT or SIGTERM; print its URL on the first line
     and, on the way out, its final figures (JSON) on the last.
 
@@ -608,27 +608,18 @@ async def serve(inbox_path: Union[str, os.PathLike], host: str = "127.0.0.1", po
     say("receiver stopped", "asyncworker.receiver")  # a JSON object with --log-format json
 
 
-def check_host(host: object, secrets: Optional[Sequence[bytes]]) -> str:
+def check_host(host: object, secrets: Sequence[bytes] | None) -> str:
     """The host to bind: any address with secrets, else loopback only."""
     if type(host) is not str or not host:
         raise ValueError(f"host must be an address or a name, got {host!r:.80}")
-    if secrets is None and not _is_loopback(host):
+    if secrets is None and not is_loopback(host):
         raise ValueError(f"host {host} is not loopback: serving on a network needs a secret "
                          f"(--secret-file), so that only signed requests are applied")
     return host
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name: it may resolve to anything
-        return False
-
-
-def server_tls_context(cert: Optional[Union[str, os.PathLike]],
-                       key: Optional[Union[str, os.PathLike]]) -> ssl.SSLContext:
+def server_tls_context(cert: str | os.PathLike | None,
+                       key: str | os.PathLike | None) -> ssl.SSLContext:
     """A server-side TLS context (TLS 1.2 or later) for a PEM certificate chain
     and its key; ValueError (one line, naming the file) if they do not load."""
     if cert is None or key is None:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, NamedTuple, Optional, Sequence
+from typing import NamedTuple
 
 from asyncworker.operations import DEAD_REASONS
 from lease.policy import DEFAULT_POLICY, PRODUCT, check_note, check_ordering_key
@@ -33,17 +34,17 @@ class Member(NamedTuple):
 
     id: str
     token: int
-    reason: Optional[str]
+    reason: str | None
 
 
 @dataclass(frozen=True)
 class BulkRequest:
     action: str
-    reason: Optional[str]
-    id_prefix: Optional[str]
+    reason: str | None
+    id_prefix: str | None
     note: str
     ttl_ms: int = DEFAULT_POLICY.ttl_ms
-    key: Optional[str] = None  # one ordering key's dead letters only
+    key: str | None = None  # one ordering key's dead letters only
 
     @property
     def past(self) -> str:
@@ -57,9 +58,9 @@ class BadRequest(ValueError):
 class Filter(NamedTuple):
     """Which jobs a page lists and a bulk change matches: None is any."""
 
-    reason: Optional[str]
-    id_prefix: Optional[str]
-    key: Optional[str]
+    reason: str | None
+    id_prefix: str | None
+    key: str | None
 
 
 def parse_filter(query: Mapping[str, str]) -> Filter:

@@ -15,18 +15,12 @@ import json
 import shlex
 import ssl
 from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import (
     Any,
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Iterable,
-    Mapping,
-    Optional,
     TypeVar,
-    Union,
 )
 
 import aiohttp
@@ -81,7 +75,7 @@ class Refused(Exception):
     """An answer other than the page: its status and one line saying why."""
 
     def __init__(self, status: int, message: str,
-                 headers: Optional[Mapping[str, str]] = None) -> None:
+                 headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -107,7 +101,7 @@ class Queue:
         self.target = target
         self.allow_changes = allow_changes
         self._per_look = not allow_changes and not is_postgres_url(target)
-        self._store: Optional[AsyncStore] = None
+        self._store: AsyncStore | None = None
 
     async def open(self) -> None:
         if self._per_look:
@@ -147,7 +141,7 @@ def _look_once(target: str, fn: Callable[[Store], T]) -> T:
 def matched(store: Store, bulk: BulkRequest) -> list[Member]:
     """Every dead letter of the bulk's filter, in seq order, page by page."""
     members: list[Member] = []
-    after: Optional[int] = None
+    after: int | None = None
     while True:
         page = store.list_jobs(status="dead", reason=bulk.reason, id_prefix=bulk.id_prefix,
                                key=bulk.key, after_seq=after, limit=MAX_PAGE)
@@ -168,10 +162,10 @@ class Settings:
     queue: str  # as shown: a URL without its password
     allow_changes: bool
     guard: Guard
-    operator: Optional[str]  # who the audit rows name
-    stats_url: Optional[str]  # the receiver's /stats
+    operator: str | None  # who the audit rows name
+    stats_url: str | None  # the receiver's /stats
     hosts: Hosts  # the names it answers to
-    receiver_tls: Optional[ssl.SSLContext]  # how the receiver's certificate is verified
+    receiver_tls: ssl.SSLContext | None  # how the receiver's certificate is verified
 
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -180,8 +174,8 @@ TEMPLATES = web.AppKey("templates", jinja2.Environment)
 HTTP = web.AppKey("http", aiohttp.ClientSession)
 
 
-def ui_app(queue: str, *, allow_changes: bool = False, token: Optional[str] = None,
-           receiver_url: Union[str, Destination, None] = None, operator: Optional[str] = None,
+def ui_app(queue: str, *, allow_changes: bool = False, token: str | None = None,
+           receiver_url: str | Destination | None = None, operator: str | None = None,
            allowed_hosts: Iterable[str] = LOOPBACK_NAMES) -> web.Application:
     """The page for ``queue`` (a file's path or a ``postgresql://`` URL), to serve
     or to mount: ``app.add_subapp("/ops", ui_app(...))``. ``token``: every request
@@ -258,7 +252,7 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
     response.headers.update(SECURITY_HEADERS)
 
 
-def age(ms: Optional[int]) -> str:
+def age(ms: int | None) -> str:
     """A duration for people: 950 ms, 12.5 s, 42 min, 5.1 h, 3.2 d."""
     if ms is None:
         return "-"
@@ -288,7 +282,7 @@ async def _refusals(request: web.Request, handler: Handler) -> web.StreamRespons
 
 
 def _refusal(request: web.Request, status: int, message: str,
-             headers: Optional[Mapping[str, str]] = None) -> web.StreamResponse:
+             headers: Mapping[str, str] | None = None) -> web.StreamResponse:
     if request.query.get("format") == "json" or not _accepts_html(request):
         return web.json_response({"error": message}, status=status, headers=headers)
     return _render(request, "refused.html", status=status, headers=headers,
@@ -347,7 +341,7 @@ def _wants_json(request: web.Request) -> bool:
 
 
 def _render(request: web.Request, template: str, *, status: int = 200,
-            headers: Optional[Mapping[str, str]] = None, **context: Any) -> web.Response:
+            headers: Mapping[str, str] | None = None, **context: Any) -> web.Response:
     settings = request.app[SETTINGS]
     page = request.app[TEMPLATES].get_template(template).render(
         settings=settings, csrf=settings.guard.csrf(), token_required=settings.guard.required,
@@ -397,7 +391,7 @@ async def overview(request: web.Request) -> web.Response:
                    receiver_error=receiver_error, refused_by_signature=refused)
 
 
-async def _receiver_figures(request: web.Request) -> tuple[Optional[dict], Optional[str]]:
+async def _receiver_figures(request: web.Request) -> tuple[dict | None, str | None]:
     """The receiver's /stats, or why they are unavailable: the page shows either."""
     url = request.app[SETTINGS].stats_url
     if url is None:
@@ -416,7 +410,7 @@ async def _receiver_figures(request: web.Request) -> tuple[Optional[dict], Optio
     return found, None
 
 
-def _page_query(request: web.Request) -> tuple[Optional[int], int]:
+def _page_query(request: web.Request) -> tuple[int | None, int]:
     """after (a seq) and limit from the query: keyset pagination."""
     after_text = request.query.get("after") or None
     limit_text = request.query.get("limit") or str(PAGE_SIZE)
@@ -429,8 +423,8 @@ def _page_query(request: web.Request) -> tuple[Optional[int], int]:
     return (None if after_text is None else int(after_text)), int(limit_text)
 
 
-async def _job_page(request: web.Request, status: Optional[str], found: Filter
-                    ) -> tuple[list[dict], Optional[int]]:
+async def _job_page(request: web.Request, status: str | None, found: Filter
+                    ) -> tuple[list[dict], int | None]:
     """One page of jobs and the seq the next page starts after (None: the last)."""
     after, limit = _page_query(request)
     rows = await request.app[QUEUE].look(lambda store: store.list_jobs(
@@ -539,7 +533,7 @@ async def apply(request: web.Request) -> web.Response:
 
 
 async def _apply_in_chunks(request: web.Request, bulk: BulkRequest, ids: list[str]
-                           ) -> tuple[list[dict[str, str]], Optional[str]]:
+                           ) -> tuple[list[dict[str, str]], str | None]:
     """Each chunk one transaction (MAX_BATCH jobs): a store that fails part-way
     leaves the chunks before it whole and the rest untouched, and says so."""
     queue = request.app[QUEUE]

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import re
 import secrets
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping, Optional
 
 from lease.policy import check_actor
 
 __all__ = ["Access", "Guard", "Hosts", "LOOPBACK_NAMES", "SECURITY_HEADERS", "SESSION_COOKIE",
-           "MIN_TOKEN_CHARS", "check_token", "cross_site", "is_loopback", "parse_token_line"]
+           "MIN_TOKEN_CHARS", "check_token", "cross_site", "parse_token_line"]
 
 # No inline script or style anywhere: only the page's own stylesheet and images.
 SECURITY_HEADERS = {
@@ -52,14 +51,14 @@ class Access:
     """The access token, and the operator's name for the audit rows (its label)."""
 
     token: str = field(repr=False)
-    label: Optional[str] = None
+    label: str | None = None
 
 
 def parse_token_line(text: str) -> Access:
     """A token file's first line: ``TOKEN`` or ``LABEL:TOKEN``. ValueError says
     what is wrong and never quotes the secret."""
     line = text.split("\n", 1)[0].rstrip("\r")
-    label: Optional[str] = None
+    label: str | None = None
     if ":" in line:
         label, line = line.split(":", 1)
         try:
@@ -79,17 +78,7 @@ def check_token(token: object) -> str:
     return token
 
 
-def is_loopback(host: str) -> bool:
-    """Only this host can reach it: localhost, 127.0.0.0/8, ::1."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a name: it may resolve to anything
-        return False
-
-
-def _authority(text: str) -> Optional[tuple[str, Optional[int]]]:
+def _authority(text: str) -> tuple[str, int | None] | None:
     """``name[:port]`` lowercased, as (name, port or None); None when malformed."""
     found = _AUTHORITY.fullmatch(text.strip().lower())
     if found is None:
@@ -114,7 +103,7 @@ class Hosts:
             rules.append(rule)
         if not rules:
             raise ValueError("no host to answer to")
-        self.rules: tuple[tuple[str, Optional[int]], ...] = tuple(dict.fromkeys(rules))
+        self.rules: tuple[tuple[str, int | None], ...] = tuple(dict.fromkeys(rules))
 
     def __repr__(self) -> str:
         return f"Hosts({list(self.shown())!r})"
@@ -122,7 +111,7 @@ class Hosts:
     def shown(self) -> Iterator[str]:
         return (name if port is None else f"{name}:{port}" for name, port in self.rules)
 
-    def admits(self, host: Optional[str], default_port: int) -> bool:
+    def admits(self, host: str | None, default_port: int) -> bool:
         """A ``Host`` header (or an origin's host) this page answers to."""
         found = None if host is None else _authority(host)
         if found is None:
@@ -163,7 +152,7 @@ class Guard:
     """Checks one request's access, session and CSRF token against this
     process's key: a restart ends every session and every form's token."""
 
-    def __init__(self, access: Optional[Access], key: Optional[bytes] = None) -> None:
+    def __init__(self, access: Access | None, key: bytes | None = None) -> None:
         self.access = access
         self._key = key if key is not None else secrets.token_bytes(32)
 
@@ -183,7 +172,7 @@ class Guard:
             return True
         return hmac.compare_digest(offered.encode(), self.access.token.encode())
 
-    def admits(self, authorization: Optional[str], cookie: Optional[str]) -> bool:
+    def admits(self, authorization: str | None, cookie: str | None) -> bool:
         """The request shows the token (Bearer) or a session of it (the cookie)."""
         if self.access is None:
             return True

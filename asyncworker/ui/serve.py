@@ -19,7 +19,6 @@ import signal
 import socket
 import ssl
 from contextlib import closing
-from typing import Optional
 
 from aiohttp import web
 
@@ -34,7 +33,8 @@ from asyncworker.operations import (
 )
 from asyncworker.receiving.server import server_tls_context
 from asyncworker.ui.pages import ui_app
-from asyncworker.ui.safety import LOOPBACK_NAMES, Access, Hosts, is_loopback, parse_token_line
+from asyncworker.ui.safety import LOOPBACK_NAMES, Access, Hosts, parse_token_line
+from lease.http import is_loopback
 from lease.policy import check_actor
 
 __all__ = ["serve_ui"]
@@ -120,7 +120,7 @@ def read_token_file(path: str) -> Access:
     return access
 
 
-def _operator(access: Optional[Access]) -> Optional[str]:
+def _operator(access: Access | None) -> str | None:
     """Who the audit rows name: the token's label, else the user who started the page."""
     if access is not None and access.label is not None:
         return access.label
@@ -131,7 +131,7 @@ def _operator(access: Optional[Access]) -> Optional[str]:
 
 
 async def _serve(app: web.Application, args: argparse.Namespace, sock: socket.socket,
-                 tls: Optional[ssl.SSLContext]) -> None:
+                 tls: ssl.SSLContext | None) -> None:
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()  # opens the queue
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Optional
 
 import psycopg
 
@@ -28,7 +27,7 @@ class Listener:
         self._url = url
         self.name = name
         self._pause_s = _MIN_PAUSE_S
-        self._conn: Optional[psycopg.Connection] = self._listen()
+        self._conn: psycopg.Connection | None = self._listen()
         self._closed = False
 
     def _listen(self) -> psycopg.Connection:

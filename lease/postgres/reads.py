@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
@@ -75,9 +75,9 @@ def read_snapshot(conn: psycopg.Connection, now: int, *, keys: bool = True) -> d
     }
 
 
-def job_filter(status: Optional[str], reason: Optional[str], id_prefix: Optional[str],
-               after_seq: Optional[int], limit: int,
-               key: Optional[str] = None) -> tuple[str, list[Any]]:
+def job_filter(status: str | None, reason: str | None, id_prefix: str | None,
+               after_seq: int | None, limit: int,
+               key: str | None = None) -> tuple[str, list[Any]]:
     """The WHERE of list_jobs and its arguments, checked."""
     filters = list_filters(status, reason, id_prefix, after_seq, limit, key)
     clauses = ["1 = 1", *(FILTERS[name] for name, _ in filters)]

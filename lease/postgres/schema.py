@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -172,7 +173,7 @@ def _server_down(exc: psycopg.Error) -> bool:
 # ------------------------------------------------------------------ migrations
 
 
-def queue_version(conn: psycopg.Connection) -> Optional[int]:
+def queue_version(conn: psycopg.Connection) -> int | None:
     """The queue's schema version; None for a database without one."""
     found = conn.execute("SELECT to_regclass('lease.schema_migrations')").fetchone()
     if found is None or found[0] is None:
@@ -181,7 +182,7 @@ def queue_version(conn: psycopg.Connection) -> Optional[int]:
     return None if row is None or row[0] is None else int(row[0])
 
 
-def check_version(version: Optional[int], name: str) -> None:
+def check_version(version: int | None, name: str) -> None:
     if version is not None and version > SCHEMA_VERSION:
         raise NotAQueue(f"the queue in {name} has schema version {version}, newer than this "
                         f"code's {SCHEMA_VERSION}: open it with a newer lease-dispatcher")

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any
 
 import psycopg
 import psycopg_pool
@@ -98,7 +99,7 @@ from lease.worker import (
 )
 
 
-def _text(error: Optional[str]) -> Optional[str]:
+def _text(error: str | None) -> str | None:
     """An attempt's error as PostgreSQL's text can hold it: capped as kept,
     a NUL (which text cannot hold) and a lone surrogate replaced."""
     if error is None:
@@ -122,7 +123,7 @@ class PostgresStore:
     kind = "postgresql"
 
     def __init__(self, url: str, *, create: bool = False, read_only: bool = False,
-                 clock: Optional[Callable[[], int]] = None, threads: int = 1) -> None:
+                 clock: Callable[[], int] | None = None, threads: int = 1) -> None:
         if not isinstance(url, str):
             raise ValueError(f"url must be a str, got {type(url).__name__}")
         check_int("threads", threads, 1, 1000)
@@ -214,7 +215,7 @@ class PostgresStore:
                 conn.execute("SET TRANSACTION READ ONLY")
             yield conn
 
-    def _now_in(self, conn: psycopg.Connection, now_ms: Optional[int]) -> int:
+    def _now_in(self, conn: psycopg.Connection, now_ms: int | None) -> int:
         """The time the transaction judges by: the caller's, the injected clock's,
         or the server's, read as the transaction's first statement."""
         if now_ms is not None:
@@ -239,8 +240,8 @@ class PostgresStore:
     # -- intake
 
     def enqueue_events(self, events: Iterable[object], policy: RetryPolicy = DEFAULT_POLICY, *,
-                       now_ms: Optional[int] = None, not_before_ms: Optional[int] = None,
-                       on_progress: Optional[Callable[[int], None]] = None,
+                       now_ms: int | None = None, not_before_ms: int | None = None,
+                       on_progress: Callable[[int], None] | None = None,
                        on_conflict: str = "return") -> list:
         """All or none in one transaction, as ``lease.sqlite.enqueue_events``
         (``on_conflict`` too); ``events`` is read and inserted in chunks, never
@@ -259,7 +260,7 @@ class PostgresStore:
     # -- one attempt
 
     def claim_jobs(self, owner: str, lease_ms: int, limit: int = 1, *,
-                   now_ms: Optional[int] = None, fault: Fault = None) -> Claimed:
+                   now_ms: int | None = None, fault: Fault = None) -> Claimed:
         check_identifier("owner", owner)
         if now_ms is not None:
             check_now(now_ms)
@@ -293,8 +294,8 @@ class PostgresStore:
         before the pick reads; a test's subclass syncs the pipeline here and
         ends one, to prove the pick's own rule."""
 
-    def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: Optional[int] = None,
-                     fault: Fault = None) -> Union[dict, bool]:
+    def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: int | None = None,
+                     fault: Fault = None) -> dict | bool:
         check_ticket(ticket, PRODUCT)
         if now_ms is not None:
             check_now(now_ms)
@@ -314,7 +315,7 @@ class PostgresStore:
         call_fault(fault, "after-commit")
         return {**ticket, "lease_until": new_until}
 
-    def finish_jobs(self, items: list, *, now_ms: Optional[int] = None,
+    def finish_jobs(self, items: list, *, now_ms: int | None = None,
                     fault: Fault = None) -> list:
         """``lease.sqlite.finish_jobs`` on PostgreSQL: the items in order, as
         single finishes in sequence, with each attempt's evidence."""
@@ -343,8 +344,8 @@ class PostgresStore:
     # -- the operator
 
     def redrive_jobs(self, job_ids: list, ttl_ms: int, note: str, *,
-                     now_ms: Optional[int] = None, fault: Fault = None,
-                     actor: Optional[str] = None) -> list:
+                     now_ms: int | None = None, fault: Fault = None,
+                     actor: str | None = None) -> list:
         """``lease.sqlite.redrive_jobs``: per id True or its ValueError; each
         redriven job's audit row (the note, who did it) and release together."""
         check_ids(job_ids)
@@ -379,8 +380,8 @@ class PostgresStore:
             call_fault(fault, "after-commit")
         return results
 
-    def cancel_jobs(self, job_ids: list, note: str, *, now_ms: Optional[int] = None,
-                    fault: Fault = None, actor: Optional[str] = None) -> list:
+    def cancel_jobs(self, job_ids: list, note: str, *, now_ms: int | None = None,
+                    fault: Fault = None, actor: str | None = None) -> list:
         """``lease.sqlite.cancel_jobs``: per id True or its ValueError; each
         cancelled job's audit row (the note, who did it) and its move to
         dead/cancelled together."""
@@ -454,7 +455,7 @@ class PostgresStore:
         with self._tx(read_only=True) as conn:
             return dicts(conn, BLOCKED_HEADS, {"limit": limit})
 
-    def snapshot(self, now_ms: Optional[int] = None) -> dict[str, Any]:
+    def snapshot(self, now_ms: int | None = None) -> dict[str, Any]:
         """What reads.snapshot of SQLite gives for a product queue, read in one
         REPEATABLE READ transaction so the figures agree."""
         if now_ms is not None:
@@ -463,7 +464,7 @@ class PostgresStore:
             now = self._now_in(conn, now_ms)
             return read_snapshot(conn, now, keys=self._keys)
 
-    def job_history(self, job_id: str) -> Optional[dict[str, Any]]:
+    def job_history(self, job_id: str) -> dict[str, Any] | None:
         """A job's whole row, its redrives, every attempt in the order written,
         its cancels (reads.job_history of SQLite); None if there is no such job."""
         check_job_id("job_id", job_id, PRODUCT)
@@ -481,8 +482,8 @@ class PostgresStore:
             return None
         return {"job": found[0], **history}
 
-    def dead_jobs(self, reason: Optional[str] = None, limit: Optional[int] = None, *,
-                  key: Optional[str] = None) -> list[dict[str, Any]]:
+    def dead_jobs(self, reason: str | None = None, limit: int | None = None, *,
+                  key: str | None = None) -> list[dict[str, Any]]:
         """Dead jobs in seq order, of one reason and one ordering key if given,
         each with its last recorded error (reads.dead_jobs of SQLite)."""
         if reason is not None:
@@ -501,9 +502,9 @@ class PostgresStore:
             return dicts(conn, "SELECT * FROM lease.jobs WHERE status = %s ORDER BY seq",
                           (status,))
 
-    def list_jobs(self, *, status: Optional[str] = None, reason: Optional[str] = None,
-                  id_prefix: Optional[str] = None, after_seq: Optional[int] = None,
-                  limit: int = 50, key: Optional[str] = None) -> list[dict[str, Any]]:
+    def list_jobs(self, *, status: str | None = None, reason: str | None = None,
+                  id_prefix: str | None = None, after_seq: int | None = None,
+                  limit: int = 50, key: str | None = None) -> list[dict[str, Any]]:
         """reads.list_jobs of SQLite: one page of whole rows in seq order after
         ``after_seq``, filtered, a dead row with its last error."""
         where, args = job_filter(status, reason, id_prefix, after_seq, limit, key)
@@ -518,8 +519,8 @@ class PostgresStore:
 
 
 def enqueue_in(conn: psycopg.Connection, events: Iterable[object],
-               policy: RetryPolicy = DEFAULT_POLICY, *, now_ms: Optional[int] = None,
-               not_before_ms: Optional[int] = None, on_conflict: str = "raise") -> list:
+               policy: RetryPolicy = DEFAULT_POLICY, *, now_ms: int | None = None,
+               not_before_ms: int | None = None, on_conflict: str = "raise") -> list:
     """The transactional outbox: enqueue on the service's own psycopg
     connection, inside its transaction, so the jobs commit or roll back with
     the service's rows. Per event True (new) or False (a duplicate); an event
@@ -568,7 +569,7 @@ def enqueue_in(conn: psycopg.Connection, events: Iterable[object],
 
 
 def _intake(conn: Any, events: Iterable[object], available_at: int, policy: RetryPolicy,
-            on_progress: Optional[Callable[[int], None]]) -> list:
+            on_progress: Callable[[int], None] | None) -> list:
     """Inside a transaction (``conn`` a connection or a cursor): the events
     read, checked and inserted in chunks, never held whole; the wake-up."""
     stream = iter(events)
@@ -630,8 +631,8 @@ def _contents(conn: Any, ids: list[str]) -> dict[str, tuple]:
         (ids,))}
 
 
-def _judge(intake: Intake, qty: int, digest: Optional[str],
-           key: Optional[str]) -> Union[bool, Conflict]:
+def _judge(intake: Intake, qty: int, digest: str | None,
+           key: str | None) -> bool | Conflict:
     """A known id: False for the content it has, else lease.sqlite's Conflict."""
     if (qty, digest, key) == (intake.qty, intake.digest, intake.key):
         return False

@@ -23,9 +23,8 @@ Versions:
   intake and deleted with the job (``jobs.body`` stays, always NULL).
   SQLite rewrites a whole record at each change of any column, so a body
   kept on the job's row was written again by the claim and by the finish,
-  and its pages again by both COMMITs: with 3.7 KB payloads the store's
-  claim and finish cost about twice as much CPU a job that way
-  (``docs/benchmarks.md``).
+  and its pages again by both COMMITs (what that cost is measured in
+  ``docs/benchmarks-history.md``).
 
 Every migration runs in one transaction: a crash leaves the old version
 whole. A file newer than this code is refused untouched.

@@ -6,7 +6,6 @@ import functools
 import json
 import sqlite3
 from operator import itemgetter
-from typing import Tuple
 
 from lease.worker import (
     select_tuples,
@@ -18,12 +17,12 @@ class RowAtATime:
     way, one SQLite step per row, on any SQLite. OneStatement runs a batch in
     one statement."""
 
-    def read(self, con: sqlite3.Connection, names: Tuple[str, ...], select: str,
+    def read(self, con: sqlite3.Connection, names: tuple[str, ...], select: str,
              params: object) -> list:
         """The rows of ``select``, whose columns are ``names``, as sequences."""
         return select_tuples(con, select, params).fetchall()
 
-    def update(self, con: sqlite3.Connection, fixed: str, names: Tuple[str, ...],
+    def update(self, con: sqlite3.Connection, fixed: str, names: tuple[str, ...],
                rows: list) -> None:
         """``UPDATE jobs SET fixed, names...`` per row of ``rows``: the values of
         ``names``, then the row's seq. The seqs are distinct."""
@@ -52,17 +51,16 @@ class OneStatement(RowAtATime):
     Why: the store's thread hands the GIL back to the event loop at every step
     and must take it again after, and while the loop is busy every take waits
     (CPython's GIL is not fair to the thread that asked). A claim or a finish
-    of 25 jobs took about 55 steps; with a thread as busy as a saturated
-    event loop beside it a transaction of 25 rows measured 59 ms that way and
-    0.5 ms this way, and the store alone costs 6-15% less CPU a job
-    (``docs/benchmarks.md``). A read is one row, the batch as JSON (its
-    payloads beside it, unescaped); a write is one ``UPDATE ... FROM (VALUES
-    ...)``, or, when most rows set the same values, one ``UPDATE ... WHERE seq
-    IN (...)`` for each set of values. Same rows, same values: any row JSON
-    cannot carry exactly (a BLOB, a REAL) is read the contract's way.
+    of 25 jobs took about 55 steps a row at a time, and a few this way (what
+    that bought is measured, dated, in ``docs/benchmarks-history.md``). A
+    read is one row, the batch as JSON (its payloads beside it, unescaped); a
+    write is one ``UPDATE ... FROM (VALUES ...)``, or, when most rows set the
+    same values, one ``UPDATE ... WHERE seq IN (...)`` for each set of values.
+    Same rows, same values: any row JSON cannot carry exactly (a BLOB, a REAL)
+    is read the contract's way.
     """
 
-    def read(self, con: sqlite3.Connection, names: Tuple[str, ...], select: str,
+    def read(self, con: sqlite3.Connection, names: tuple[str, ...], select: str,
              params: object) -> list:
         if names[-1] == "body":
             return self._read_with_bodies(con, names, select, params)
@@ -75,7 +73,7 @@ class OneStatement(RowAtATime):
             return super().read(con, names, select, params)
         return _in_seq_order(names, rows)
 
-    def _read_with_bodies(self, con: sqlite3.Connection, names: Tuple[str, ...], select: str,
+    def _read_with_bodies(self, con: sqlite3.Connection, names: tuple[str, ...], select: str,
                           params: object) -> list:
         """A read whose last column is a payload: the other columns as JSON, the
         bodies beside them as they are, joined by a separator no JSON text holds
@@ -102,7 +100,7 @@ class OneStatement(RowAtATime):
             row.append(None if part == "n" else part[1:])
         return _in_seq_order(names, rows)
 
-    def update(self, con: sqlite3.Connection, fixed: str, names: Tuple[str, ...],
+    def update(self, con: sqlite3.Connection, fixed: str, names: tuple[str, ...],
                rows: list) -> None:
         alike: dict[tuple, list] = {}
         for row in rows:
@@ -124,7 +122,7 @@ class OneStatement(RowAtATime):
             con.execute(_values_update(fixed, names, size), values)
 
     @staticmethod
-    def _update_alike(con: sqlite3.Connection, fixed: str, names: Tuple[str, ...],
+    def _update_alike(con: sqlite3.Connection, fixed: str, names: tuple[str, ...],
                       values: tuple, seqs: list) -> None:
         """Rows that set the same values (a claim's fresh jobs, the outcomes of
         a finish that share their latency): one ``UPDATE ... WHERE seq IN
@@ -137,7 +135,7 @@ class OneStatement(RowAtATime):
                         [*values, *chunk, *[None] * (size - len(chunk))])  # NULL: no row
 
 
-def _in_seq_order(names: Tuple[str, ...], rows: list) -> list:
+def _in_seq_order(names: tuple[str, ...], rows: list) -> list:
     """An aggregate keeps its select's order in fact, not by promise: rows
     led by their seq are put in its order."""
     if names[0] == "seq":
@@ -151,13 +149,13 @@ def _padded(n: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _alike_update(fixed: str, names: Tuple[str, ...], size: int) -> str:
+def _alike_update(fixed: str, names: tuple[str, ...], size: int) -> str:
     sets = ", ".join([fixed, *(f"{name} = ?" for name in names)])
     return f"UPDATE jobs SET {sets} WHERE seq IN ({', '.join('?' * size)})"
 
 
 @functools.lru_cache(maxsize=64)
-def _values_update(fixed: str, names: Tuple[str, ...], size: int) -> str:
+def _values_update(fixed: str, names: tuple[str, ...], size: int) -> str:
     width = len(names) + 1
     sets = ", ".join([fixed, *(f"{name} = v.column{i}" for i, name in enumerate(names, 1))])
     row = "(" + ", ".join("?" * width) + ")"

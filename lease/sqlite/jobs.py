@@ -4,7 +4,8 @@ cancel and prune, each one short ``BEGIN IMMEDIATE`` on the product file."""
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Callable, Iterable, Optional, Tuple, Union
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from lease.clock import wall_clock_ms
 from lease.policy import (
@@ -100,8 +101,8 @@ def enqueue_events(
     now_ms: int,
     policy: RetryPolicy = DEFAULT_POLICY,
     *,
-    not_before_ms: Optional[int] = None,
-    on_progress: Optional[Callable[[int], None]] = None,
+    not_before_ms: int | None = None,
+    on_progress: Callable[[int], None] | None = None,
     on_conflict: str = "return",
 ) -> list:
     """Enqueue events in one transaction: all of them or, on a bad event or any
@@ -134,9 +135,9 @@ def enqueue_events(
                             on_conflict)
 
 
-def _intake(con: Union[sqlite3.Connection, sqlite3.Cursor], events: Iterable[object],
+def _intake(con: sqlite3.Connection | sqlite3.Cursor, events: Iterable[object],
             now_ms: int, available_at: int, policy: RetryPolicy,
-            on_progress: Optional[Callable[[int], None]] = None) -> list:
+            on_progress: Callable[[int], None] | None = None) -> list:
     """Inside a transaction: each event checked and inserted, then each key
     that got a job given its first in line; per event True, False or Conflict."""
     results: list = []
@@ -162,8 +163,8 @@ def enqueue_in(
     events: Iterable[object],
     policy: RetryPolicy = DEFAULT_POLICY,
     *,
-    now_ms: Optional[int] = None,
-    not_before_ms: Optional[int] = None,
+    now_ms: int | None = None,
+    not_before_ms: int | None = None,
     on_conflict: str = "raise",
 ) -> list:
     """The transactional outbox: enqueue on the service's own connection,
@@ -215,7 +216,7 @@ def enqueue_in(
     return results
 
 
-def _insert(con: Union[sqlite3.Connection, sqlite3.Cursor], intake: Intake, now_ms: int,
+def _insert(con: sqlite3.Connection | sqlite3.Cursor, intake: Intake, now_ms: int,
             available_at: int, policy: RetryPolicy) -> bool:
     """Inside a transaction: a new pending job (True), or the duplicate kept
     (False). A keyed job is held until ``_promote`` finds it first in line."""
@@ -240,7 +241,7 @@ def _insert(con: Union[sqlite3.Connection, sqlite3.Cursor], intake: Intake, now_
 # ------------------------------------------------------------------ ordered keys
 
 
-def _promote(con: Union[sqlite3.Connection, sqlite3.Cursor], keys: Iterable[str]) -> None:
+def _promote(con: sqlite3.Connection | sqlite3.Cursor, keys: Iterable[str]) -> None:
     """Inside a transaction: each key's line given its first, if it has none."""
     for key in sorted(set(keys)):
         con.execute(PROMOTE, {"key": key})
@@ -278,7 +279,7 @@ def claim_jobs(
     lease_ms: int,
     limit: int = 1,
     fault: Fault = None,
-) -> Tuple[list, dict]:
+) -> tuple[list, dict]:
     """The contract's claim transaction with the product's lease range: up to
     ``limit`` Leased jobs (ticket and body), and the quarantine's moves by
     reason ({"deadline": n, "exhausted": m})."""
@@ -320,7 +321,7 @@ def extend_lease(
     now_ms: int,
     lease_ms: int,
     fault: Fault = None,
-) -> Union[dict, bool]:
+) -> dict | bool:
     """The contract's extension (whole-marker check) with the product's ranges."""
     check_connection(con)
     check_ticket(ticket, PRODUCT)
@@ -395,7 +396,7 @@ def finish_jobs(
     return merged
 
 
-def _judge_marked(con: sqlite3.Connection, items: list, now_ms: int) -> Tuple[list, list, list]:
+def _judge_marked(con: sqlite3.Connection, items: list, now_ms: int) -> tuple[list, list, list]:
     """Inside a transaction: the fenced finish of each (ticket, outcome, delay_ms),
     in order, as single finishes in sequence would do it (a job finished earlier
     in the list is no longer leased for a later item). Per item (status,
@@ -428,14 +429,14 @@ _DONE_COLUMNS = ("done_by", "done_started_ms", "done_latency_ms", "done_http_sta
                  "done_after")
 
 
-def _plan_evidence(items: list, results: list, last: int, now_ms: int) -> Tuple[list, list]:
+def _plan_evidence(items: list, results: list, last: int, now_ms: int) -> tuple[list, list]:
     """Pure: each attempt's evidence, ``last`` being the largest attempts seq
     yet. The attempt that made a job done goes on the job's row (per item its
     done_* values, None for every other item: its end is available_at); every
     other attempt (a retry, a refusal, a stale finish, evidence only) is an
     attempts row, numbered on from ``last``."""
     rows: list[tuple] = []
-    done: list[Optional[tuple]] = []
+    done: list[tuple | None] = []
     for (ticket, outcome, _, seen), result in zip(items, results, strict=True):
         if result is not False and result[0] == "done":
             done.append((ticket["owner"], seen.started_ms, seen.latency_ms, seen.http_status,
@@ -482,7 +483,7 @@ def redrive_jobs(
     ttl_ms: int,
     note: str,
     fault: Fault = None,
-    actor: Optional[str] = None,
+    actor: str | None = None,
 ) -> list:
     """The contract's redrive (audit row and release together, token kept) with
     the product's ids, time to live and notes, and who did it (``actor``, in
@@ -529,7 +530,7 @@ def cancel_jobs(
     now_ms: int,
     note: str,
     fault: Fault = None,
-    actor: Optional[str] = None,
+    actor: str | None = None,
 ) -> list:
     """Cancel pending or dead jobs: each becomes dead/cancelled with an audit
     row in ``cancels`` (what it was, its token, the note), together.

@@ -13,7 +13,7 @@ import shutil
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 from lease.policy import PRODUCT, check_ordering_key
 from lease.rules import DAY_MS, STATUSES, list_filters
@@ -39,7 +39,7 @@ _HEADER = b"SQLite format 3\x00"
 _WAL_READ_VERSION = 2
 
 
-def open_readonly(path: Union[str, os.PathLike[str]]) -> sqlite3.Connection:
+def open_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
     """Open an existing queue file for reading only: for the commands that look.
 
     Never creates, writes or repairs anything: no journal mode switched, no
@@ -252,7 +252,7 @@ def stale_finishes(con: sqlite3.Connection) -> int:
     return 0 if row is None else int(row[0])
 
 
-def job_history(con: sqlite3.Connection, job_id: str) -> Optional[dict[str, Any]]:
+def job_history(con: sqlite3.Connection, job_id: str) -> dict[str, Any] | None:
     """A job's whole row, its redrive audit rows and, on a product queue, every
     attempt's evidence and its cancels; None if there is no such job."""
     check_job_id("job_id", job_id, PRODUCT)
@@ -300,8 +300,8 @@ def _attempts(con: sqlite3.Connection, job_id: str) -> list[dict[str, Any]]:
     return rows
 
 
-def dead_jobs(con: sqlite3.Connection, reason: Optional[str] = None,
-              limit: Optional[int] = None, *, key: Optional[str] = None
+def dead_jobs(con: sqlite3.Connection, reason: str | None = None,
+              limit: int | None = None, *, key: str | None = None
               ) -> list[dict[str, Any]]:
     """Dead jobs in seq order, optionally of one reason and of one ordering
     ``key`` (exactly that key: a file from before keys has no job with one), at
@@ -335,10 +335,10 @@ FROM ({sql}) d"""
     return _dicts(con, sql, args)
 
 
-def list_jobs(con: sqlite3.Connection, *, status: Optional[str] = None,
-              reason: Optional[str] = None, id_prefix: Optional[str] = None,
-              after_seq: Optional[int] = None, limit: int = 50,
-              key: Optional[str] = None) -> list[dict[str, Any]]:
+def list_jobs(con: sqlite3.Connection, *, status: str | None = None,
+              reason: str | None = None, id_prefix: str | None = None,
+              after_seq: int | None = None, limit: int = 50,
+              key: str | None = None) -> list[dict[str, Any]]:
     """One page of jobs in seq order (keyset pagination: those after
     ``after_seq``), filtered by status, reason, id prefix and ordering key;
     whole rows, a product queue's dead rows each with ``last_error``."""
@@ -359,9 +359,9 @@ _FILTERS = {"status": "status = ?", "reason": "reason = ?", "id_prefix": "substr
             "after_seq": "seq > ?", "key": "ordering_key = ?"}
 
 
-def _job_filter(status: Optional[str], reason: Optional[str], id_prefix: Optional[str],
-                after_seq: Optional[int], limit: int,
-                key: Optional[str] = None) -> tuple[str, list[Any]]:
+def _job_filter(status: str | None, reason: str | None, id_prefix: str | None,
+                after_seq: int | None, limit: int,
+                key: str | None = None) -> tuple[str, list[Any]]:
     """The WHERE of list_jobs and its arguments, checked."""
     filters = list_filters(status, reason, id_prefix, after_seq, limit, key)
     clauses = ["1 = 1", *(_FILTERS[name] for name, _ in filters)]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from typing import Optional, Tuple, Union
 
 from lease.rules import TABLES
 from lease.sqlite.reads import BODIES_SINCE
@@ -24,7 +23,7 @@ from lease.worker import (
 
 SCHEMA_VERSION = 4
 
-MIGRATIONS: dict[int, Tuple[str, ...]] = {
+MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
         "ALTER TABLE jobs ADD COLUMN body TEXT",  # canonical JSON; NULL for {"id", "qty"}
         "ALTER TABLE jobs ADD COLUMN digest TEXT",  # sha256 of body; the intake's dedupe key
@@ -94,8 +93,8 @@ def schema_version(con: sqlite3.Connection) -> int:
     return int(con.execute("PRAGMA user_version").fetchone()[0])
 
 
-def open_store(path: Union[str, os.PathLike[str]], *, create: bool = True,
-               journal: Optional[str] = None) -> sqlite3.Connection:
+def open_store(path: str | os.PathLike[str], *, create: bool = True,
+               journal: str | None = None) -> sqlite3.Connection:
     """Open a queue for the product: the contract's ``open_queue`` (its
     settings, its refusal of foreign files), then the migrations up to
     SCHEMA_VERSION, in one transaction. A newer file is a ValueError.
@@ -215,8 +214,8 @@ def is_declared_shared(con: sqlite3.Connection) -> bool:
     return row is not None and row[0] == "1"
 
 
-def open_shared(path: Union[str, os.PathLike[str]], *, create: bool = False,
-                declare: bool = False) -> Optional[sqlite3.Connection]:
+def open_shared(path: str | os.PathLike[str], *, create: bool = False,
+                declare: bool = False) -> sqlite3.Connection | None:
     """Open a queue that shares its file with a service's own tables; None
     when the file was never declared shared and ``declare`` is False (the
     caller opens it as a queue file of its own, with its refusals).

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Optional, Union
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from lease.clock import wall_clock_ms
 from lease.policy import (
@@ -57,10 +58,10 @@ class SQLiteStore:
     kind = "sqlite"
     threads = 1
 
-    def __init__(self, path: Union[str, os.PathLike[str]], *, create: bool = False,
-                 read_only: bool = False, clock: Optional[Callable[[], int]] = None,
+    def __init__(self, path: str | os.PathLike[str], *, create: bool = False,
+                 read_only: bool = False, clock: Callable[[], int] | None = None,
                  migrate: bool = True, shared: bool = False,
-                 journal: Optional[str] = None) -> None:
+                 journal: str | None = None) -> None:
         """``migrate=False`` leaves a contract file at its version until the
         first intake migrates it in its own transaction (``enqueue_events``):
         an intake refused halfway then leaves the file exactly as it was.
@@ -123,7 +124,7 @@ class SQLiteStore:
     def now_ms(self) -> int:
         return check_now(self._clock(), "clock value")
 
-    def _now(self, now_ms: Optional[int]) -> int:
+    def _now(self, now_ms: int | None) -> int:
         return self.now_ms() if now_ms is None else now_ms
 
     def schema_version(self) -> int:
@@ -131,8 +132,8 @@ class SQLiteStore:
             return schema_version(self.connection)
 
     def enqueue_events(self, events: Iterable[object], policy: RetryPolicy = DEFAULT_POLICY, *,
-                       now_ms: Optional[int] = None, not_before_ms: Optional[int] = None,
-                       on_progress: Optional[Callable[[int], None]] = None,
+                       now_ms: int | None = None, not_before_ms: int | None = None,
+                       on_progress: Callable[[int], None] | None = None,
                        on_conflict: str = "return") -> list:
         with store_errors():
             return enqueue_events(self.connection, events, self._now(now_ms), policy,
@@ -140,31 +141,31 @@ class SQLiteStore:
                                   on_conflict=on_conflict)
 
     def claim_jobs(self, owner: str, lease_ms: int, limit: int = 1, *,
-                   now_ms: Optional[int] = None, fault: Fault = None) -> Claimed:
+                   now_ms: int | None = None, fault: Fault = None) -> Claimed:
         now = self._now(now_ms)
         with store_errors():
             leased, moved = claim_jobs(self.connection, owner, now, lease_ms, limit, fault)
         return Claimed(leased, moved, now)
 
-    def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: Optional[int] = None,
-                     fault: Fault = None) -> Union[dict, bool]:
+    def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: int | None = None,
+                     fault: Fault = None) -> dict | bool:
         with store_errors():
             return extend_lease(self.connection, ticket, self._now(now_ms), lease_ms, fault)
 
-    def finish_jobs(self, items: list, *, now_ms: Optional[int] = None,
+    def finish_jobs(self, items: list, *, now_ms: int | None = None,
                     fault: Fault = None) -> list:
         with store_errors():
             return finish_jobs(self.connection, items, self._now(now_ms), fault)
 
     def redrive_jobs(self, job_ids: list, ttl_ms: int, note: str, *,
-                     now_ms: Optional[int] = None, fault: Fault = None,
-                     actor: Optional[str] = None) -> list:
+                     now_ms: int | None = None, fault: Fault = None,
+                     actor: str | None = None) -> list:
         with store_errors():
             return redrive_jobs(self.connection, job_ids, self._now(now_ms), ttl_ms, note, fault,
                                 actor)
 
-    def cancel_jobs(self, job_ids: list, note: str, *, now_ms: Optional[int] = None,
-                    fault: Fault = None, actor: Optional[str] = None) -> list:
+    def cancel_jobs(self, job_ids: list, note: str, *, now_ms: int | None = None,
+                    fault: Fault = None, actor: str | None = None) -> list:
         with store_errors():
             return cancel_jobs(self.connection, job_ids, self._now(now_ms), note, fault, actor)
 
@@ -189,16 +190,16 @@ class SQLiteStore:
         with store_errors():
             return reads.blocked_heads(self.connection, limit)
 
-    def snapshot(self, now_ms: Optional[int] = None) -> dict[str, Any]:
+    def snapshot(self, now_ms: int | None = None) -> dict[str, Any]:
         with store_errors():
             return reads.snapshot(self.connection, self._now(now_ms))
 
-    def job_history(self, job_id: str) -> Optional[dict[str, Any]]:
+    def job_history(self, job_id: str) -> dict[str, Any] | None:
         with store_errors():
             return reads.job_history(self.connection, job_id)
 
-    def dead_jobs(self, reason: Optional[str] = None, limit: Optional[int] = None, *,
-                  key: Optional[str] = None) -> list[dict[str, Any]]:
+    def dead_jobs(self, reason: str | None = None, limit: int | None = None, *,
+                  key: str | None = None) -> list[dict[str, Any]]:
         with store_errors():
             return reads.dead_jobs(self.connection, reason, limit, key=key)
 
@@ -206,9 +207,9 @@ class SQLiteStore:
         with store_errors():
             return reads.jobs_with_status(self.connection, status)
 
-    def list_jobs(self, *, status: Optional[str] = None, reason: Optional[str] = None,
-                  id_prefix: Optional[str] = None, after_seq: Optional[int] = None,
-                  limit: int = 50, key: Optional[str] = None) -> list[dict[str, Any]]:
+    def list_jobs(self, *, status: str | None = None, reason: str | None = None,
+                  id_prefix: str | None = None, after_seq: int | None = None,
+                  limit: int = 50, key: str | None = None) -> list[dict[str, Any]]:
         with store_errors():
             return reads.list_jobs(self.connection, status=status, reason=reason,
                                      id_prefix=id_prefix, after_seq=after_seq, limit=limit,

@@ -15,8 +15,8 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 
 import pytest
 from hypothesis import settings
@@ -97,7 +97,7 @@ class Queues:
         self._request = request
 
     @contextlib.contextmanager
-    def fresh(self, clock: Optional[Callable[[], int]] = None) -> Iterator[Store]:
+    def fresh(self, clock: Callable[[], int] | None = None) -> Iterator[Store]:
         clock = clock or ManualClock(T0)
         if self.kind.startswith("sqlite"):
             folder = tempfile.mkdtemp(prefix="conformance-")

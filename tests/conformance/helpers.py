@@ -14,7 +14,7 @@ the history) as the history's order itself.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -114,7 +114,7 @@ def claim_one(store: Store, owner: str, now_ms: int, lease_ms: int = 30_000) -> 
 
 
 def maybe_claim(store: Store, owner: str, now_ms: int,
-                lease_ms: int = 30_000) -> Optional[dict]:
+                lease_ms: int = 30_000) -> dict | None:
     leased = store.claim_jobs(owner, lease_ms, now_ms=now_ms).leased
     return leased[0].ticket if leased else None
 
@@ -123,7 +123,7 @@ class Boom(Exception):
     """A fault hook's own exception: it must come out as it went in."""
 
 
-def fault_at(point: str, seen: Optional[list] = None):
+def fault_at(point: str, seen: list | None = None):
     """A fault hook that raises Boom at ``point`` (and records every point it passes)."""
 
     def fault(where: str) -> None:
@@ -158,7 +158,7 @@ class Player:
     def play(self, steps: list[tuple]) -> list:
         return [plain(self.step(step)) for step in steps]
 
-    def ticket(self, index: int) -> Optional[dict]:
+    def ticket(self, index: int) -> dict | None:
         return self.tickets[index % len(self.tickets)] if self.tickets else None
 
     def step(self, step: tuple) -> object:
@@ -212,7 +212,7 @@ def stale_variant(ticket: dict, variant: int) -> dict:
     return ticket
 
 
-def evidence(now: int, outcome: Optional[str], delay: int) -> Attempt:
+def evidence(now: int, outcome: str | None, delay: int) -> Attempt:
     """What an attempt saw, varied by what it decided."""
     if outcome == "retry":
         return Attempt(now, delay % 7, 503, f"receiver answered 503 after {delay} ms")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from typing import Any, Optional
+from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -51,7 +51,7 @@ class StoreModel(Model):
         self.attempts: dict[str, list[dict]] = {}
         self.stale = 0
 
-    def enqueue_event(self, job_id: str, body: Optional[dict], now: int,
+    def enqueue_event(self, job_id: str, body: dict | None, now: int,
                       policy: RetryPolicy, available_at: int) -> object:
         text, digest = canonical_body(body) if body is not None else (None, None)
         qty = 0 if body is not None else 1
@@ -64,7 +64,7 @@ class StoreModel(Model):
                                  ordering_key=None, held=0)  # unkeyed: never held
         return True
 
-    def record(self, ticket: dict, outcome: Optional[str], result: object, now: int,
+    def record(self, ticket: dict, outcome: str | None, result: object, now: int,
                seen: Attempt) -> None:
         """A finish's evidence: the delivering attempt on its job's row, any
         other one an attempts row; both in the history, in the order written."""
@@ -82,7 +82,7 @@ class StoreModel(Model):
         written.append(self._attempt(ticket, outcome or "none", status, reason, now, seen))
 
     @staticmethod
-    def _attempt(ticket: dict, outcome: str, result: str, reason: Optional[str], now: int,
+    def _attempt(ticket: dict, outcome: str, result: str, reason: str | None, now: int,
                  seen: Attempt) -> dict:
         return {"token": ticket["token"], "attempt": ticket["attempt"],
                 "owner": ticket["owner"], "started_ms": seen.started_ms, "ended_ms": now,
@@ -176,7 +176,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(job_id=st.sampled_from(IDS), body=st.sampled_from(BODIES),
           ttl=st.sampled_from([50, 500, 3 * DAY, 30 * DAY]),
           max_attempts=st.sampled_from([1, 2, 25, 50]), delay=st.sampled_from([0, 0, 100]))
-    def enqueue(self, job_id: str, body: Optional[dict], ttl: int, max_attempts: int,
+    def enqueue(self, job_id: str, body: dict | None, ttl: int, max_attempts: int,
                 delay: int) -> None:
         policy = RetryPolicy(max_attempts=max_attempts, ttl_ms=ttl)
         event = {"id": job_id, "qty": 1} if body is None else {"id": job_id, "body": body}

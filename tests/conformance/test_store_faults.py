@@ -6,7 +6,7 @@ ValueError before anything is written."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 

@@ -11,7 +11,7 @@ a model that knows only the rule, on both stores."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -28,7 +28,7 @@ from .helpers import claim_one, job, tickets_of
 POLICY = RetryPolicy(max_attempts=5, ttl_ms=600_000)
 
 
-def keyed(job_id: str, key: Optional[str], qty: int = 1) -> dict:
+def keyed(job_id: str, key: str | None, qty: int = 1) -> dict:
     event: dict[str, Any] = {"id": job_id, "qty": qty}
     if key is not None:
         event["key"] = key
@@ -213,9 +213,9 @@ class Model:
 
     def __init__(self) -> None:
         self.order: list[str] = []
-        self.key: dict[str, Optional[str]] = {}
+        self.key: dict[str, str | None] = {}
 
-    def add(self, job_id: str, key: Optional[str]) -> None:
+    def add(self, job_id: str, key: str | None) -> None:
         self.order.append(job_id)
         self.key[job_id] = key
 

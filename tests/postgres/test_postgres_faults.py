@@ -38,8 +38,9 @@ import signal
 import sqlite3
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any
 
 import psycopg
 import pytest
@@ -136,15 +137,15 @@ class FaultyStore(PostgresStore):
         return self.hook if operation == self.operation else fault
 
     def claim_jobs(self, owner: str, lease_ms: int, limit: int = 1, *,
-                   now_ms: Optional[int] = None, fault: Any = None) -> Any:
+                   now_ms: int | None = None, fault: Any = None) -> Any:
         return super().claim_jobs(owner, lease_ms, limit, now_ms=now_ms,
                                   fault=self._fault("claim", fault))
 
-    def finish_jobs(self, items: list, *, now_ms: Optional[int] = None,
+    def finish_jobs(self, items: list, *, now_ms: int | None = None,
                     fault: Any = None) -> list:
         return super().finish_jobs(items, now_ms=now_ms, fault=self._fault("finish", fault))
 
-    def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: Optional[int] = None,
+    def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: int | None = None,
                      fault: Any = None) -> Any:
         return super().extend_lease(ticket, lease_ms, now_ms=now_ms,
                                     fault=self._fault("extend", fault))
@@ -188,7 +189,7 @@ def assert_all_done_once(url: str, inbox: Path, orders: dict[str, int]) -> list[
     return done
 
 
-async def dispatch(queue: Any, url: str, *, during: Optional[Callable[[Dispatcher], Any]] = None,
+async def dispatch(queue: Any, url: str, *, during: Callable[[Dispatcher], Any] | None = None,
                    **options: Any) -> DispatcherStats:
     """One dispatcher until every job is done or dead; ``during(d)`` runs
     beside it (a coroutine function: the fault), and must end first."""

@@ -10,8 +10,9 @@ import json
 import multiprocessing
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
-from typing import Any, Callable, Generic, Iterator, Optional, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 import pytest
@@ -63,8 +64,6 @@ def make_store(postgres_url: str) -> Iterator[Callable[..., PostgresStore]]:
         store.close()
 
 
-
-
 def lock_waiters(admin: psycopg.Connection) -> int:
     """Sessions on this database waiting for a row lock."""
     row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
@@ -77,8 +76,8 @@ class Background(Generic[T]):
     """A call on a thread of its own: its result, or what it raised."""
 
     def __init__(self, fn: Callable[[], T]) -> None:
-        self.result: Optional[T] = None
-        self.error: Optional[BaseException] = None
+        self.result: T | None = None
+        self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
         self._thread.start()
 
@@ -722,7 +721,7 @@ def test_the_intake_streams_and_is_all_or_nothing(make_store: Callable[..., Post
     drawn = [0]
     progress: list[tuple[int, int]] = []
 
-    def events(n: int, bad_at: Optional[int] = None) -> Iterator[dict]:
+    def events(n: int, bad_at: int | None = None) -> Iterator[dict]:
         for i in range(n):
             drawn[0] += 1
             yield {"id": f"e{i}", "qty": 0 if i == bad_at else 1}

@@ -27,8 +27,6 @@ COMMANDS = ["init", "enqueue", "run", "serve", "stats", "dead", "inspect", "redr
             "prune", "prune-inbox", "demo", "bench"]
 
 
-
-
 @pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)])
 def test_help_everywhere(command):
     out = cli(*command, "--help")

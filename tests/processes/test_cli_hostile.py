@@ -18,8 +18,9 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, NamedTuple, Optional, Union
+from typing import NamedTuple
 
 import pytest
 import trustme
@@ -31,7 +32,7 @@ from lease.policy import MAX_BODY_BYTES
 from tests.support.queues import T0
 
 ROOT = Path(__file__).resolve().parents[2]
-Arg = Union[str, bytes]
+Arg = str | bytes
 
 
 # ------------------------------------------------------------------ the zoo of files
@@ -163,9 +164,9 @@ def changes(before: dict, after: dict) -> list[str]:
     return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
 
 
-def run_cli(args: list[Arg], *, stdin: bytes = b"", stdout: Optional[int] = None,
-            stderr: Optional[int] = None, python: str = sys.executable, user: bool = False,
-            cwd: Optional[Path] = None, code: Path = ROOT) -> subprocess.CompletedProcess:
+def run_cli(args: list[Arg], *, stdin: bytes = b"", stdout: int | None = None,
+            stderr: int | None = None, python: str = sys.executable, user: bool = False,
+            cwd: Path | None = None, code: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
         [python, "-m", "asyncworker", *args], input=stdin, timeout=60, cwd=cwd,
         stdout=subprocess.PIPE if stdout is None else stdout,

@@ -181,7 +181,6 @@ def test_enqueue_file_with_a_conflict_commits_nothing_and_names_each_conflicting
     assert ids() == ["d-1", "d-2"]
 
 
-
 @pytest.mark.parametrize(("line", "message"), [
     ('{"id": "c", "body": [1]}', "line 3: event body must be a JSON object"),
     ('{"id": "c", "body": {"a": 1, "a": 2}}', "line 3: duplicate key"),

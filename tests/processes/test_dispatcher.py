@@ -33,8 +33,6 @@ def inbox_rows(path: Path) -> list[tuple]:
         con.close()
 
 
-
-
 async def test_sends_really_overlap(queue_path: Path):
     n = 8
     barrier = threading.Barrier(n, timeout=20)
@@ -305,8 +303,6 @@ def _spawn(spec: dict) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
-
-
 
 
 def test_crash_after_ack_across_two_dispatcher_processes(queue_path: Path, tmp_path: Path):

@@ -13,7 +13,6 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Optional
 
 import pytest
 import trustme
@@ -27,7 +26,7 @@ SECRET = signing.new_secret(random=bytes(range(40, 72)))
 
 
 def post(url: str, text: str, event_id: str, secret: str = SECRET,
-         context: Optional[ssl.SSLContext] = None) -> tuple[int, dict]:
+         context: ssl.SSLContext | None = None) -> tuple[int, dict]:
     now = datetime.datetime.now(datetime.UTC)
     headers = {"Content-Type": "application/json", "webhook-id": event_id,
                "webhook-timestamp": str(int(now.timestamp())),
@@ -51,7 +50,7 @@ def orders(db: Path) -> list[tuple]:
         con.close()
 
 
-def service(db: Path, *args: str, cafile: Optional[Path] = None) -> ReceiverProcess:
+def service(db: Path, *args: str, cafile: Path | None = None) -> ReceiverProcess:
     return ReceiverProcess(db, str(db), *args, "--port", "0", cafile=cafile,
                            command=[sys.executable, str(EXAMPLE)])
 

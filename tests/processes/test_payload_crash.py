@@ -14,7 +14,6 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Optional
 
 from lease import worker
 from lease.http import ID_HEADER
@@ -78,7 +77,7 @@ class ReceiverState:
         self.requests = 0
         self.duplicates = 0
         self.applied: dict[str, bytes] = {}
-        self.victim: Optional[int] = None
+        self.victim: int | None = None
         self.killed = threading.Event()
 
 
@@ -89,7 +88,7 @@ class QuietServer(ThreadingHTTPServer):
         pass  # a connection of the killed process, broken mid-answer
 
 
-def spawn(spec: dict, state: Optional[ReceiverState] = None) -> subprocess.Popen:
+def spawn(spec: dict, state: ReceiverState | None = None) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, CHILD, "dispatcher", json.dumps(spec)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if state is not None:

@@ -12,8 +12,8 @@ import signal
 import socket
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import aiohttp
 import pytest

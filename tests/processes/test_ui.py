@@ -14,9 +14,9 @@ import ssl
 import subprocess
 import sys
 import urllib.request
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator, Optional
 from urllib.parse import urlencode
 
 import pytest
@@ -67,8 +67,8 @@ async def page(target: str, **settings: object) -> AsyncIterator[TestClient]:
         yield client
 
 
-def fail(store: Store, ids: list[str], outcome_: str, error: Optional[str] = None,
-         now_ms: Optional[int] = None) -> None:
+def fail(store: Store, ids: list[str], outcome_: str, error: str | None = None,
+         now_ms: int | None = None) -> None:
     """Claim exactly these (pending) jobs and finish them with ``outcome_``."""
     claimed = store.claim_jobs("worker-1", 10_000, len(ids), now_ms=now_ms)
     assert sorted(job.ticket["id"] for job in claimed.leased) == sorted(ids)
@@ -134,7 +134,7 @@ def cli_json(*args: str) -> dict:
     return json.loads(done.stdout)
 
 
-def statuses(target: str) -> dict[str, tuple[str, Optional[str]]]:
+def statuses(target: str) -> dict[str, tuple[str, str | None]]:
     with open_store(target, read_only=True) as store:
         found = {}
         for status in ("pending", "leased", "done", "dead"):
@@ -195,7 +195,7 @@ async def test_jobs_filter_and_keyset_pagination_keep_the_filters(target: str) -
         store.enqueue_events([{"id": f"tenant/7/p{i}", "body": {}} for i in range(4)])
     async with page(target) as client:
         seen: list[str] = []
-        url: Optional[str] = "/jobs?status=dead&id_prefix=tenant/7/&limit=3"
+        url: str | None = "/jobs?status=dead&id_prefix=tenant/7/&limit=3"
         while url is not None:
             answer = await client.get(url)
             text = await answer.text()
@@ -783,9 +783,9 @@ class UiProcess:
         self.scheme, self.port = found.group(1), int(found.group(3))
         self.stderr = ""
 
-    def request(self, method: str, path: str, host: Optional[str], *,
-                form: Optional[dict] = None, headers: Optional[dict] = None,
-                tls: Optional[ssl.SSLContext] = None) -> tuple[int, str]:
+    def request(self, method: str, path: str, host: str | None, *,
+                form: dict | None = None, headers: dict | None = None,
+                tls: ssl.SSLContext | None = None) -> tuple[int, str]:
         """One request to 127.0.0.1 naming ``host`` as its Host (None: no Host at all)."""
         connection: http.client.HTTPConnection
         if self.scheme == "https":

@@ -27,8 +27,6 @@ IDS = ["a", "b", "c", "d"]
 OWNERS = ["o1", "o2"]
 
 
-
-
 class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()

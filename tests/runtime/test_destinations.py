@@ -413,7 +413,6 @@ async def test_a_refused_connection_is_named(send):
             await send(Destination(f"http://127.0.0.2:{port}/hooks"), EVENT, timeout=5)
 
 
-
 def _refusing_url() -> tuple[str, socket.socket]:
     sock = socket.socket()
     sock.bind(("127.0.0.2", 0))  # bound, not listening: every connect is refused

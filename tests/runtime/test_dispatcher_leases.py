@@ -7,8 +7,8 @@ import asyncio
 import contextlib
 import re
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 from aiohttp import web

@@ -7,8 +7,8 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import aiohttp
 import pytest
@@ -24,8 +24,6 @@ from tests.support.queues import T0, add
 
 async def _ok(event: dict, token: int) -> bool:
     return True
-
-
 
 
 def _errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

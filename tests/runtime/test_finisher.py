@@ -15,7 +15,6 @@ import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
@@ -36,7 +35,7 @@ class Claims:
     """The dispatcher's side: the claim in flight, as a future this test resolves."""
 
     def __init__(self) -> None:
-        self.current: Optional[asyncio.Future] = None
+        self.current: asyncio.Future | None = None
 
     def start(self) -> None:
         self.current = asyncio.get_running_loop().create_future()

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import pytest
 from aiohttp import web
@@ -71,7 +71,7 @@ def events(n: int) -> list[dict]:
             {"id": f"order:{i}", "body": {"order": i, "note": "outage"}} for i in range(n)]
 
 
-async def run_through_outage(path: Path, n: int, policy: Optional[RetryPolicy],
+async def run_through_outage(path: Path, n: int, policy: RetryPolicy | None,
                              draw: float = 0.0) -> tuple[DispatcherStats, OutageReceiver,
                                                          VirtualClock]:
     """Enqueue n jobs with the policy's budget and dispatch them until idle

@@ -16,9 +16,9 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain, repeat
-from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 import pytest
 
@@ -35,7 +35,7 @@ TRICKLE = 0.1  # seconds between pieces: far less than TIMEOUT, so per-read time
 # A valid ACK, padded (JSON allows trailing blanks) so that trickled it lasts 6 s.
 ACK = json.dumps({"id": EVENT["id"]}).encode() + b" " * 43
 
-Piece = Tuple[float, Optional[bytes]]  # wait this long, then send these bytes (None: read
+Piece = tuple[float, bytes | None]  # wait this long, then send these bytes (None: read
 # the next request on this connection)
 
 
@@ -50,7 +50,7 @@ class Script:
 
 
 # framing name -> (head, body pieces, closes) for an answer body
-FRAMINGS: dict[str, Callable[[bytes], Tuple[bytes, list[bytes], bool]]] = {
+FRAMINGS: dict[str, Callable[[bytes], tuple[bytes, list[bytes], bool]]] = {
     "length": lambda body: (_head(b"Content-Length: %d" % len(body)), _bytes(body), False),
     "length, close": lambda body: (
         _head(b"Content-Length: %d" % len(body), b"Connection: close"), _bytes(body), False),

@@ -24,8 +24,9 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import pytest
 
@@ -294,7 +295,6 @@ def test_chaos_soak_on_postgresql(make_postgres_server: Callable[..., PostgresSe
     assert total["process_requests"] == figures["applied"] + figures["duplicates"] + refused
     assert figures["conflicts"] == 0
     assert soak.faults["dispatcher SIGKILLs"] >= 1 and soak.faults["server immediate restarts"] >= 1
-
 
 
 def test_the_soak_stops_with_a_host_refused_at_its_last_start(

@@ -6,8 +6,8 @@ import asyncio
 import json
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from lease import worker
 from lease.policy import DEFAULT_POLICY, RetryPolicy
@@ -59,14 +59,12 @@ def child_result(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, dic
     return proc.returncode, json.loads(last) if last.startswith("{") else None
 
 
-
 async def until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
     """Poll a condition that the code under test makes true; fail, not hang, if never."""
     give_up = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < give_up, "the condition was never reached"
         await asyncio.sleep(0.01)
-
 
 
 def enqueue(path: Path, events: list[dict], policy: RetryPolicy = DEFAULT_POLICY,

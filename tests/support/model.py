@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from lease.worker import Conflict
 
 
@@ -31,7 +29,7 @@ class Model:
         return job["status"] == "pending" or (
             job["status"] == "leased" and job["lease_until"] <= now)
 
-    def claim(self, owner: str, now: int, lease: int) -> Optional[dict]:
+    def claim(self, owner: str, now: int, lease: int) -> dict | None:
         for job in self.jobs.values():
             if self._claimable(job, now):
                 if job["deadline"] <= now:
@@ -51,7 +49,7 @@ class Model:
                         "lease_until": job["lease_until"]}
         return None
 
-    def _live(self, ticket: dict, now: int) -> Optional[dict]:
+    def _live(self, ticket: dict, now: int) -> dict | None:
         job = self.jobs.get(ticket["id"])
         if job is None or job["status"] != "leased":
             return None

@@ -17,7 +17,6 @@ from asyncworker.receiving.server import Listener
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-
 # The schema of the first inbox version, as it made its files.
 FIRST_SCHEMA = """
 CREATE TABLE inbox (
@@ -65,7 +64,6 @@ def _fifo(folder: Path) -> Path:
 def _directory(folder: Path) -> Path:
     (folder / "inbox.db").mkdir()
     return folder / "inbox.db"
-
 
 
 class Running:
@@ -140,7 +138,6 @@ FOREIGN = {
     "a FIFO": (_fifo, "is not a regular file"),
     "a missing folder": (lambda f: f / "missing" / "inbox.db", "folder does not exist"),
 }
-
 
 
 def post_event(url: str, body: dict, webhook_id: str | None = None) -> tuple[int, dict]:

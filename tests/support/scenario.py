@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from asyncworker import Dispatcher, DispatcherStats
 from lease.policy import RetryPolicy
@@ -43,7 +44,7 @@ class Script:
     def __init__(self, clock: ScenarioClock) -> None:
         self.clock = clock
         self.sent: Counter[str] = Counter()
-        self.stats: Optional[DispatcherStats] = None  # the dispatcher's, once it exists
+        self.stats: DispatcherStats | None = None  # the dispatcher's, once it exists
 
     async def __call__(self, event: dict, token: int) -> object:
         job = event["id"]
@@ -80,7 +81,7 @@ def enqueue_scenario(target: str) -> None:
         assert store.enqueue_events(SCENARIO_JOBS, POLICY, now_ms=T) == [True] * 7
 
 
-async def run_scenario(target: str, then: Optional[Callable[[Dispatcher], Any]] = None
+async def run_scenario(target: str, then: Callable[[Dispatcher], Any] | None = None
                        ) -> tuple[DispatcherStats, Any]:
     """The scenario to the end (until idle); ``then(d)`` is awaited while the
     dispatcher is still open (stopped)."""

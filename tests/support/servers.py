@@ -19,16 +19,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 
 class ReceiverProcess:
     """``command`` replaces ``python -m asyncworker serve --inbox INBOX`` (a
     script that serves and prints its URL first, as serve does)."""
 
-    def __init__(self, inbox: Path, *args: str, cafile: Optional[os.PathLike] = None,
-                 command: Optional[list[str]] = None) -> None:
+    def __init__(self, inbox: Path, *args: str, cafile: os.PathLike | None = None,
+                 command: list[str] | None = None) -> None:
         self.inbox = inbox
         self.stdout = self.stderr = ""
         start = command or [sys.executable, "-m", "asyncworker", "serve", "--inbox", str(inbox)]
@@ -85,7 +85,7 @@ class Request:
 Behaviour = Callable[["Request", socket.socket], None]
 
 
-def answer(status: int, body: bytes = b"", headers: Optional[dict] = None) -> Behaviour:
+def answer(status: int, body: bytes = b"", headers: dict | None = None) -> Behaviour:
     def act(request: Request, sock: socket.socket) -> None:
         head = f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
         for key, value in (headers or {}).items():
@@ -95,7 +95,7 @@ def answer(status: int, body: bytes = b"", headers: Optional[dict] = None) -> Be
     return act
 
 
-def ack_for(sent_id: Optional[str] = None, **extra: object) -> Behaviour:
+def ack_for(sent_id: str | None = None, **extra: object) -> Behaviour:
     """200 with a JSON ACK naming sent_id (default: the id the request carried)."""
 
     def act(request: Request, sock: socket.socket) -> None:
@@ -163,7 +163,7 @@ class HostileServer:
         self.close()
 
 
-def _read_request(sock: socket.socket) -> Optional[Request]:
+def _read_request(sock: socket.socket) -> Request | None:
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
@@ -188,7 +188,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
 
 
 def stop_process(proc: subprocess.Popen, signum: int = signal.SIGTERM,

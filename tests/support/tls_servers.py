@@ -19,9 +19,9 @@ import datetime
 import socket
 import ssl
 import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable, Optional
 
 import trustme
 from aiohttp import web
@@ -75,7 +75,7 @@ class Receiver:
 
 
 @contextlib.asynccontextmanager
-async def receiver(cert: Optional[trustme.LeafCert], host: str = "127.0.0.2",
+async def receiver(cert: trustme.LeafCert | None, host: str = "127.0.0.2",
                    path: str = "/hooks/orders", answer: Answer = echo_id,
                    ) -> AsyncIterator[Receiver]:
     """A real aiohttp server for the length of the block (https when ``cert``)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 WAIT_S = 10.0  # the bound on waiting for another connection's state: generous
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -120,7 +120,7 @@ class Gates:
         self.instant = instant
         self.gates: dict[str, asyncio.Event] = {}
         self.started: list[str] = []
-        self.stats: Optional[DispatcherStats] = None
+        self.stats: DispatcherStats | None = None
         self.claims_at_start: dict[str, int] = {}  # each send's claim transactions so far
 
     async def send(self, event: dict, token: int) -> bool:

@@ -31,22 +31,10 @@ def with_status(error: LeaseError, status: object) -> LeaseError:
     return error
 
 
-
-
-
-
 def history(path: Path, job_id: str) -> list[tuple]:
     """Each attempt of the job as (token, owner, outcome, result, reason, http_status, error)."""
-    con = reads.open_readonly(path)
-    try:
-        found = reads.job_history(con, job_id)
-    finally:
-        con.close()
-    assert found is not None
     return [(a["token"], a["owner"], a["outcome"], a["result"], a["reason"], a["http_status"],
-             a["error"]) for a in found["attempts"]]
-
-
+             a["error"]) for a in attempts(path, job_id)]
 
 
 async def test_every_attempt_of_a_run_is_in_the_history(queue_path: Path):

@@ -10,7 +10,7 @@ import asyncio
 import json
 import socket
 import struct
-from typing import Awaitable, Callable, Optional
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -23,7 +23,7 @@ EVENT = {"id": "snack-7", "qty": 7}
 ACK = json.dumps({"id": "snack-7"}).encode()
 
 # answer(request number on its connection, request bytes) -> bytes to write, or None: close
-Script = Callable[[int, bytes], Awaitable[Optional[bytes]]]
+Script = Callable[[int, bytes], Awaitable[bytes | None]]
 
 
 def ok(body: bytes = ACK, extra: str = "") -> bytes:
@@ -99,7 +99,7 @@ def always(reply: bytes) -> Script:
 
 def after(seconds: float, reply: bytes) -> Script:
     """Each request answered with ``reply``, ``seconds`` after it came."""
-    async def script(number: int, request: bytes) -> Optional[bytes]:
+    async def script(number: int, request: bytes) -> bytes | None:
         if seconds:
             await asyncio.sleep(seconds)
         return reply
@@ -230,7 +230,7 @@ async def test_bytes_behind_a_whole_answer_spoil_the_connection():
 
 
 async def test_a_cancelled_send_closes_its_connection():
-    async def stall_first(number: int, request: bytes) -> Optional[bytes]:
+    async def stall_first(number: int, request: bytes) -> bytes | None:
         if len(server.requests) == 1:
             await asyncio.sleep(5)
         return ok()
@@ -279,7 +279,7 @@ def test_the_host_header_names_the_port_only_when_it_is_not_the_default():
 
 def by_token(answers: dict[int, bytes], otherwise: bytes = b"") -> Script:
     """The answer for each request's token; ``otherwise`` (nothing: no answer yet)."""
-    async def script(number: int, request: bytes) -> Optional[bytes]:
+    async def script(number: int, request: bytes) -> bytes | None:
         return answers.get(tokens(request), otherwise)
 
     return script
