@@ -124,7 +124,13 @@ class AttackersServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        # A thread a connection: Chromium may open a connection it never sends on
+        # (a preconnect), and a server of one thread would wait on it, so that
+        # shutdown() never returned (the test timed out on a loaded machine).
+        Handler.timeout = 10  # an idle connection's thread ends after it
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.server.block_on_close = False
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
