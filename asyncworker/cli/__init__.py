@@ -2,7 +2,7 @@
 
 QUEUE, wherever a command names one, is a SQLite file's path or a
 ``postgresql://`` (``postgres://``) URL: every command opens it through
-``lease.store.open_store`` and speaks to the ``Store`` alone, so a command
+``lease.stores.open_store`` and speaks to the ``Store`` alone, so a command
 does the same on either store. A URL is shown without its password, in every
 line the command prints.
 
