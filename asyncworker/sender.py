@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import functools
 import ssl
-import time
 from typing import Any
 
 import aiohttp
 from yarl import URL
 
 from asyncworker.wire import WireClient
+from lease.clock import wall_clock_ms
 from lease.http import (
     ACK_LIMIT,
     Destination,
@@ -92,7 +92,7 @@ async def _wire_exchange(client: WireClient, destination: Destination,
                          outgoing: Outgoing, seconds: float) -> int:
     status, answer, retry_after = await client.post(destination, outgoing, seconds)
     answer_verdict(destination, status, answer, outgoing.event_id, retry_after,
-                   int(time.time() * 1000))
+                   wall_clock_ms())
     return status
 
 
@@ -113,7 +113,7 @@ async def _exchange(session: aiohttp.ClientSession, destination: Destination,
     except aiohttp.ClientResponseError as exc:  # a malformed HTTP answer
         raise BadAck(f"malformed answer: {exc!r:.200}") from exc
     answer_verdict(destination, status, answer, outgoing.event_id, retry_after,
-                   int(time.time() * 1000))
+                   wall_clock_ms())
     return status
 
 

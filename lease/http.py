@@ -109,6 +109,7 @@ from typing import (
 )
 from urllib.parse import urlsplit
 
+from lease.clock import wall_clock_ms
 from lease.policy import MAX_BODY_BYTES, PRODUCT, check_product_event, stored_body
 from lease.signing import check_secrets, signature_headers
 from lease.worker import (
@@ -589,7 +590,7 @@ def send_http(url: str | Destination, event: dict, *, timeout: float,
     if response.length and len(answer) <= ACK_LIMIT:  # fewer bytes than announced
         raise Retryable("connection closed in the middle of the answer")
     return answer_verdict(destination, response.status, answer, outgoing.event_id,
-                          response.getheader("Retry-After"), int(time.time() * 1000))
+                          response.getheader("Retry-After"), wall_clock_ms())
 
 
 def _transport_error(exc: BaseException, seconds: float, late: bool,

@@ -53,6 +53,7 @@ from typing import Any
 
 from asyncworker.bench.measure import cpu_s, cpus_of, placements, receiver_apart
 from asyncworker.eventloop import LOOPS
+from lease.clock import wall_clock_ms
 
 __all__ = ["CpuBench", "fill_queue", "run_cpu_bench"]
 
@@ -200,7 +201,7 @@ class MemoryStore:
         self._next = 0
 
     def now_ms(self) -> int:
-        return int(time.time() * 1000)
+        return wall_clock_ms()
 
     def claim_jobs(self, owner: str, lease_ms: int, limit: int = 1, *,
                    now_ms: int | None = None, fault: Any = None) -> Any:

@@ -39,10 +39,7 @@ from asyncworker.bench.measure import (
     rss_mb,
 )
 from lease import worker
-
-
-def _now() -> int:
-    return int(time.time() * 1000)
+from lease.clock import wall_clock_ms
 
 
 def _fill(path: Path, n: int) -> None:
@@ -51,7 +48,7 @@ def _fill(path: Path, n: int) -> None:
         for start in range(0, n, 5000):
             events = [{"id": f"job-{i}", "qty": i % 1000 + 1}
                       for i in range(start, min(n, start + 5000))]
-            worker.enqueue_many(con, events, _now(), 60_000, 3)
+            worker.enqueue_many(con, events, wall_clock_ms(), 60_000, 3)
     finally:
         con.close()
 
@@ -88,7 +85,7 @@ def scenario_sync(folder: Path, n: int) -> dict:
     started, cpu = time.perf_counter(), cpu_s()
     for _ in range(n):
         begun = time.perf_counter()
-        result = worker.run_once(con, "bench", _now, lambda event: True, 0.5, 30_000)
+        result = worker.run_once(con, "bench", wall_clock_ms, lambda event: True, 0.5, 30_000)
         assert result is not None and result["status"] == "done"
         latencies.append(time.perf_counter() - begun)
     elapsed, cpu = time.perf_counter() - started, cpu_s() - cpu
@@ -182,20 +179,20 @@ def scenario_history(folder: Path, finished: int, probes: int, waiting: int = 0)
     raw.execute("COMMIT")
     raw.close()
     con = worker.open_queue(path)
-    worker.enqueue_many(con, [{"id": f"live-{i}", "qty": 1} for i in range(probes)], _now(),
-                        60_000)
+    worker.enqueue_many(con, [{"id": f"live-{i}", "qty": 1} for i in range(probes)],
+                        wall_clock_ms(), 60_000)
     for start in range(0, waiting, 5000):
         worker.enqueue_many(con, [{"id": f"wait-{i}", "qty": 1}
-                                  for i in range(start, min(waiting, start + 5000))], _now(),
-                            60_000)
+                                  for i in range(start, min(waiting, start + 5000))],
+                            wall_clock_ms(), 60_000)
     claims, finishes = [], []
     for _ in range(probes):
         begun = time.perf_counter()
-        ticket = worker.claim(con, "bench", _now(), 30_000)
+        ticket = worker.claim(con, "bench", wall_clock_ms(), 30_000)
         claims.append(time.perf_counter() - begun)
         assert ticket is not None
         begun = time.perf_counter()
-        worker.finish(con, ticket, "ok", _now())
+        worker.finish(con, ticket, "ok", wall_clock_ms())
         finishes.append(time.perf_counter() - begun)
     con.close()
     return {"claim_ms": round(statistics.median(claims) * 1000, 3),
@@ -263,10 +260,10 @@ def scenario_ours_end_to_end(folder: Path, n: int, bulk: bool) -> dict:
     con = worker.open_queue(path)
     events = [{"id": f"job-{i}", "qty": 1} for i in range(n)]
     if bulk:
-        worker.enqueue_many(con, events, _now(), 60_000)
+        worker.enqueue_many(con, events, wall_clock_ms(), 60_000)
     else:
         for event in events:
-            worker.enqueue(con, event, _now(), 60_000)
+            worker.enqueue(con, event, wall_clock_ms(), 60_000)
     con.close()
 
     async def send(event: dict, token: int) -> bool:

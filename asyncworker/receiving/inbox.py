@@ -48,13 +48,13 @@ import contextlib
 import os
 import sqlite3
 import stat
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import aiosqlite
 
+from lease.clock import wall_clock_ms
 from lease.worker import MAX_NOW_MS, check_now, check_path
 from lease.worker import check_int as _check_int
 from lease.worker import immediate as _immediate
@@ -547,7 +547,7 @@ class Inbox:
         """One transaction for the whole group, in a fixed number of statements
         (one read, then batched writes), so its cost barely grows with its size."""
         async with self._using:
-            now_ms = int(time.time() * 1000)
+            now_ms = wall_clock_ms()
             await self._db.execute("BEGIN IMMEDIATE")
             try:
                 await self._reload_if_changed()  # a prune since: mirror the file, not the past
