@@ -677,7 +677,7 @@ def enqueue_many(
 # The quarantine of the contract, in three statements that each read only
 # their candidates through an index. The first runs first: a missed deadline
 # is the reason even when the budget is spent too.
-_QUARANTINE = (
+QUARANTINE = (
     ("deadline", """UPDATE jobs SET status = 'dead', reason = 'deadline', owner = NULL,
   lease_until = NULL
 WHERE status IN ('pending', 'leased') AND deadline <= :now
@@ -691,9 +691,9 @@ WHERE status = 'pending' AND attempts >= max_attempts"""),
 )
 
 # What a lease (_lease_rows) reads of a picked row.
-_PICK_NAMES = ("seq", "id", "qty", "attempts", "token", "deadline")
-_PICK = f"""
-SELECT {', '.join(_PICK_NAMES)} FROM jobs
+PICK_NAMES = ("seq", "id", "qty", "attempts", "token", "deadline")
+PICK = f"""
+SELECT {', '.join(PICK_NAMES)} FROM jobs
 WHERE status IN ('pending', 'leased')
   AND ((status = 'pending' AND available_at <= :now)
     OR (status = 'leased' AND lease_until <= :now))
@@ -703,17 +703,17 @@ ORDER BY seq LIMIT :limit
 
 # Whether any of the quarantine's statements has a candidate: one statement of
 # three index probes, so that a claim with nothing to move runs no UPDATE.
-_QUARANTINE_DUE = "SELECT " + " OR ".join(
+QUARANTINE_DUE = "SELECT " + " OR ".join(
     f"EXISTS (SELECT 1 FROM jobs WHERE {statement.split('WHERE', 1)[1]})"
-    for _, statement in _QUARANTINE)
+    for _, statement in QUARANTINE)
 
 
-def _quarantine(con: sqlite3.Connection, now_ms: int) -> dict:
+def quarantine(con: sqlite3.Connection, now_ms: int) -> dict:
     """Inside a transaction: the contract's quarantine; the rows moved, by reason."""
     moved = {"deadline": 0, "exhausted": 0}
-    if not select_tuples(con, _QUARANTINE_DUE, {"now": now_ms}).fetchone()[0]:
+    if not select_tuples(con, QUARANTINE_DUE, {"now": now_ms}).fetchone()[0]:
         return moved  # none has a candidate, and a statement moving nothing changes none's
-    for reason, statement in _QUARANTINE:
+    for reason, statement in QUARANTINE:
         moved[reason] += con.execute(statement, {"now": now_ms}).rowcount
     return moved
 
@@ -792,9 +792,9 @@ def _claim_tx(
 ) -> tuple[list, dict]:
     """The claim transaction, arguments already checked: (tickets, quarantine moves)."""
     with immediate(con):
-        moved = _quarantine(con, now_ms)
-        picked = [dict(zip(_PICK_NAMES, row, strict=True))
-                  for row in select_tuples(con, _PICK, {"now": now_ms, "limit": limit})]
+        moved = quarantine(con, now_ms)
+        picked = [dict(zip(PICK_NAMES, row, strict=True))
+                  for row in select_tuples(con, PICK, {"now": now_ms, "limit": limit})]
         tickets = _lease_rows(con, picked, owner, now_ms, lease_ms)
         if tickets:
             call_fault(fault, "after-claim")
@@ -921,26 +921,38 @@ def _finish_marked(con: sqlite3.Connection, items: list, now_ms: int) -> list:
     reason) or False."""
     ids = sorted({ticket["id"] for ticket, _, _ in items})
     found = select_tuples(
-        con, f"SELECT {_MARKED} FROM jobs WHERE id IN ({', '.join('?' * len(ids))})", ids)
-    rows = {row[1]: dict(zip(_MARKED_NAMES, row, strict=True)) for row in found}  # [1]: id
-    results: list = []
-    updates = []
-    for ticket, outcome, delay_ms in items:
-        row = rows.get(ticket["id"])
-        judged = judge_finish(row, ticket, outcome, delay_ms, now_ms)
-        if judged is None or row is None:
-            results.append(False)
-            continue
-        updates.append((*judged, row["seq"]))
-        results.append(judged[:2])
+        con, f"SELECT {MARKED} FROM jobs WHERE id IN ({', '.join('?' * len(ids))})", ids)
+    rows = {row[1]: dict(zip(MARKED_NAMES, row, strict=True)) for row in found}  # [1]: id
+    results, updates, _ = judge_rows(rows, items, now_ms)
     con.executemany("UPDATE jobs SET owner = NULL, lease_until = NULL, status = ?, reason = ?,"
                     " available_at = ? WHERE seq = ?", updates)
     return results
 
 
+def judge_rows(rows: Mapping[str, dict], items: list, now_ms: int) -> tuple[list, list, list]:
+    """The fenced finish of each (ticket, outcome, delay_ms) on the rows read
+    by id, in order, as single finishes in sequence would judge them. Per item
+    (status, reason) or False; the rows' updates (status, reason,
+    available_at, seq); per item the row's seq (None when False)."""
+    results: list = []
+    updates: list = []
+    seqs: list = []
+    for ticket, outcome, delay_ms in items:
+        row = rows.get(ticket["id"])
+        judged = judge_finish(row, ticket, outcome, delay_ms, now_ms)
+        if judged is None or row is None:
+            results.append(False)
+            seqs.append(None)
+            continue
+        updates.append((*judged, row["seq"]))
+        results.append(judged[:2])
+        seqs.append(row["seq"])
+    return results, updates, seqs
+
+
 # What a finish reads of a row: the marker and the budget, never a payload.
-_MARKED = "seq, id, qty, status, attempts, max_attempts, token, deadline, owner, lease_until"
-_MARKED_NAMES = tuple(_MARKED.split(", "))
+MARKED = "seq, id, qty, status, attempts, max_attempts, token, deadline, owner, lease_until"
+MARKED_NAMES = tuple(MARKED.split(", "))
 
 
 def redrive(

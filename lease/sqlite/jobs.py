@@ -52,9 +52,7 @@ from lease.sqlite.statements import (
     KEEP_ATTEMPTS_HIGH,
     LEASE_FIXED,
     LEASE_NAMES,
-    MARKED,
     MARKED_BY_ID,
-    MARKED_NAMES,
     PICK_READY,
     PICK_READY_NAMES,
     PROMOTE,
@@ -64,13 +62,13 @@ from lease.sqlite.statements import (
     PRUNE_CANCELS,
     PRUNE_JOBS,
     PRUNE_REDRIVES,
-    QUARANTINE,
-    QUARANTINE_DUE,
     RECORD_ATTEMPTS,
     RELEASE,
     TALLY,
 )
 from lease.worker import (
+    MARKED,
+    MARKED_NAMES,
     MAX_BATCH,
     Conflict,
     Fault,
@@ -84,12 +82,12 @@ from lease.worker import (
     check_ticket,
     extended_until,
     immediate,
-    judge_finish,
+    judge_rows,
     lease_ticket,
     marker_matches,
+    quarantine,
     redrive_decisions,
     select_rows,
-    select_tuples,
 )
 
 # ------------------------------------------------------------------ intake
@@ -290,7 +288,7 @@ def claim_jobs(
     check_int("limit", limit, 1, MAX_BATCH)
     check_fault(fault)
     with immediate(con):
-        moved = _quarantine(con, now_ms)
+        moved = quarantine(con, now_ms)
         rows = [dict(zip(PICK_READY_NAMES, row, strict=True)) for row in batch.BATCH.read(
             con, PICK_READY_NAMES, PICK_READY, {"now": now_ms, "limit": limit})]
         tickets = [lease_ticket(row, owner, now_ms, lease_ms) for row in rows]
@@ -304,15 +302,6 @@ def claim_jobs(
     return [Leased(ticket, row["body"], row["digest"])
             for row, ticket in zip(rows, tickets, strict=True)], moved
 
-
-def _quarantine(con: sqlite3.Connection, now_ms: int) -> dict:
-    """Inside a transaction: the contract's quarantine; the rows moved, by reason."""
-    moved = {"deadline": 0, "exhausted": 0}
-    if not select_tuples(con, QUARANTINE_DUE, {"now": now_ms}).fetchone()[0]:
-        return moved  # none has a candidate, and a statement moving nothing changes none's
-    for reason, statement in QUARANTINE:
-        moved[reason] += con.execute(statement, {"now": now_ms}).rowcount
-    return moved
 
 
 def extend_lease(
@@ -408,20 +397,7 @@ def _judge_marked(con: sqlite3.Connection, items: list, now_ms: int) -> tuple[li
         ids)
     # dicts made straight from tuples: a sqlite3.Row copied into one costs twice
     rows = {row[1]: dict(zip(MARKED_NAMES, row, strict=True)) for row in found}  # [1]: id
-    results: list = []
-    seqs: list = []
-    updates = []
-    for ticket, outcome, delay_ms in items:
-        row = rows.get(ticket["id"])
-        judged = judge_finish(row, ticket, outcome, delay_ms, now_ms)
-        if judged is None or row is None:
-            results.append(False)
-            seqs.append(None)
-            continue
-        updates.append((*judged, row["seq"]))
-        results.append(judged[:2])
-        seqs.append(row["seq"])
-    return results, updates, seqs
+    return judge_rows(rows, items, now_ms)
 
 
 # The evidence of the attempt that made a job done, on its row (see version 1).

@@ -7,6 +7,8 @@ narrowed where the product has more (ordered keys, payloads in ``bodies``).
 
 from __future__ import annotations
 
+from lease.worker import MARKED, PICK_NAMES
+
 # A job in its key's line: still to be delivered, or dead and blocking the
 # jobs behind it. The partial index below has this very predicate (SQLite uses
 # a partial index only for a query that states its terms).
@@ -17,40 +19,6 @@ LINE = ("ordering_key IS NOT NULL AND (status IN ('pending', 'leased')"
 def in_line(alias: str) -> str:
     return LINE.replace("ordering_key", f"{alias}.ordering_key").replace(
         "status", f"{alias}.status").replace("reason", f"{alias}.reason")
-
-
-# The quarantine of the contract, in three statements that each read only
-# their candidates through an index. The first runs first: a missed deadline
-# is the reason even when the budget is spent too.
-QUARANTINE = (
-    ("deadline", """UPDATE jobs SET status = 'dead', reason = 'deadline', owner = NULL,
-  lease_until = NULL
-WHERE status IN ('pending', 'leased') AND deadline <= :now
-  AND (status = 'pending' OR lease_until <= :now)"""),
-    ("exhausted", """UPDATE jobs SET status = 'dead', reason = 'exhausted', owner = NULL,
-  lease_until = NULL
-WHERE status = 'leased' AND lease_until <= :now AND attempts >= max_attempts"""),
-    ("exhausted", """UPDATE jobs SET status = 'dead', reason = 'exhausted', owner = NULL,
-  lease_until = NULL
-WHERE status = 'pending' AND attempts >= max_attempts"""),
-)
-
-# What a lease (a claim) reads of a picked row.
-PICK_NAMES = ("seq", "id", "qty", "attempts", "token", "deadline")
-PICK = f"""
-SELECT {', '.join(PICK_NAMES)} FROM jobs
-WHERE status IN ('pending', 'leased')
-  AND ((status = 'pending' AND available_at <= :now)
-    OR (status = 'leased' AND lease_until <= :now))
-ORDER BY seq LIMIT :limit
-"""
-
-
-# Whether any of the quarantine's statements has a candidate: one statement of
-# three index probes, so that a claim with nothing to move runs no UPDATE.
-QUARANTINE_DUE = "SELECT " + " OR ".join(
-    f"EXISTS (SELECT 1 FROM jobs WHERE {statement.split('WHERE', 1)[1]})"
-    for _, statement in QUARANTINE)
 
 
 # The first of a key's line, if the line has none marked (its first was
@@ -95,8 +63,6 @@ ANY_LINE = f"SELECT EXISTS (SELECT 1 FROM jobs WHERE {LINE})"
 
 
 # What a finish reads of a row: the marker and the budget, never a payload.
-MARKED = "seq, id, qty, status, attempts, max_attempts, token, deadline, owner, lease_until"
-MARKED_NAMES = tuple(MARKED.split(", "))
 
 # The extension: a marked row read whole, and its new end.
 MARKED_BY_ID = f"SELECT {MARKED} FROM jobs WHERE id = ?"

@@ -626,9 +626,9 @@ def test_open_queue_needs_no_write_lock_when_complete(queue_path: Path):
 
 
 @pytest.mark.parametrize(("statement", "index"), [
-    (worker._PICK, "jobs_live"), (worker._QUARANTINE[0][1], "jobs_live_deadline"),
-    (worker._QUARANTINE[1][1], "jobs_leased_until"),
-    (worker._QUARANTINE[2][1], "jobs_pending_spent"),
+    (worker.PICK, "jobs_live"), (worker.QUARANTINE[0][1], "jobs_live_deadline"),
+    (worker.QUARANTINE[1][1], "jobs_leased_until"),
+    (worker.QUARANTINE[2][1], "jobs_pending_spent"),
 ])
 def test_claim_reads_only_candidates_through_an_index(con, statement, index):
     plan = " ".join(str(r[3]) for r in con.execute(

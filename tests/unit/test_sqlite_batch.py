@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from lease import worker
 from lease.records import Attempt
-from lease.sqlite import SQLiteStore, statements
+from lease.sqlite import SQLiteStore
 from lease.sqlite import batch as product
 from tests.support.queues import T0
 
@@ -109,10 +110,10 @@ def test_a_row_json_cannot_carry_exactly_is_read_the_contract_way(tmp_path: Path
         con.execute("INSERT INTO bodies (seq, body) SELECT seq, x'00ff' FROM jobs"
                     " WHERE id = 'blob'")
         for ids in (["real", "plain"], ["blob", "plain"], ["plain"]):
-            select = (f"SELECT {statements.MARKED}, bodies.body"
+            select = (f"SELECT {worker.MARKED}, bodies.body"
                       f" FROM jobs LEFT JOIN bodies USING (seq)"
                       f" WHERE id IN ({', '.join('?' * len(ids))})")
-            names = (*statements.MARKED_NAMES, "body")
+            names = (*worker.MARKED_NAMES, "body")
             fast = product.BATCH.read(con, names, select, ids)
             exact = product.ROW_AT_A_TIME.read(con, names, select, ids)
             assert [tuple(row) for row in fast] == exact
@@ -129,10 +130,10 @@ def test_bodies_are_read_beside_the_json_and_exactly(tmp_path: Path):
                               {"id": "pay", "body": {"q": "a \"quote\"\n\u2603", "n": [1, 2]}},
                               {"id": "odd", "body": {"x": 1}}])
         con = store.connection
-        names = (*statements.MARKED_NAMES, "body")
+        names = (*worker.MARKED_NAMES, "body")
 
         def both(ids: list) -> tuple:
-            select = (f"SELECT {statements.MARKED}, bodies.body"
+            select = (f"SELECT {worker.MARKED}, bodies.body"
                       f" FROM jobs LEFT JOIN bodies USING (seq)"
                       f" WHERE id IN ({', '.join('?' * len(ids))}) ORDER BY seq")
             return ([tuple(row) for row in product.BATCH.read(con, names, select, ids)],
