@@ -12,7 +12,7 @@ KEY_LOCK = 0x6B65
 
 # ------------------------------------------------------------------ statements
 
-# The quarantine of lease.worker._QUARANTINE: the same three moves in the same
+# The quarantine of lease.worker.QUARANTINE: the same three moves in the same
 # order (a missed deadline is the reason even when the budget is spent too),
 # each on rows picked with SKIP LOCKED: a claimer never waits for another.
 QUARANTINE = (
@@ -34,7 +34,7 @@ UPDATE lease.jobs j SET status = 'dead', reason = 'exhausted', owner = NULL, lea
 FROM doomed WHERE j.seq = doomed.seq"""),
 )
 
-# lease.worker._PICK, locked in a CTE: the planner cannot update more rows
+# lease.worker.PICK, locked in a CTE: the planner cannot update more rows
 # than the limit; a new lease as lease.worker.lease_ticket makes it. On SQLite
 # the quarantine and the pick run under one write lock, so no row at its
 # budget or past its deadline is left for the pick. Here the quarantine skips

@@ -40,7 +40,7 @@ WHERE ordering_key = :key AND held = 0 AND {LINE} AND status <> 'leased'
 FIRSTS = f"""SELECT ordering_key, seq, id, status FROM jobs
 WHERE ordering_key = ? AND held = 0 AND {LINE}"""
 
-# lease.worker._PICK less the held jobs, through the index of what may be taken;
+# lease.worker.PICK less the held jobs, through the index of what may be taken;
 # only what a lease (lease.worker.lease_ticket) and its Leased need: every column
 # read costs, and a done job's evidence is no claim's business. A picked
 # job's body is one probe of its table, made for the rows returned only (the
