@@ -33,7 +33,8 @@ from asyncworker.devtools.postgres_server import fresh_database
 from asyncworker.metrics import add_metrics_routes, metrics_app
 from lease.policy import RetryPolicy
 from lease.stores import open_store
-from tests.support.scenario import LEASE_MS, SENDS, ScenarioClock, Script, T, run_scenario
+from tests.support.dispatching import FakeClock
+from tests.support.scenario import LEASE_MS, SENDS, Script, T, run_scenario
 from tests.support.servers import ReceiverProcess
 
 # What the scenario comes to, as the dispatcher must count it.
@@ -136,8 +137,8 @@ async def test_metrics_equal_the_stats_figure_by_figure(target: str):
 
 
 async def test_two_dispatchers_in_one_process_keep_their_own_figures(tmp_path: Path):
-    first = Dispatcher(tmp_path / "a.db", "a", send=Script(ScenarioClock(T)), create=True)
-    second = Dispatcher(tmp_path / "b.db", "b", send=Script(ScenarioClock(T)), create=True)
+    first = Dispatcher(tmp_path / "a.db", "a", send=Script(FakeClock(T)), create=True)
+    second = Dispatcher(tmp_path / "b.db", "b", send=Script(FakeClock(T)), create=True)
     first.stats.ok, second.stats.ok = 3, 5
     first.metrics.observe_send(0.5)
     texts = [d.metrics.exposition()[0].decode() for d in (first, second)]
@@ -146,7 +147,7 @@ async def test_two_dispatchers_in_one_process_keep_their_own_figures(tmp_path: P
 
 
 async def test_openmetrics_is_served_when_asked_for(tmp_path: Path):
-    d = Dispatcher(tmp_path / "a.db", "a", send=Script(ScenarioClock(T)), create=True)
+    d = Dispatcher(tmp_path / "a.db", "a", send=Script(FakeClock(T)), create=True)
     server = TestServer(metrics_app(d), host="127.0.0.1")
     await server.start_server()
     try:

@@ -24,7 +24,8 @@ from asyncworker import Dispatcher
 from asyncworker.logs import configure
 from lease.policy import RetryPolicy
 from lease.stores import open_store
-from tests.support.scenario import BODY_MARK, ScenarioClock, T, run_scenario
+from tests.support.dispatching import FakeClock
+from tests.support.scenario import BODY_MARK, T, run_scenario
 from tests.support.servers import Behaviour, HostileServer, Request, ack_for, answer
 
 TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) \S+ ")
@@ -126,7 +127,7 @@ async def test_a_failed_finish_is_one_line_with_its_jobs_and_error(tmp_path: Pat
     with open_store(queue, create=True) as store:
         store.enqueue_events([{"id": f"job-{i}", "qty": 1} for i in range(3)], RetryPolicy(),
                              now_ms=T)
-    clock = ScenarioClock(T)
+    clock = FakeClock(T)
 
     async def send(event: dict, token: int) -> bool:
         clock.now = T - 1  # the clock stepped back: every finish is refused

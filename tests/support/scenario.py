@@ -13,6 +13,7 @@ from asyncworker import Dispatcher, DispatcherStats
 from lease.policy import RetryPolicy
 from lease.stores import open_store
 from lease.worker import Permanent, Retryable
+from tests.support.dispatching import FakeClock
 
 T = 1_800_000_000_000  # the injected clock's start: every store call is judged by it
 LEASE_MS = 1_000
@@ -41,7 +42,7 @@ class Script:
     refused is refused for good (HTTP 409), flaky fails once (503), badack's
     first answer is no ACK, and slow's first send outlives its lease."""
 
-    def __init__(self, clock: ScenarioClock) -> None:
+    def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
         self.sent: Counter[str] = Counter()
         self.stats: DispatcherStats | None = None  # the dispatcher's, once it exists
@@ -65,14 +66,6 @@ class Script:
         return True
 
 
-class ScenarioClock:
-    def __init__(self, now: int) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-
 def enqueue_scenario(target: str) -> None:
     """late's deadline is past before the first claim: that claim quarantines it."""
     with open_store(target, create=True) as store:
@@ -86,7 +79,7 @@ async def run_scenario(target: str, then: Callable[[Dispatcher], Any] | None = N
     """The scenario to the end (until idle); ``then(d)`` is awaited while the
     dispatcher is still open (stopped)."""
     enqueue_scenario(target)
-    clock = ScenarioClock(T)
+    clock = FakeClock(T)
     script = Script(clock)
     async with Dispatcher(target, "metrics-1", send=script, clock=clock, policy=POLICY,
                           concurrency=1, batch_size=1, jitter=lambda: 0.0,
