@@ -47,6 +47,7 @@ __all__ = [
     "Intake",
     "check_product_event",
     "check_ordering_key",
+    "check_event_type",
     "check_note",
     "check_actor",
     "canonical_body",
@@ -161,6 +162,7 @@ class Intake:
     body: str | None
     digest: str | None
     key: str | None = None  # the ordering key: delivered one at a time, in intake order
+    type: str | None = None  # the event type endpoints subscribe to
 
 
 def canonical_body(body: object) -> tuple[str, str]:
@@ -218,24 +220,39 @@ def check_product_event(event: object) -> Intake:
     """{"id", "qty"} (the lab's event, by the lab's rule: check_event) or
     {"id", "body"} (a JSON object, its id by the product's rule), either with
     an optional "key": the ordering key (1-255 visible ASCII, like an id) of
-    jobs delivered one at a time in intake order. ValueError naming the problem."""
+    jobs delivered one at a time in intake order, and an optional "type":
+    the event type endpoints subscribe to. ValueError naming the problem."""
     if type(event) is not dict:
         raise ValueError(f"event must be a dict, got {type(event).__name__}")
     keys = set(event)
     key = check_ordering_key(event["key"]) if "key" in keys else None
+    kind = check_event_type(event["type"]) if "type" in keys else None
     keys.discard("key")
+    keys.discard("type")
     if keys == {"id", "qty"}:
         # The lab's event keeps the lab's rule whole, id included: it goes to
         # receivers that check it so (the demo's inbox among them).
         check_event({"id": event["id"], "qty": event["qty"]})
-        return Intake(event["id"], event["qty"], None, None, key)
+        return Intake(event["id"], event["qty"], None, None, key, kind)
     if keys == {"id", "body"}:
         job_id = check_job_id("event id", event["id"], PRODUCT)
         text, digest = canonical_body(event["body"])
-        return Intake(job_id, 0, text, digest, key)
+        return Intake(job_id, 0, text, digest, key, kind)
     raise ValueError(
-        "event must have the keys id and qty, or id and body (and an optional key); "
-        f"got {sorted(map(str, event))}")
+        "event must have the keys id and qty, or id and body (and an optional key and "
+        f"type); got {sorted(map(str, event))}")
+
+
+# An event type as webhook services write them: "invoice.paid", "user/created".
+_TYPE = re.compile(r"[A-Za-z0-9_.:/-]{1,100}")
+
+
+def check_event_type(value: object, name: str = "event type") -> str:
+    """An event type: 1-100 letters, digits or ``_ . : / -``."""
+    if type(value) is not str or not _TYPE.fullmatch(value):
+        raise ValueError(f"{name} must be 1-100 letters, digits or _ . : / -, "
+                         f"got {value!r:.80}")
+    return value
 
 
 def check_ordering_key(key: object, name: str = "event key") -> str:

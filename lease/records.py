@@ -126,18 +126,24 @@ def _error_text(error: BaseException) -> str:
 class Leased(NamedTuple):
     """A claimed job: its ticket (the contract's six keys), its body's
     canonical JSON text and that text's sha256 from the intake (both None
-    for a {"id", "qty"} event)."""
+    for a {"id", "qty"} event). A delivery to an endpoint names the
+    endpoint and its message's id (the ticket's id is the delivery's own,
+    ``lease.endpoints.delivery_id``); a job of the queue's own has None for both."""
 
     ticket: dict
     body: str | None
     digest: str | None = None
+    endpoint: str | None = None
+    message: str | None = None
 
     @property
     def event(self) -> dict:
-        """The event as enqueued: {"id", "qty"} or {"id", "body"} (body as text)."""
+        """The event as enqueued: {"id", "qty"} or {"id", "body"} (body as
+        text), its id the message's: the same for every endpoint and retry."""
+        event_id = self.ticket["id"] if self.message is None else self.message
         if self.body is None:
-            return {"id": self.ticket["id"], "qty": self.ticket["qty"]}
-        return {"id": self.ticket["id"], "body": self.body}
+            return {"id": event_id, "qty": self.ticket["qty"]}
+        return {"id": event_id, "body": self.body}
 
 
 class Claimed(NamedTuple):

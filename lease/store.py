@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
+from lease.endpoints import Endpoint
 from lease.policy import DEFAULT_POLICY, RetryPolicy
 from lease.records import Claimed
 from lease.worker import MAX_BATCH, Fault
@@ -75,7 +76,19 @@ class Store(Protocol):
 
     # -- one attempt
     def claim_jobs(self, owner: str, lease_ms: int, limit: int = 1, *,
-                   now_ms: int | None = None, fault: Fault = None) -> Claimed: ...
+                   now_ms: int | None = None, fault: Fault = None,
+                   endpoints: str | tuple[str, ...] | None = None) -> Claimed:
+        """Quarantine, then lease up to ``limit`` ready jobs to ``owner``.
+
+        ``endpoints`` None: the queue's own jobs (no endpoint), in seq order,
+        as before endpoints existed. ``"*"`` or names: deliveries to those
+        endpoints (every one, or the ones named), in fair (rank, seq) order,
+        each endpoint's taken only while it is enabled, under its
+        ``max_in_flight`` (less its live leases, counted inside the claim)
+        and within its token bucket (refilled by the store's clock, spent
+        by one token a lease, kept in the store): ``lease.endpoints``'s
+        rules, so the caps hold across every dispatcher and host."""
+        ...
 
     def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: int | None = None,
                      fault: Fault = None) -> dict | bool:
@@ -131,3 +144,50 @@ class Store(Protocol):
         ...
 
     def stale_finishes(self) -> int: ...
+
+    # -- endpoints (lease.endpoints): each change one transaction with its audit row
+    def add_endpoint(self, endpoint: Endpoint, *, note: str | None = None,
+                     actor: str | None = None, now_ms: int | None = None) -> None:
+        """A new endpoint; EndpointError when its name is taken. From now on
+        each message subscribed to its types fans out to it too."""
+        ...
+
+    def update_endpoint(self, name: str, changes: dict[str, Any], *, note: str | None = None,
+                        actor: str | None = None, now_ms: int | None = None) -> Endpoint:
+        """The endpoint with ``changes`` (``Endpoint.changed``), checked whole
+        and written with an audit row naming the fields changed (never their
+        values); EndpointError for an unknown name. ``{"enabled": False}``
+        is disable: its deliveries stay, and wait."""
+        ...
+
+    def remove_endpoint(self, name: str, *, cancel_live: bool = False,
+                        note: str | None = None, actor: str | None = None,
+                        now_ms: int | None = None) -> int:
+        """Remove an endpoint; how many live deliveries were cancelled. With
+        live deliveries (pending or leased) and not ``cancel_live``:
+        EndpointError, nothing changed. With ``cancel_live``: each pending
+        one cancelled (an audit row each, as ``cancel_jobs``), then removed;
+        a leased one refuses the removal (its send may be on the wire).
+        Finished deliveries keep its name."""
+        ...
+
+    def endpoint_configs(self, names: tuple[str, ...] | None = None) -> list[Endpoint]:
+        """The endpoints, secrets included: for the dispatcher that signs with
+        them, never for a read that shows anything. By name."""
+        ...
+
+    def endpoints(self) -> list[dict[str, Any]]:
+        """Every endpoint's ``Endpoint.public()`` (no secret, no header
+        value), with ``created_ms`` and ``updated_ms``, by name."""
+        ...
+
+    def endpoint_stats(self) -> list[dict[str, Any]]:
+        """Per endpoint, by name: ready, in_flight, done, retried (attempts
+        that ended in a retry), dead, last_error (text and when), last_success
+        (when), and the public fields."""
+        ...
+
+    def endpoint_audit(self, name: str | None = None) -> list[dict[str, Any]]:
+        """The endpoints' audit rows (add, update, disable, enable, remove),
+        oldest first: at_ms, endpoint, action, fields, note, actor."""
+        ...

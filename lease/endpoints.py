@@ -1,0 +1,323 @@
+"""Endpoints as data: where a queue's messages go, and the rules of the claim
+that keep one endpoint from slowing another. Both drivers call these; neither
+writes a rule of its own.
+
+A queue with no endpoints works as it always did: each event is one job, sent
+to the ``--url`` its dispatcher was started with. Once a queue has endpoints,
+an event is a *message*: at intake it fans out to one *delivery* per endpoint
+subscribed to its type (``*`` subscribes to every type), in the intake's one
+transaction. A delivery is a job like any other (its own lease, fencing
+token, attempt budget, evidence, dead letter, redrive and cancel); its id is
+``delivery_id(message, endpoint)`` and the receiver sees the message's id.
+
+The claim enforces, across every dispatcher and host, because it is all
+store state judged inside the claim's transaction:
+
+- a cap on an endpoint's sends in flight (its live leases);
+- a token bucket per endpoint (``rate`` requests a second, ``burst`` at
+  once), refilled by the store's clock at each claim;
+- fairness by start-time fair queuing with equal weights: each delivery
+  gets a *fair rank* at intake, ``max(the endpoint's next rank, the queue's
+  virtual time)``, and a claim takes ready deliveries in (rank, seq) order.
+  An endpoint with a million deliveries holds ranks far ahead; one with ten
+  gets ranks beside the ones being served now, so the two are served in
+  turn (round robin) and neither waits for the other's backlog. Equal
+  weights because endpoints are usually customers, each owed the same
+  share; a cap or a rate is the knob for one that should get less.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from lease.http import ACK_POLICIES, Destination
+from lease.policy import check_event_type
+from lease.signing import parse_secret
+from lease.worker import check_identifier, check_int
+
+__all__ = [
+    "ALL",
+    "Endpoint",
+    "EndpointError",
+    "MAX_ENDPOINT_HEADERS",
+    "allowance",
+    "check_endpoint_name",
+    "check_event_type",
+    "check_served",
+    "delivery_id",
+    "fair_pick",
+    "fair_rank",
+    "refill",
+    "subscribes",
+]
+
+ALL = "*"  # every type (an endpoint's subscription), every endpoint (a claim's)
+MAX_TYPES = 100
+MAX_ENDPOINT_HEADERS = 20
+MAX_IN_FLIGHT = 100_000
+MAX_RATE = 1_000_000.0  # requests a second
+MAX_BURST = 1_000_000
+
+_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}")
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]{0,4096}")
+# What the sender writes itself: a static header may not replace any of them.
+RESERVED_HEADERS = frozenset({
+    "host", "content-type", "content-length", "transfer-encoding", "connection",
+    "x-lease-token", "webhook-id", "webhook-timestamp", "webhook-signature",
+})
+
+
+class EndpointError(ValueError):
+    """An endpoint that cannot be: a bad field, a name taken or unknown, a
+    removal refused while deliveries are live."""
+
+
+def check_endpoint_name(name: object) -> str:
+    """1-64 ASCII letters, digits, '_' or '-' (it ends every delivery id)."""
+    return check_identifier("endpoint name", name)
+
+
+def check_types(types: object) -> tuple[str, ...]:
+    """An endpoint's subscriptions: ``("*",)`` or distinct event types."""
+    if isinstance(types, str) or not isinstance(types, (list, tuple)) or not types:
+        raise ValueError("types must be a non-empty list of event types or ['*']")
+    if len(types) > MAX_TYPES:
+        raise ValueError(f"types may name at most {MAX_TYPES} event types")
+    if ALL in types:
+        if len(types) != 1:
+            raise ValueError("types: '*' subscribes to every type and stands alone")
+        return (ALL,)
+    checked = tuple(check_event_type(value, "each type") for value in types)
+    if len(set(checked)) != len(checked):
+        raise ValueError("types must be distinct")
+    return checked
+
+
+def check_headers(headers: object) -> tuple[tuple[str, str], ...]:
+    """Static headers sent with every request: (name, value) pairs; a value
+    is a secret like a signing secret (an ``Authorization`` a customer asked for)."""
+    if isinstance(headers, Mapping):
+        headers = tuple(headers.items())
+    if not isinstance(headers, (list, tuple)):
+        raise ValueError("headers must be a list of (name, value) pairs")
+    if len(headers) > MAX_ENDPOINT_HEADERS:
+        raise ValueError(f"at most {MAX_ENDPOINT_HEADERS} headers")
+    seen: set[str] = set()
+    checked = []
+    for pair in headers:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ValueError("each header must be a (name, value) pair")
+        header, value = pair
+        if type(header) is not str or not _HEADER_NAME.fullmatch(header):
+            raise ValueError(f"header name {header!r:.40} is not an HTTP token")
+        if header.lower() in RESERVED_HEADERS:
+            raise ValueError(f"header {header!r} is the sender's own and cannot be set")
+        if header.lower() in seen:
+            raise ValueError(f"header {header!r} is given twice")
+        # never echo a value: it may be a credential
+        if type(value) is not str or not _HEADER_VALUE.fullmatch(value):
+            raise ValueError(f"header {header!r}: its value must be printable ASCII, "
+                             "at most 4096 characters")
+        seen.add(header.lower())
+        checked.append((header, value))
+    return tuple(checked)
+
+
+def _check_secret_texts(secrets: object) -> tuple[str, ...]:
+    if isinstance(secrets, str) or not isinstance(secrets, (list, tuple)):
+        raise ValueError("secrets must be a list of whsec_ secrets")
+    if len(secrets) > 10:
+        raise ValueError("at most 10 secrets at once (rotation needs two)")
+    for text in secrets:
+        parse_secret(text)  # ValueError that never shows the secret
+    return tuple(secrets)
+
+
+@dataclass(frozen=True, repr=False)
+class Endpoint:
+    """One destination of a queue's messages, checked at construction.
+
+    ``secrets`` are ``whsec_`` texts (each request signed with every one of
+    them: rotation without a gap) and ``headers`` (name, value) pairs sent
+    with every request; both are secrets: the repr, ``public()`` and every
+    read of a store leave them out. ``types`` is what it subscribes to
+    (``("*",)``: every type). ``max_in_flight`` caps its live leases across
+    every dispatcher; ``rate`` (requests a second) with ``burst`` caps how
+    fast it is sent to; None: no cap. ``enabled`` False: its deliveries are
+    kept, and wait."""
+
+    name: str
+    url: str
+    ack: str = "echo-id"
+    ca_file: str | None = None
+    secrets: tuple[str, ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()
+    types: tuple[str, ...] = (ALL,)
+    max_in_flight: int | None = None
+    rate: float | None = None
+    burst: int | None = None
+    insecure_http: bool = False
+    enabled: bool = True
+    destination: Destination = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_endpoint_name(self.name)
+        set_ = object.__setattr__
+        set_(self, "secrets", _check_secret_texts(self.secrets))
+        set_(self, "headers", check_headers(self.headers))
+        set_(self, "types", check_types(self.types))
+        if self.ack not in ACK_POLICIES:
+            raise ValueError(f"ack must be one of {', '.join(ACK_POLICIES)}, got {self.ack!r:.40}")
+        if self.max_in_flight is not None:
+            check_int("max_in_flight", self.max_in_flight, 1, MAX_IN_FLIGHT)
+        if self.rate is not None:
+            if type(self.rate) not in (int, float) or not 0 < self.rate <= MAX_RATE \
+                    or not math.isfinite(self.rate):
+                raise ValueError(f"rate must be a number of requests a second in "
+                                 f"(0, {MAX_RATE:g}], got {self.rate!r:.40}")
+            set_(self, "rate", float(self.rate))
+            if self.burst is None:
+                set_(self, "burst", max(1, math.ceil(self.rate)))
+        if self.burst is not None:
+            if self.rate is None:
+                raise ValueError("burst needs a rate")
+            check_int("burst", self.burst, 1, MAX_BURST)
+        if type(self.enabled) is not bool:
+            raise ValueError(f"enabled must be a bool, got {self.enabled!r:.40}")
+        # the destination checks of every sender: https verified, plain http
+        # to loopback, elsewhere only with insecure_http spelled out
+        set_(self, "destination", Destination(
+            self.url, ack=self.ack, ca_file=self.ca_file,
+            secrets=tuple(parse_secret(text) for text in self.secrets),
+            insecure_http=self.insecure_http))
+
+    def __repr__(self) -> str:
+        return (f"Endpoint({self.name!r}, {self.url!r}, secrets=<{len(self.secrets)}>, "
+                f"headers=<{len(self.headers)}>, types={self.types!r}, "
+                f"max_in_flight={self.max_in_flight!r}, rate={self.rate!r}, "
+                f"enabled={self.enabled!r})")
+
+    def changed(self, **changes: Any) -> Endpoint:
+        """This endpoint with ``changes`` (field names), checked again whole."""
+        unknown = set(changes) - set(EDITABLE)
+        if unknown:
+            raise ValueError(f"cannot change {', '.join(sorted(unknown))} of an endpoint "
+                             f"(these can: {', '.join(EDITABLE)})")
+        if "rate" in changes and changes["rate"] is None:
+            changes.setdefault("burst", None)
+        elif "rate" in changes and "burst" not in changes:
+            changes["burst"] = None  # recomputed from the new rate
+        return replace(self, **changes)
+
+    def public(self) -> dict[str, Any]:
+        """What a read may show: no secret, no header value (their names only)."""
+        return {
+            "name": self.name, "url": self.url, "ack": self.ack, "ca_file": self.ca_file,
+            "secrets": len(self.secrets), "headers": [name for name, _ in self.headers],
+            "types": list(self.types), "max_in_flight": self.max_in_flight,
+            "rate": self.rate, "burst": self.burst, "insecure_http": self.insecure_http,
+            "enabled": self.enabled,
+        }
+
+
+EDITABLE = ("url", "ack", "ca_file", "secrets", "headers", "types", "max_in_flight",
+            "rate", "burst", "insecure_http", "enabled")
+
+
+# ------------------------------------------------------------------ intake
+
+
+def subscribes(types: Sequence[str], event_type: str | None) -> bool:
+    """Whether an endpoint subscribed to ``types`` gets an event of that type;
+    an event without a type goes to the endpoints that take every type."""
+    return ALL in types or (event_type is not None and event_type in types)
+
+
+def delivery_id(message_id: str, endpoint: str) -> str:
+    """A delivery's job id: the message's id, '@', the endpoint's name (which
+    has no '@', so the pair is read back unambiguously). ValueError when the
+    two together pass the product's 255 characters."""
+    text = f"{message_id}@{endpoint}"
+    if len(text) > 255:
+        raise ValueError(f"event id {message_id[:40]!r}... is too long to fan out to endpoint "
+                         f"{endpoint!r}: the id, '@' and the endpoint's name must fit in 255 "
+                         f"characters")
+    return text
+
+
+def line_key(key: str | None, endpoint: str) -> str | None:
+    """The ordering line of a delivery: its key per endpoint. A space never
+    appears in a key of its own, so a line of deliveries never meets a line
+    of the queue's own jobs."""
+    return None if key is None else f"{key} {endpoint}"
+
+
+def key_of_line(line: str | None, endpoint: str | None) -> str | None:
+    """The event's own key, back from its delivery's line."""
+    if line is None or endpoint is None:
+        return line
+    return line.rsplit(" ", 1)[0]
+
+
+def fair_rank(next_rank: int, virtual_time: int) -> int:
+    """A new delivery's rank: after the endpoint's last one, and not before
+    the ranks being served now (an endpoint idle for a while does not jump
+    ahead of everyone by its old, small ranks)."""
+    return max(next_rank, virtual_time)
+
+
+# ------------------------------------------------------------------ the claim
+
+
+def check_served(endpoints: object) -> str | tuple[str, ...] | None:
+    """What a claim takes: None (the queue's own jobs, as before endpoints),
+    ``"*"`` (deliveries to every endpoint) or endpoint names."""
+    if endpoints is None or endpoints == ALL:
+        return endpoints  # type: ignore[return-value]
+    if isinstance(endpoints, str) or not isinstance(endpoints, (list, tuple)) or not endpoints:
+        raise ValueError("endpoints must be None, '*' or a non-empty list of endpoint names")
+    return tuple(sorted({check_endpoint_name(name) for name in endpoints}))
+
+
+def refill(tokens: float, refilled_ms: int, now_ms: int, rate: float, burst: int) -> float:
+    """A token bucket's level at ``now_ms``: what it held, plus ``rate`` a
+    second since it was last filled, never above ``burst``. A clock that went
+    back adds nothing."""
+    return min(float(burst), tokens + max(0, now_ms - refilled_ms) * rate / 1000.0)
+
+
+def allowance(endpoint: Mapping[str, Any], live: int, tokens: float | None) -> int:
+    """How many deliveries of an endpoint one claim may lease: none while it
+    is disabled; under its cap (less its live leases) and within its bucket."""
+    if not endpoint["enabled"]:
+        return 0
+    room = MAX_IN_FLIGHT if endpoint["max_in_flight"] is None \
+        else max(0, endpoint["max_in_flight"] - live)
+    if tokens is not None:
+        room = min(room, int(tokens))
+    return room
+
+
+def fair_pick(candidates: Iterable[tuple[Any, str]], allowances: dict[str, int],
+              limit: int) -> list[Any]:
+    """The rows one claim leases, from ready ``candidates`` (row, endpoint) in
+    fair (rank, seq) order: each taken while its endpoint has allowance left,
+    up to ``limit``. ``allowances`` is spent as it goes."""
+    taken: list[Any] = []
+    for row, endpoint in candidates:
+        if allowances.get(endpoint, 0) > 0:
+            allowances[endpoint] -= 1
+            taken.append(row)
+            if len(taken) == limit:
+                break
+    return taken
+
+
+def claim_window(limit: int) -> int:
+    """How many ready rows a claim reads at a time to fill ``limit`` fairly:
+    enough that endpoints at their cap in front do not leave it empty."""
+    return max(256, 4 * limit)
