@@ -14,6 +14,7 @@ from lease.endpoints import (
     Endpoint,
     EndpointError,
     allowance,
+    changed_fields,
     check_endpoint_name,
     claim_window,
     delivery_id,
@@ -218,12 +219,14 @@ def update_endpoint(con: sqlite3.Connection, name: str, changes: dict[str, Any],
     by the names of the fields changed; a new rate starts with a full bucket."""
     if type(changes) is not dict or not changes:
         raise ValueError("changes must be a non-empty dict of an endpoint's fields")
-    before = _endpoint(con, name)
-    after = before.changed(**changes)
+    row = endpoint_row(con, name)
+    # built once, with the changes: an endpoint whose CA file is gone can be
+    # given another one
+    after = _configured(row, changes)
     _check_audit(after, note, actor)
     values = _endpoint_values(after)
-    con.execute(UPDATE_ENDPOINT, (*values[1:], now_ms, name))
-    if (after.rate, after.burst) != (before.rate, before.burst):
+    con.execute(UPDATE_ENDPOINT, (*values[1:], int(after.enabled), now_ms, name))
+    if (after.rate, after.burst) != (row["rate"], row["burst"]):
         con.execute(RESET_BUCKET, (_full(after), now_ms, name))
     action = "update"
     if set(changes) == {"enabled"}:
@@ -254,7 +257,7 @@ def refuse_removal(name: str, live: list[tuple[str, str]], cancel_live: bool) ->
 def remove_endpoint(con: sqlite3.Connection, name: str, now_ms: int, note: str | None,
                     actor: str | None) -> None:
     """Inside a write transaction, its live deliveries cancelled already."""
-    _endpoint(con, name)
+    endpoint_row(con, name)
     con.execute(DELETE_ENDPOINT, (name,))
     _audit(con, name, now_ms, "remove", [], note, actor)
 
@@ -286,27 +289,40 @@ def public_row(row: dict[str, Any]) -> dict[str, Any]:
         "types": json.loads(row["types"]), "max_in_flight": row["max_in_flight"],
         "rate": row["rate"], "burst": row["burst"],
         "insecure_http": bool(row["insecure_http"]), "enabled": bool(row["enabled"]),
+        "disable_after_ms": row["disable_after_ms"], "disabled_why": row["disabled_why"],
         "created_ms": row["created_ms"], "updated_ms": row["updated_ms"],
+        "circuit": {"state": row["circuit"], "since_ms": row["circuit_since_ms"],
+                    "why": row["circuit_why"], "failures": row["failures"],
+                    "open_until_ms": row["open_until_ms"],
+                    "paused_until_ms": row["paused_until_ms"],
+                    "failing_since_ms": row["failing_since_ms"],
+                    "attempts_saved": row["saved"]},
     }
 
 
-def _endpoint(con: sqlite3.Connection, name: str) -> Endpoint:
+def endpoint_row(con: sqlite3.Connection, name: str) -> dict[str, Any]:
     check_endpoint_name(name)
     row = con.execute(ENDPOINT_ROW, (name,)).fetchone()
     if row is None:
         raise EndpointError(f"no endpoint named {name!r}")
-    return _configured(dict(zip(ENDPOINT_COLUMNS, row, strict=True)))
+    return dict(zip(ENDPOINT_COLUMNS, row, strict=True))
 
 
-def _configured(row: dict[str, Any]) -> Endpoint:
+def _configured(row: dict[str, Any], changes: dict[str, Any] | None = None) -> Endpoint:
+    """The endpoint of a row (with ``changes``, checked by Endpoint.changed's rules)."""
+    fields = {
+        "url": row["url"], "ack": row["ack"], "ca_file": row["ca_file"],
+        "secrets": tuple(json.loads(row["secrets"])),
+        "headers": tuple(tuple(pair) for pair in json.loads(row["headers"])),
+        "types": tuple(json.loads(row["types"])), "max_in_flight": row["max_in_flight"],
+        "rate": row["rate"], "burst": row["burst"], "insecure_http": bool(row["insecure_http"]),
+        "enabled": bool(row["enabled"]), "disable_after_ms": row["disable_after_ms"],
+    }
+    if changes:
+        fields.update(changed_fields(changes))
+        return Endpoint(row["name"], **fields)
     try:
-        return Endpoint(
-            row["name"], row["url"], ack=row["ack"], ca_file=row["ca_file"],
-            secrets=tuple(json.loads(row["secrets"])),
-            headers=tuple(tuple(pair) for pair in json.loads(row["headers"])),
-            types=tuple(json.loads(row["types"])), max_in_flight=row["max_in_flight"],
-            rate=row["rate"], burst=row["burst"], insecure_http=bool(row["insecure_http"]),
-            enabled=bool(row["enabled"]))
+        return Endpoint(row["name"], **fields)
     except ValueError as exc:  # a CA file gone since: say which endpoint
         raise EndpointError(f"endpoint {row['name']!r}: {exc}") from None
 
@@ -316,7 +332,8 @@ def _endpoint_values(endpoint: Endpoint) -> tuple:
     return (endpoint.name, endpoint.url, endpoint.ack, endpoint.ca_file,
             json.dumps(list(endpoint.secrets)), json.dumps([list(p) for p in endpoint.headers]),
             json.dumps(list(endpoint.types)), endpoint.max_in_flight, endpoint.rate,
-            endpoint.burst, int(endpoint.insecure_http), int(endpoint.enabled))
+            endpoint.burst, int(endpoint.insecure_http), int(endpoint.enabled),
+            endpoint.disable_after_ms)
 
 
 def _full(endpoint: Endpoint) -> float:
