@@ -18,7 +18,8 @@ each inside its own transaction:
 - The cool-down starts at 5 s and doubles at each failed probe, up to 5
   minutes: an endpoint down for hours costs one probe every 5 minutes.
 - Half-open lets one probe at a time (a real delivery: nothing is sent that is
-  not owed). Its success closes the circuit, and the endpoint's waiting
+  not owed); the answers of sends begun before the circuit opened do not
+  close it, the probe's does. Its success closes the circuit, and the endpoint's waiting
   deliveries are due at once, without waiting out their own backoffs.
 - A ``Retry-After`` on a 429 or a 503 pauses the whole endpoint (up to an
   hour), not only the delivery that read it.
@@ -39,10 +40,12 @@ from dataclasses import dataclass, replace
 
 from lease.records import Attempt
 
-__all__ = ["BREAKER", "Breaker", "Circuit", "CLOSED", "OPEN", "HALF_OPEN", "claim_room",
-           "closed_circuit", "signal_of", "step"]
+__all__ = ["BREAKER", "BREAKER_ACTOR", "Breaker", "CIRCUIT_FIELDS", "Circuit", "CLOSED",
+           "OPEN", "HALF_OPEN", "claim_room", "closed_circuit", "disabled_by", "signal_of",
+           "step"]
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
+BREAKER_ACTOR = "breaker"  # the actor of the audit rows the breaker writes
 STATES = (CLOSED, OPEN, HALF_OPEN)
 DAY_MS = 86_400_000
 
@@ -81,6 +84,11 @@ class Circuit:
     failing_since_ms: int | None = None  # the first failure with no delivery since
 
 
+CIRCUIT_FIELDS = ("state", "since_ms", "why", "failures", "window_ms", "window_failed",
+                  "window_total", "open_until_ms", "cooldown_ms", "paused_until_ms",
+                  "failing_since_ms")
+
+
 def closed_circuit() -> Circuit:
     return Circuit()
 
@@ -106,16 +114,23 @@ def step(circuit: Circuit, signal: str, attempt: Attempt, now_ms: int,
     audit row)."""
     window_ms, failed, total = circuit.window_ms, circuit.window_failed, circuit.window_total
     if window_ms is None or now_ms - window_ms >= breaker.window_ms:
-        window_ms, failed, total = now_ms, 0, 0
-    total += 1
+        window_ms, failed, total = None, 0, 0
     if signal == "success":
+        # The rate's window starts at its first failure: a healthy endpoint's
+        # deliveries change nothing, and no finish writes its row.
+        if window_ms is not None:
+            total += 1
         after = replace(circuit, failures=0, failing_since_ms=None, window_ms=window_ms,
                         window_failed=failed, window_total=total)
         if circuit.state == CLOSED:
             return after, None
+        if circuit.state == OPEN:
+            # a send that began before it opened: only the probe's answer closes
+            return circuit, None
         return replace(after, state=CLOSED, since_ms=now_ms, open_until_ms=None,
                        cooldown_ms=0, why="a delivery went through"), "closed"
-    failed += 1
+    window_ms = now_ms if window_ms is None else window_ms
+    failed, total = failed + 1, total + 1
     failures = circuit.failures + 1
     after = replace(circuit, failures=failures, window_ms=window_ms, window_failed=failed,
                     window_total=total,

@@ -9,6 +9,14 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
+from lease.breaker import (
+    BREAKER_ACTOR,
+    CIRCUIT_FIELDS,
+    Circuit,
+    claim_room,
+    disabled_by,
+    step,
+)
 from lease.endpoints import (
     ALL,
     Endpoint,
@@ -25,9 +33,12 @@ from lease.endpoints import (
     refill,
 )
 from lease.policy import Intake, RetryPolicy, check_actor, check_note
-from lease.rules import conflict
+from lease.records import Attempt
+from lease.rules import CIRCUIT_COLUMNS, conflict
 from lease.sqlite.statements import (
     AUDIT_ENDPOINT,
+    AUTO_DISABLE,
+    CIRCUIT_OF,
     CONTENT_OF,
     DELETE_ENDPOINT,
     ENDPOINT_COLUMNS,
@@ -35,6 +46,7 @@ from lease.sqlite.statements import (
     ENDPOINT_ROW,
     ENDPOINT_ROWS,
     FAIR_WINDOW,
+    HALF_OPEN,
     INSERT_BODY,
     INSERT_DELIVERY,
     INSERT_ENDPOINT,
@@ -44,11 +56,13 @@ from lease.sqlite.statements import (
     NEXT_RANK,
     PICK_FAIR,
     PICK_FAIR_NAMES,
+    RELEASE_WAITING,
     RESET_BUCKET,
     SPEND_TOKENS,
     SUBSCRIBERS,
     UPDATE_ENDPOINT,
     VIRTUAL_TIME,
+    WRITE_CIRCUIT,
 )
 from lease.worker import Conflict, select_rows
 
@@ -138,6 +152,7 @@ def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_
     sql = FAIR_WINDOW.replace("AND (fair_rank", f"{only} AND (fair_rank")
     allowances: dict[str, int] = {}
     buckets: dict[str, float] = {}
+    probes: set[str] = set()
     picked: list[int] = []
     after = {"rank": -1, "seq": 0}
     for _ in range(MAX_WINDOWS):
@@ -151,7 +166,7 @@ def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_
             part = rows[start:start + limit]
             fresh = sorted({endpoint for _, endpoint, _ in part} - allowances.keys())
             if fresh:
-                _judge_endpoints(con, fresh, now_ms, allowances, buckets)
+                _judge_endpoints(con, fresh, now_ms, allowances, buckets, probes)
             picked += fair_pick(((seq, endpoint) for seq, endpoint, _ in part), allowances,
                                 limit - len(picked))
             if len(picked) == limit:
@@ -163,6 +178,8 @@ def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_
     marks = ", ".join("?" * len(picked))
     rows = [dict(zip(PICK_FAIR_NAMES, row, strict=True))
             for row in con.execute(PICK_FAIR.format(marks=marks), picked)]
+    for name in sorted(probes & {row["endpoint"] for row in rows}):
+        con.execute(HALF_OPEN, {"now": now_ms, "name": name})
     return rows, buckets
 
 
@@ -175,9 +192,10 @@ def _served_filter(served: str | tuple[str, ...]) -> tuple[str, dict[str, str]]:
 
 
 def _judge_endpoints(con: sqlite3.Connection, names: list[str], now_ms: int,
-                     allowances: dict[str, int], buckets: dict[str, float]) -> None:
+                     allowances: dict[str, int], buckets: dict[str, float],
+                     probes: set[str]) -> None:
     """Each endpoint's allowance for this claim (lease.endpoints.allowance),
-    and the level of each bucket now."""
+    the level of each bucket now, and the endpoints whose lease is a probe."""
     marks = ", ".join("?" * len(names))
     live = dict(con.execute(LIVE_LEASES.format(marks=marks), (*names, now_ms)).fetchall())
     for row in select_rows(con, ENDPOINT_LIMITS.format(marks=marks), names):
@@ -185,7 +203,10 @@ def _judge_endpoints(con: sqlite3.Connection, names: list[str], now_ms: int,
         if row["rate"] is not None:
             tokens = refill(row["tokens"], row["refilled_ms"], now_ms, row["rate"], row["burst"])
             buckets[row["name"]] = tokens
-        allowances[row["name"]] = allowance(row, live.get(row["name"], 0), tokens)
+        room, probe = claim_room(circuit_of(row), live.get(row["name"], 0), now_ms)
+        if probe:
+            probes.add(row["name"])
+        allowances[row["name"]] = allowance(row, live.get(row["name"], 0), tokens, room)
 
 
 def spend_tokens(con: sqlite3.Connection, rows: list[dict[str, Any]],
@@ -197,6 +218,44 @@ def spend_tokens(con: sqlite3.Connection, rows: list[dict[str, Any]],
             spent[row["endpoint"]] = spent.get(row["endpoint"], 0) + 1
     con.executemany(SPEND_TOKENS, [(buckets[name] - n, now_ms, name)
                                    for name, n in sorted(spent.items())])
+
+
+# ------------------------------------------------------------------ the breaker
+
+
+def circuit_of(row: Any) -> Circuit:
+    """The breaker's columns of an endpoint's row, as a Circuit."""
+    return Circuit(*(row[name] for name in CIRCUIT_COLUMNS))
+
+
+def judge_circuits(con: sqlite3.Connection, signals: list[tuple[str, str, Attempt]],
+                   now_ms: int) -> None:
+    """Inside a finish's transaction: each attempt's signal (endpoint,
+    "success" or "failure", its evidence), in order, stepped through its
+    endpoint's breaker (lease.breaker.step); a circuit changed is written,
+    its change audited (actor "breaker", the evidence as the note), and one
+    that closed makes its endpoint's waiting deliveries due at once."""
+    names = sorted({name for name, _, _ in signals})
+    marks = ", ".join("?" * len(names))
+    rows = {row["name"]: row for row in select_rows(con, CIRCUIT_OF.format(marks=marks), names)}
+    for name in names:
+        row = rows.get(name)
+        if row is None:  # removed since its claim
+            continue
+        before = circuit = circuit_of(row)
+        for _, signal, attempt in (s for s in signals if s[0] == name):
+            circuit, change = step(circuit, signal, attempt, now_ms)
+            if change is not None:
+                _audit(con, name, now_ms, change, [], circuit.why, BREAKER_ACTOR)
+            if change == "closed":
+                con.execute(RELEASE_WAITING, {"now": now_ms, "name": name})
+        if circuit != before:
+            con.execute(WRITE_CIRCUIT, (*(getattr(circuit, field) for field in CIRCUIT_FIELDS),
+                                        name))
+        why = disabled_by(circuit, row["disable_after_ms"], now_ms) if row["enabled"] else None
+        if why is not None:
+            con.execute(AUTO_DISABLE, (why, name))
+            _audit(con, name, now_ms, "disable", ["enabled"], why[:500], BREAKER_ACTOR)
 
 
 # ------------------------------------------------------------------ the operator

@@ -7,6 +7,7 @@ import sqlite3
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from lease.breaker import signal_of
 from lease.clock import wall_clock_ms
 from lease.endpoints import Endpoint, check_served, key_of_line
 from lease.policy import (
@@ -373,9 +374,10 @@ def finish_jobs(
     check_now(now_ms)
     check_fault(fault)
     finishing = [(t, o, d) for t, o, d, _ in items if o is not None]
+    endpoints_of: dict[str, str] = {}
     with immediate(con):
-        results, updates, seqs = _judge_marked(con, finishing, now_ms) if finishing \
-            else ([], [], [])
+        results, updates, seqs = _judge_marked(con, finishing, now_ms, endpoints_of) \
+            if finishing else ([], [], [])
         outcomes = iter(results)
         merged = [next(outcomes) if outcome is not None else ("leased", None)
                   for _, outcome, _, _ in items]
@@ -398,6 +400,8 @@ def finish_jobs(
         # a line whose first was delivered: the next one goes
         _promote(con, _keys_of(con, [seq for seq, result in zip(finished, merged, strict=True)
                                      if result and result[0] == "done"]))
+        if endpoints_of:
+            _judge_circuits(con, items, merged, endpoints_of, now_ms)
         changed = any(results)
         if changed:
             call_fault(fault, "after-finish")
@@ -406,19 +410,42 @@ def finish_jobs(
     return merged
 
 
-def _judge_marked(con: sqlite3.Connection, items: list, now_ms: int) -> tuple[list, list, list]:
+def _judge_circuits(con: sqlite3.Connection, items: list, results: list,
+                    endpoints_of: dict[str, str], now_ms: int) -> None:
+    """Inside the finish's transaction: what each delivery's attempt tells
+    its endpoint's breaker (not a stale finish's: a sender whose lease ran
+    out speaks of a time the breaker has moved past)."""
+    signals = []
+    for (ticket, outcome, _, seen), result in zip(items, results, strict=True):
+        endpoint = endpoints_of.get(ticket["id"])
+        signal = None if endpoint is None or result is False else signal_of(outcome, seen)
+        if signal is not None:
+            signals.append((endpoint, signal, seen))
+    if signals:
+        endpoints.judge_circuits(con, signals, now_ms)
+
+
+def _judge_marked(con: sqlite3.Connection, items: list, now_ms: int,
+                  endpoints_of: dict[str, str]) -> tuple[list, list, list]:
     """Inside a transaction: the fenced finish of each (ticket, outcome, delay_ms),
     in order, as single finishes in sequence would do it (a job finished earlier
     in the list is no longer leased for a later item). Per item (status,
     reason) or False; the rows' updates (status, reason, available_at, seq);
-    per item the row's seq (None when False)."""
+    per item the row's seq (None when False). ``endpoints_of`` gets the
+    endpoint of each delivery among them, by id."""
     ids = sorted({ticket["id"] for ticket, _, _ in items})
     found = batch.BATCH.read(
-        con, MARKED_NAMES, f"SELECT {MARKED} FROM jobs WHERE id IN ({', '.join('?' * len(ids))})",
-        ids)
+        con, _FINISH_NAMES,
+        f"SELECT {MARKED}, endpoint FROM jobs WHERE id IN ({', '.join('?' * len(ids))})", ids)
     # dicts made straight from tuples: a sqlite3.Row copied into one costs twice
-    rows = {row[1]: dict(zip(MARKED_NAMES, row, strict=True)) for row in found}  # [1]: id
+    rows = {row[1]: dict(zip(_FINISH_NAMES, row, strict=True)) for row in found}  # [1]: id
+    endpoints_of.update((job_id, row["endpoint"]) for job_id, row in rows.items()
+                        if row["endpoint"] is not None)
     return judge_rows(rows, items, now_ms)
+
+
+# What a finish reads of a row: the contract's marker, and a delivery's endpoint.
+_FINISH_NAMES = (*MARKED_NAMES, "endpoint")
 
 
 # The evidence of the attempt that made a job done, on its row (see version 1).

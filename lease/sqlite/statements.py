@@ -79,8 +79,23 @@ FROM jobs WHERE seq IN ({{marks}}) ORDER BY fair_rank, seq
 LIVE_LEASES = """SELECT endpoint, COUNT(*) FROM jobs INDEXED BY jobs_in_flight
 WHERE status = 'leased' AND endpoint IS NOT NULL AND endpoint IN ({marks})
   AND lease_until > ? GROUP BY endpoint"""
-ENDPOINT_LIMITS = """SELECT name, enabled, max_in_flight, rate, burst, tokens, refilled_ms
-FROM endpoints WHERE name IN ({marks})"""
+ENDPOINT_LIMITS = f"""SELECT name, enabled, max_in_flight, rate, burst, tokens, refilled_ms,
+  {', '.join(CIRCUIT_COLUMNS)} FROM endpoints WHERE name IN ({{marks}})"""
+# The breaker (lease.breaker): an endpoint's circuit, read and written whole.
+CIRCUIT_OF = f"""SELECT name, enabled, disable_after_ms, {', '.join(CIRCUIT_COLUMNS)}
+FROM endpoints WHERE name IN ({{marks}})"""
+WRITE_CIRCUIT = (f"UPDATE endpoints SET {', '.join(f'{c} = ?' for c in CIRCUIT_COLUMNS)}"
+                 " WHERE name = ?")
+# a probe leased: the circuit half-open, and the deliveries that came due while
+# it was open counted as attempts the breaker saved
+HALF_OPEN = """UPDATE endpoints SET circuit = 'half-open', circuit_since_ms = :now,
+  saved = saved + (SELECT COUNT(*) FROM jobs INDEXED BY jobs_by_endpoint
+    WHERE endpoint = :name AND status = 'pending' AND available_at <= :now)
+WHERE name = :name AND circuit = 'open'"""
+# the circuit closed: the endpoint's waiting deliveries are due at once
+RELEASE_WAITING = """UPDATE jobs SET available_at = :now
+WHERE endpoint = :name AND status = 'pending' AND available_at > :now"""
+AUTO_DISABLE = "UPDATE endpoints SET enabled = 0, disabled_why = ? WHERE name = ?"
 SPEND_TOKENS = "UPDATE endpoints SET tokens = ?, refilled_ms = ? WHERE name = ?"
 # The queue's virtual time: the rank being served now (the largest leased),
 # else the first in line, else 0. Two probes of partial indexes.
