@@ -117,7 +117,7 @@ def test_a_refusal_of_one_message_is_an_answer_not_an_outage(store):
 def test_mostly_failing_without_five_in_a_row_opens_it_by_rate(store):
     setup(store, n=40)
     now = T0
-    for round_ in range(6):  # three failures, one success, again and again
+    for _ in range(6):  # three failures, one success, again and again
         leased = claim(store, now, limit=4, endpoints=("down",))
         fail(store, leased[:3], now + 1)
         deliver(store, leased[3:], now + 1)
