@@ -22,6 +22,7 @@ from lease.policy import (
 )
 from lease.records import (
     MAX_ERROR_CHARS,
+    Attempt,
     Leased,
     check_on_conflict,
     judge_intake,
@@ -415,10 +416,12 @@ def _judge_circuits(con: sqlite3.Connection, items: list, results: list,
     """Inside the finish's transaction: what each delivery's attempt tells
     its endpoint's breaker (not a stale finish's: a sender whose lease ran
     out speaks of a time the breaker has moved past)."""
-    signals = []
+    signals: list[tuple[str, str, Attempt]] = []
     for (ticket, outcome, _, seen), result in zip(items, results, strict=True):
         endpoint = endpoints_of.get(ticket["id"])
-        signal = None if endpoint is None or result is False else signal_of(outcome, seen)
+        if endpoint is None or result is False:
+            continue
+        signal = signal_of(outcome, seen)
         if signal is not None:
             signals.append((endpoint, signal, seen))
     if signals:
