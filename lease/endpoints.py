@@ -36,9 +36,9 @@ from typing import Any
 
 from lease.breaker import DAY_MS, DISABLE_AFTER_MS
 from lease.http import ACK_POLICIES, Destination
-from lease.policy import check_event_type
+from lease.policy import PRODUCT, check_event_type
 from lease.signing import parse_secret
-from lease.worker import check_identifier, check_int
+from lease.worker import check_identifier, check_int, check_job_id
 
 __all__ = [
     "ALL",
@@ -328,6 +328,18 @@ def fair_pick(candidates: Iterable[tuple[Any, str]], allowances: dict[str, int],
             if len(taken) == limit:
                 break
     return taken
+
+
+MAX_RECOVER = 100_000  # deliveries one recovery sends again, in one transaction
+
+
+def check_recover_ids(ids: object) -> list[str]:
+    """A recovery's confirmed ids (the ones its dry run showed)."""
+    if type(ids) is not list or len(ids) > MAX_RECOVER:
+        raise ValueError(f"ids must be a list of at most {MAX_RECOVER} delivery ids")
+    for job_id in ids:
+        check_job_id("delivery id", job_id, PRODUCT)
+    return ids
 
 
 def claim_window(limit: int) -> int:

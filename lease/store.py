@@ -177,6 +177,19 @@ class Store(Protocol):
         Finished deliveries keep its name."""
         ...
 
+    def recover_endpoint(self, name: str, since_ms: int, ttl_ms: int, note: str, *,
+                         ids: list | None = None, dry_run: bool = False,
+                         actor: str | None = None, now_ms: int | None = None) -> list[str]:
+        """Send again every delivery of an endpoint finished (done or dead)
+        since ``since_ms`` (when it finished), in seq order, at most
+        ``MAX_RECOVER``: each one pending now with a fresh budget (attempts 0,
+        ``ttl_ms`` to live, its token kept and raised by its next claim), a
+        redrive audit row with the note and the actor, a done one's delivering
+        attempt kept in its history. ``dry_run``: the ids it would send,
+        nothing changed. ``ids``: only those of them (a dry run's, confirmed).
+        The receiver's inbox absorbs what it already applied."""
+        ...
+
     def endpoint_configs(self, names: tuple[str, ...] | None = None) -> list[Endpoint]:
         """The endpoints, secrets included: for the dispatcher that signs with
         them, never for a read that shows anything. By name."""

@@ -9,7 +9,14 @@ from typing import Any
 
 from lease.breaker import signal_of
 from lease.clock import wall_clock_ms
-from lease.endpoints import Endpoint, check_served, key_of_line
+from lease.endpoints import (
+    MAX_RECOVER,
+    Endpoint,
+    check_endpoint_name,
+    check_recover_ids,
+    check_served,
+    key_of_line,
+)
 from lease.policy import (
     DEFAULT_POLICY,
     PRODUCT,
@@ -67,6 +74,8 @@ from lease.sqlite.statements import (
     PRUNE_JOBS,
     PRUNE_REDRIVES,
     RECORD_ATTEMPTS,
+    RECOVER,
+    RECOVERABLE,
     RELEASE,
     TALLY,
 )
@@ -602,6 +611,45 @@ def _cancel(con: sqlite3.Connection, job_ids: list, now_ms: int, note: str,
 
 
 # ------------------------------------------------------------------ endpoints
+
+
+def recover_endpoint(con: sqlite3.Connection, name: str, since_ms: int, now_ms: int,
+                     ttl_ms: int, note: str, *, ids: list | None = None,
+                     dry_run: bool = False, actor: str | None = None,
+                     limit: int = MAX_RECOVER) -> list[str]:
+    """Send again an endpoint's deliveries finished (done or dead) since
+    ``since_ms`` (lease.store.Store.recover_endpoint); their ids, in seq order."""
+    check_connection(con)
+    check_endpoint_name(name)
+    check_now(since_ms, "since_ms")
+    check_now(now_ms)
+    check_int("ttl_ms", ttl_ms, 1, PRODUCT.max_ttl_ms)
+    check_int("limit", limit, 1, MAX_RECOVER)
+    check_note(note)
+    check_actor(actor)
+    only = None if ids is None else set(check_recover_ids(ids))
+    with immediate(con):
+        endpoints.endpoint_row(con, name)  # EndpointError when unknown
+        rows = [row for row in select_rows(con, RECOVERABLE, {"name": name, "since": since_ms,
+                                                             "limit": limit})
+                if only is None or row["id"] in only]
+        if dry_run or not rows:
+            return [row["id"] for row in rows]
+        done = [row for row in rows if row["status"] == "done" and row["done_by"] is not None]
+        high = _attempts_high(con)
+        con.executemany(RECORD_ATTEMPTS, [
+            (high + n, row["id"], row["token"], row["attempts"], row["done_by"],
+             row["done_started_ms"], row["available_at"], "ok", "done", None,
+             row["done_http_status"], None, row["done_latency_ms"])
+            for n, row in enumerate(done, 1)])
+        con.executemany(AUDIT_REDRIVES, [(row["id"], row["token"], now_ms, note, actor)
+                                         for row in rows])
+        con.executemany(RECOVER, [(now_ms, now_ms + ttl_ms, row["seq"]) for row in rows])
+        keys = sorted({row["ordering_key"] for row in rows if row["ordering_key"] is not None})
+        for key in keys:
+            con.execute(DEMOTE, {"key": key})
+        _promote(con, keys)
+    return [row["id"] for row in rows]
 
 
 def add_endpoint(con: sqlite3.Connection, endpoint: Endpoint, now_ms: int,

@@ -96,6 +96,17 @@ WHERE name = :name AND circuit = 'open'"""
 RELEASE_WAITING = """UPDATE jobs SET available_at = :now
 WHERE endpoint = :name AND status = 'pending' AND available_at > :now"""
 AUTO_DISABLE = "UPDATE endpoints SET enabled = 0, disabled_why = ? WHERE name = ?"
+# Recovery: an endpoint's deliveries finished (done or dead) since a time, sent
+# again with a fresh budget; a done one's delivering attempt moves to the
+# attempts rows first, so its history keeps it.
+RECOVERABLE = """SELECT seq, id, status, token, ordering_key, attempts, done_by, done_started_ms,
+  done_latency_ms, done_http_status, available_at FROM jobs INDEXED BY jobs_by_endpoint
+WHERE endpoint = :name AND status IN ('done', 'dead') AND available_at >= :since
+ORDER BY seq LIMIT :limit"""
+RECOVER = ("UPDATE jobs SET status = 'pending', attempts = 0, available_at = ?, deadline = ?,"
+    " owner = NULL, lease_until = NULL, reason = NULL, done_by = NULL, done_started_ms = NULL,"
+    " done_latency_ms = NULL, done_http_status = NULL, done_after = NULL,"
+    " held = CASE WHEN ordering_key IS NOT NULL THEN 1 ELSE 0 END WHERE seq = ?")
 SPEND_TOKENS = "UPDATE endpoints SET tokens = ?, refilled_ms = ? WHERE name = ?"
 # The queue's virtual time: the rank being served now (the largest leased),
 # else the first in line, else 0. Two probes of partial indexes.

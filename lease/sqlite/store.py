@@ -246,6 +246,13 @@ class SQLiteStore:
             return jobs.remove_endpoint(self.connection, name, self._now(now_ms),
                                         cancel_live=cancel_live, note=note, actor=actor)
 
+    def recover_endpoint(self, name: str, since_ms: int, ttl_ms: int, note: str, *,
+                         ids: list | None = None, dry_run: bool = False,
+                         actor: str | None = None, now_ms: int | None = None) -> list[str]:
+        with store_errors():
+            return jobs.recover_endpoint(self.connection, name, since_ms, self._now(now_ms),
+                                         ttl_ms, note, ids=ids, dry_run=dry_run, actor=actor)
+
     def endpoint_configs(self, names: tuple[str, ...] | None = None) -> list[Endpoint]:
         with store_errors():
             return reads.endpoint_configs(self.connection, names)

@@ -161,3 +161,33 @@ def test_an_endpoint_failing_for_days_is_disabled_and_loses_nothing(store):
     [down] = [row for row in store.endpoints() if row["name"] == "down"]
     assert down["enabled"] is True and down["disabled_why"] is None
     assert job(store, "d19@down")["status"] == "pending"  # waited, in order, nothing lost
+
+
+# ----------------------------------------------------------------- recovery
+
+
+def test_recovery_sends_again_what_was_done_or_dead_since_a_time(store):
+    setup(store, n=6)
+    leased = sorted(claim(store, T0, endpoints=("down",)), key=lambda j: j.ticket["id"])
+    deliver(store, leased[:2], T0 + 10)  # d0, d1 done at T0 + 10
+    fail(store, leased[2:3], T0 + 20, Attempt(T0, 1, 410, "gone"), outcome="permanent")
+    deliver(store, leased[3:4], T0 + 5)  # d3 done before the time asked
+    since = T0 + 8
+    preview = store.recover_endpoint("down", since, 60_000, "replay", dry_run=True,
+                                     now_ms=T0 + 30)
+    assert preview == ["d0@down", "d1@down", "d2@down"]
+    assert job(store, "d0@down")["status"] == "done"  # a dry run changes nothing
+    recovered = store.recover_endpoint("down", since, 60_000, "replay", ids=preview[1:],
+                                       actor="ops", now_ms=T0 + 31)
+    assert recovered == ["d1@down", "d2@down"]  # only the ones confirmed
+    for job_id in recovered:
+        row = job(store, job_id)
+        assert (row["status"], row["attempts"], row["deadline"]) == ("pending", 0,
+                                                                    T0 + 31 + 60_000)
+    history = store.job_history("d1@down")
+    assert [a["result"] for a in history["attempts"]] == ["done"]  # its delivery kept
+    assert [(r["note"], r["actor"]) for r in history["redrives"]] == [("replay", "ops")]
+    again = claim(store, T0 + 32, endpoints=("down",))
+    assert {j.ticket["id"] for j in again} >= {"d1@down", "d2@down"}
+    d1 = next(j for j in again if j.ticket["id"] == "d1@down")
+    assert d1.ticket["token"] > leased[1].ticket["token"] and d1.event == leased[1].event
