@@ -16,21 +16,23 @@ store state judged inside the claim's transaction:
 - a cap on an endpoint's sends in flight (its live leases);
 - a token bucket per endpoint (``rate`` requests a second, ``burst`` at
   once), refilled by the store's clock at each claim;
-- fairness by start-time fair queuing with equal weights: each delivery
-  gets a *fair rank* at intake, ``max(the endpoint's next rank, the queue's
-  virtual time)``, and a claim takes ready deliveries in (rank, seq) order.
-  An endpoint with a million deliveries holds ranks far ahead; one with ten
-  gets ranks beside the ones being served now, so the two are served in
-  turn (round robin) and neither waits for the other's backlog. Equal
+- fairness by rotation, with equal weights: the endpoints that have work
+  take turns, the least recently served first; each endpoint a claim serves
+  gets an equal share of it, one delivery of each in turn. So an endpoint
+  with a million deliveries waiting does not starve one with ten, an
+  endpoint at its cap, paused, open or disabled does not hold back the
+  others (it is passed over, its backlog never read), and one that was
+  blocked for a day gets its turn and no more when it comes back. Equal
   weights because endpoints are usually customers, each owed the same
   share; a cap or a rate is the knob for one that should get less.
+  Within an endpoint, deliveries go in the order they became due.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,8 +52,9 @@ __all__ = [
     "check_event_type",
     "check_served",
     "delivery_id",
-    "fair_pick",
-    "fair_rank",
+    "round_robin",
+    "rotation_batch",
+    "shares",
     "refill",
     "subscribes",
 ]
@@ -272,13 +275,6 @@ def key_of_line(line: str | None, endpoint: str | None) -> str | None:
     return line.rsplit(" ", 1)[0]
 
 
-def fair_rank(next_rank: int, virtual_time: int) -> int:
-    """A new delivery's rank: after the endpoint's last one, and not before
-    the ranks being served now (an endpoint idle for a while does not jump
-    ahead of everyone by its old, small ranks)."""
-    return max(next_rank, virtual_time)
-
-
 # ------------------------------------------------------------------ the claim
 
 
@@ -315,18 +311,29 @@ def allowance(endpoint: Mapping[str, Any], live: int, tokens: float | None,
     return room if breaker_room is None else min(room, breaker_room)
 
 
-def fair_pick(candidates: Iterable[tuple[Any, str]], allowances: dict[str, int],
-              limit: int) -> list[Any]:
-    """The rows one claim leases, from ready ``candidates`` (row, endpoint) in
-    fair (rank, seq) order: each taken while its endpoint has allowance left,
-    up to ``limit``. ``allowances`` is spent as it goes."""
+def shares(rooms: dict[str, int], limit: int) -> dict[str, int]:
+    """How many deliveries to read of each endpoint a claim serves, in turn:
+    an equal share of ``limit`` (rounded up), never more than its room."""
+    open_ = [name for name, room in rooms.items() if room > 0]
+    if not open_:
+        return {}
+    share = -(-limit // len(open_))
+    return {name: min(rooms[name], share) for name in open_}
+
+
+def round_robin(found: dict[str, list[Any]], order: list[str], limit: int) -> list[Any]:
+    """The rows one claim leases: one of each endpoint in turn, in rotation
+    ``order``, again and again, up to ``limit``."""
+    queues = [list(found[name]) for name in order if found.get(name)]
     taken: list[Any] = []
-    for row, endpoint in candidates:
-        if allowances.get(endpoint, 0) > 0:
-            allowances[endpoint] -= 1
-            taken.append(row)
-            if len(taken) == limit:
-                break
+    depth = 0
+    while len(taken) < limit and any(depth < len(q) for q in queues):
+        for queue in queues:
+            if depth < len(queue):
+                taken.append(queue[depth])
+                if len(taken) == limit:
+                    break
+        depth += 1
     return taken
 
 
@@ -342,7 +349,7 @@ def check_recover_ids(ids: object) -> list[str]:
     return ids
 
 
-def claim_window(limit: int) -> int:
-    """How many ready rows a claim reads at a time to fill ``limit`` fairly:
-    enough that endpoints at their cap in front do not leave it empty."""
-    return max(256, 4 * limit)
+def rotation_batch(limit: int) -> int:
+    """How many endpoints a claim takes from the rotation at a time: enough
+    that a claim of ``limit`` fills although some are at their cap."""
+    return max(16, limit)

@@ -74,11 +74,11 @@ CIRCUIT_COLUMNS = ("circuit", "circuit_since_ms", "circuit_why", "failures", "wi
 ENDPOINT_TABLES = {
     "endpoints": ["name", "url", "ack", "ca_file", "secrets", "headers", "types",
                   "max_in_flight", "rate", "burst", "insecure_http", "enabled", "tokens",
-                  "refilled_ms", "next_rank", "created_ms", "updated_ms",
+                  "refilled_ms", "has_work", "served_at", "created_ms", "updated_ms",
                   *CIRCUIT_COLUMNS, "disable_after_ms", "disabled_why", "saved"],
     "endpoint_audit": ["seq", "endpoint", "at_ms", "action", "fields", "note", "actor"],
 }
-DELIVERY_COLUMNS = ["endpoint", "message", "event_type", "fair_rank"]
+DELIVERY_COLUMNS = ["endpoint", "message", "event_type"]
 TABLES = {**TABLES_V4, "jobs": TABLES_V4["jobs"] + DELIVERY_COLUMNS, **ENDPOINT_TABLES}
 # PostgreSQL's versions have these tables (its jobs keep their bodies)
 TABLES_PG4 = {name: columns for name, columns in TABLES.items() if name != "bodies"}
