@@ -60,11 +60,13 @@ from asyncworker.leases import (
     finish_margin_ms,
     half_way,
 )
-from asyncworker.metrics import HEALTH_TIMEOUT_S, DispatcherMetrics
+from asyncworker.metrics import HEALTH_TIMEOUT_S, DispatcherMetrics, EndpointFigures
+from asyncworker.routes import REFRESH_S, EndpointRoutes, Route
 from asyncworker.sender import deliver
 from asyncworker.store import AsyncStore, Target
 from asyncworker.wire import WireClient
 from lease.clock import wall_clock_ms
+from lease.endpoints import check_served
 from lease.http import Destination
 from lease.policy import DEFAULT_POLICY, PRODUCT, RetryPolicy, retry_delay_ms
 from lease.records import Attempt, Claimed
@@ -145,6 +147,9 @@ class DispatcherStats:
     peak_sending: int = 0  # the most send slots in use at once (<= concurrency)
     waiting: int = 0  # claimed jobs waiting for a send slot (<= prefetch)
     left_leased: int = 0  # jobs an abort left leased, never finished: their leases run out
+    # deliveries claimed for an endpoint this dispatcher does not know, even after reading
+    # the endpoints again (removed since): left leased, never sent; their leases run out
+    unknown_endpoint: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Every counter, JSON-serialisable (``dead_by_reason`` a nested dict)."""
@@ -318,9 +323,17 @@ class Dispatcher:
         latencies: list[float] | None = None,
         threads: int | None = None,
         prefetch: int | None = None,
+        endpoints: str | tuple[str, ...] | list[str] | None = None,
+        refresh_s: float = REFRESH_S,
+        endpoint_label: bool = True,
     ) -> None:
         check_identifier("owner", owner)
-        destination = _one_destination(url, destination, send)
+        destination = _one_destination(url, destination, send, endpoints)
+        served = check_served(endpoints)
+        if type(refresh_s) not in (int, float) or not 0 < refresh_s <= 3600:
+            raise ValueError(f"refresh_s must be in (0, 3600] seconds, got {refresh_s!r}")
+        if type(endpoint_label) is not bool:
+            raise ValueError(f"endpoint_label must be a bool, got {endpoint_label!r:.40}")
         if type(concurrency) is not int or not 1 <= concurrency <= 10_000:
             raise ValueError(f"concurrency must be an int in 1..10000, got {concurrency!r}")
         if not isinstance(policy, RetryPolicy):
@@ -354,8 +367,13 @@ class Dispatcher:
         # Time kept back at the end of a lease for the finish transaction.
         self.finish_margin_ms = finish_margin_ms(lease_ms)
         self.stats = DispatcherStats()
-        self.metrics = DispatcherMetrics(self)  # reads stats when scraped: one source of truth
-        self.destination = destination  # None with a send of the caller's
+        # reads stats when scraped: one source of truth
+        self.metrics = DispatcherMetrics(self, serving_endpoints=served is not None,
+                                         by_endpoint=endpoint_label)
+        self.destination = destination  # None with a send of the caller's, or endpoints
+        # "*" or endpoint names: the deliveries of the queue's endpoints; None: its own jobs
+        self.served = served
+        self.refresh_s = float(refresh_s)
         self._send = send
         self._clock = clock
         self._jitter = jitter
@@ -384,6 +402,12 @@ class Dispatcher:
         self._running = False
         self._failure: BaseException | None = None
         self._last_claim_ms: int | None = None
+        self._routes: EndpointRoutes | None = None
+        if served is not None:
+            self._routes = EndpointRoutes(
+                self._queue, served, pool_limit=concurrency,
+                figures_of=self.metrics.figures_of, keep_trying=lambda: not self._stop.is_set(),
+                on_busy=self._count_busy, refresh_s=self.refresh_s)
 
     # --------------------------------------------------------------- lifecycle
 
@@ -391,6 +415,8 @@ class Dispatcher:
         await self._queue.open()
         try:
             await self._time.read(self._queue)
+            if self._routes is not None:  # the endpoints it serves, before the first claim
+                await self._routes.load()
         except BaseException:
             await self._queue.close()
             raise
@@ -404,7 +430,14 @@ class Dispatcher:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._routes is not None:
+            await self._routes.close()
         await self._queue.close()
+
+    @property
+    def endpoints(self) -> list[str]:
+        """The names of the endpoints it knows now (empty without ``endpoints=``)."""
+        return [] if self._routes is None else self._routes.names
 
     @property
     def queue(self) -> AsyncStore:
@@ -559,6 +592,8 @@ class Dispatcher:
         stop_wait = asyncio.ensure_future(self._stop.wait())
         keeper = asyncio.create_task(self._keeper.run(), name="lease keeper")
         keeper.add_done_callback(self._keeper_died)
+        refresher = None if self._routes is None else asyncio.create_task(
+            self._routes.run(), name="endpoints refresher")
         try:
             while not self._stop.is_set():
                 if self._slots.room < self._claim_at_least and self._slots.used:
@@ -584,6 +619,8 @@ class Dispatcher:
             await self._settle()
             keeper.remove_done_callback(self._keeper_died)
             keeper.cancel()
+            if refresher is not None:
+                refresher.cancel()
 
     async def _wait(self, stop_wait: asyncio.Future, timeout: float | None, *,
                     work: bool = False) -> None:
@@ -633,9 +670,16 @@ class Dispatcher:
         limit = min(self._slots.room, self.batch_size)
         asked = self._time.asked()
 
+        served = self.served
+
         def claim(store: Store) -> tuple[Claimed, float]:
             started = time.perf_counter()  # the transaction's own time, on its thread
-            claimed = store.claim_jobs(self.owner, self.lease_ms, limit, now_ms=self._time.given())
+            if served is None:  # the queue's own jobs: the call as it was before endpoints
+                claimed = store.claim_jobs(self.owner, self.lease_ms, limit,
+                                           now_ms=self._time.given())
+            else:
+                claimed = store.claim_jobs(self.owner, self.lease_ms, limit,
+                                           now_ms=self._time.given(), endpoints=served)
             return claimed, time.perf_counter() - started
 
         self._claim_in_flight = in_flight = asyncio.get_running_loop().create_future()
@@ -650,6 +694,10 @@ class Dispatcher:
             in_flight.set_result(None)  # a finish group waiting for it goes ahead
         if not self._time.injected:
             self._time.observe(claimed.now_ms, asked)
+        routes = self._routes
+        if routes is not None and any(routes.get(job.endpoint) is None
+                                      for job in claimed.leased):
+            await routes.refresh()  # an endpoint added since: read them again, at once
         self._slots.measure_line()
         self._claimed(claimed, seconds)
         return bool(claimed.leased)
@@ -681,10 +729,18 @@ class Dispatcher:
         stats.in_flight += len(claimed.leased)
         first_ms = claimed.now_ms
         slots, watch, start = self._slots, self._keeper.watch, self._start
+        routes = self._routes
+        route: Route | None = None
         for job in claimed.leased:
             ticket = job.ticket
+            if routes is not None:
+                route = routes.get(job.endpoint)
+                if route is None:
+                    self._unknown_endpoint(job.endpoint, ticket)
+                    continue
+                route.figures.claimed += 1
             held = Held(ticket, job.event, first_ms, half_way(first_ms, ticket["lease_until"]),
-                        job.digest)
+                        job.digest, route)
             held.can_extend = ticket["lease_until"] - first_ms >= self.lease_ms  # else capped
             watch(held)  # its lease is kept from the claim, whether it sends or waits
             if slots.free:
@@ -692,6 +748,19 @@ class Dispatcher:
                 start(held)
             else:
                 slots.wait(held)
+
+    def _unknown_endpoint(self, endpoint: str | None, ticket: dict) -> None:
+        """A delivery of an endpoint it does not have, even after reading them
+        again (removed since): never sent, left leased; its lease expiry and
+        its attempt budget recover it. Logged once per endpoint."""
+        self.stats.in_flight -= 1
+        self.stats.unknown_endpoint += 1
+        assert self._routes is not None
+        if self._routes.tell_unknown(endpoint):
+            log.warning("delivery of an unknown endpoint left leased (further ones of this "
+                        "endpoint are counted, not logged)",
+                        extra={"id": ticket["id"], "token": ticket["token"], "owner": self.owner,
+                               "endpoint": endpoint, "status": "leased"})
 
     def _start(self, held: Held) -> None:
         """The job's task: its send, with the slot it holds."""
@@ -727,6 +796,8 @@ class Dispatcher:
             await held.settled()  # an extension in flight first: its ticket is the store's
         except Exception as exc:
             self.stats.errors += 1
+            if held.route is not None:
+                held.route.figures.errors += 1
             log.exception("job failed", extra=self._facts(held, status="leased",
                                                           error=_error_line(exc)))
             return
@@ -768,6 +839,8 @@ class Dispatcher:
             self._keeper.unwatch(held)
             self._give_back(held)
         self.metrics.observe_send(took)  # a send that ended: not one a shutdown cancelled
+        if held.route is not None:
+            held.route.figures.send.observe(took)
         seen = Attempt.of(held.first_ms, round(took * 1000), error, held.http_status)
         if error is None:
             return Judged("ok", 0, seen)
@@ -793,11 +866,16 @@ class Dispatcher:
         verdict = self.policy.judge(error, ticket["attempt"], self._draw())
         if verdict is not None:
             return Judged(verdict[0], verdict[1], seen)
+        figures = None if held.route is None else held.route.figures
         if isinstance(error, BadAck):
             self.stats.bad_acks += 1
+            if figures is not None:
+                figures.bad_acks += 1
             log.warning("bad ACK", extra=self._facts(held, seen, status="leased"))
         else:
             self.stats.errors += 1
+            if figures is not None:
+                figures.errors += 1
             log.error("send failed", extra=self._facts(held, seen, status="leased"))
         return Judged(None, 0, seen)
 
@@ -807,6 +885,9 @@ class Dispatcher:
             if self.send_timeout_ms is None:  # the lease keeper's cut is its bound
                 return await self._send(held.event, token)
             return await _within(self._send(held.event, token), window_ms / 1000)
+        route = held.route
+        if route is not None:
+            return await self._send_to_endpoint(held, route, token, window_ms)
         destination = self.destination
         assert destination is not None
         # A signature's time is this host's (or the injected clock's): the
@@ -816,6 +897,23 @@ class Dispatcher:
                                          token=token, session=self._session, timestamp=stamp,
                                          digest=held.digest)
         return True  # delivered: its status is the attempt's evidence
+
+    async def _send_to_endpoint(self, held: Held, route: Route, token: int,
+                                window_ms: int) -> object:
+        """A delivery, to its endpoint's destination (its newest configuration:
+        URL, ACK policy, secrets, static headers) over the endpoint's own pool."""
+        destination = route.destination
+        stamp = (self._time.given() or wall_clock_ms()) // 1000 if destination.secrets else None
+        assert self._routes is not None
+        self._routes.sending(route)
+        try:
+            held.http_status = await deliver(destination, held.event,
+                                             timeout=window_ms / 1000, token=token,
+                                             session=route.client, timestamp=stamp,
+                                             digest=held.digest)
+        finally:
+            self._routes.sent(route)
+        return True
 
     def _draw(self) -> float:
         return check_jitter(self._jitter())
@@ -837,6 +935,8 @@ class Dispatcher:
         stats.in_flight -= 1
         if judged.outcome is None:  # evidence only: counted as the bad ACK or error it is
             return
+        if held.route is not None:
+            _count_endpoint(held.route.figures, recorded)
         status, reason = recorded
         if status == "done":
             stats.ok += 1
@@ -870,6 +970,9 @@ class Dispatcher:
         Called while the group's exception is being handled: it is the record's."""
         self.stats.in_flight -= len(helds)
         self.stats.errors += sum(1 for one in judged if one.outcome is not None)
+        for held, one in zip(helds, judged, strict=True):
+            if held.route is not None and one.outcome is not None:
+                held.route.figures.errors += 1
         log.exception("finish failed, %d jobs left leased: %s", len(helds),
                       _some_ids([held.ticket for held in helds]),
                       extra={"owner": self.owner, "jobs": len(helds), "status": "leased",
@@ -882,6 +985,8 @@ class Dispatcher:
         ticket = held.ticket
         facts: dict[str, object] = {"id": ticket["id"], "token": ticket["token"],
                                     "owner": self.owner, "attempt": ticket["attempt"]}
+        if held.route is not None:
+            facts["endpoint"] = held.route.name
         if seen is not None:
             if seen.http_status is not None:
                 facts["http_status"] = seen.http_status
@@ -891,11 +996,27 @@ class Dispatcher:
         return facts
 
 
-def _one_destination(url: str | None, destination: object,
-                     send: object) -> Destination | None:
-    """The destination of exactly one of url, destination and send (None: send)."""
-    if sum(given is not None for given in (url, destination, send)) != 1:
-        raise ValueError("give exactly one of url, destination and send")
+def _count_endpoint(figures: EndpointFigures, recorded: Recorded) -> None:
+    """A recorded outcome in its endpoint's figures, as ``_recorded`` counts the totals."""
+    status, reason = recorded
+    if status == "done":
+        figures.ok += 1
+    elif recorded == BUSY:
+        figures.unrecorded_busy += 1
+    elif status is False:
+        figures.stale += 1
+    elif status == "pending":
+        figures.retried += 1
+    elif reason is not None:
+        figures.count_dead(reason)
+
+
+def _one_destination(url: str | None, destination: object, send: object,
+                     endpoints: object = None) -> Destination | None:
+    """The destination of exactly one of url, destination, send and endpoints
+    (None: send, or each delivery's endpoint's)."""
+    if sum(given is not None for given in (url, destination, send, endpoints)) != 1:
+        raise ValueError("give exactly one of url, destination, send and endpoints")
     if url is not None:
         return Destination(url)  # every check of a destination, the type of url included
     if destination is not None and not isinstance(destination, Destination):
