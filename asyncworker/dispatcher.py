@@ -4,7 +4,10 @@ It runs the product queue (``lease.sqlite``): lab events {"id", "qty"} and
 payload events {"id", "body"} alike, with a ``RetryPolicy`` (by default
 ``lease.policy.DEFAULT_POLICY``, which rides out a receiver outage of hours),
 to one ``lease.http.Destination`` (https to any host, an ACK policy, signed
-requests) over one session, or through a ``send`` of the caller's.
+requests) over one session, or through a ``send`` of the caller's; or it
+serves the queue's endpoints (``endpoints="*"`` or their names: each delivery
+to its own endpoint's destination, secrets and static headers, over the
+endpoint's own pool; ``asyncworker.routes``).
 
 Per job: ``claim_jobs`` (on the queue's thread) -> ``await send`` on the event
 loop with no lock held, cut off before the lease runs out and extended
@@ -35,8 +38,9 @@ for an aiohttp app; that module reads the dispatcher and never imports this one)
 Logs (logger ``asyncworker.dispatcher``): every retry, dead job, stale
 finish, lost lease, bad ACK, send error and finish failure is one record
 whose facts are ``extra=`` fields (id, token, owner, attempt, outcome,
-status, reason, http_status, error, delay_ms); a job done is a debug record.
-No record holds a job's body.
+status, reason, http_status, error, delay_ms, and a delivery's endpoint); a
+job done is a debug record. No record holds a job's body, a secret or a
+static header's value.
 """
 
 from __future__ import annotations
@@ -297,6 +301,24 @@ class Dispatcher:
     queue (by default a missing queue is FileNotFoundError for a file,
     NotAQueue for a database). ``latencies``, when a list, receives each
     job's claim-to-finish time in seconds.
+
+    Endpoints (instead of url, destination or send): ``endpoints="*"`` serves
+    the deliveries of every endpoint of the queue, a list of names those of
+    the named ones (``Store.claim_jobs(endpoints=...)``). Each delivery goes to
+    its endpoint's ``Destination`` (URL, ACK policy, CA file, signed with its
+    secrets, its static headers sent) over a connection pool of its own; the
+    receiver sees the message's id, the token is the delivery's own lease's.
+    The endpoints are read at the start (``async with``), every ``refresh_s``
+    seconds, and at once when a claim hands back a delivery of one it does not
+    know; one that is still unknown (removed since) has its delivery left
+    leased, never sent (its lease expiry and budget recover it), counted in
+    ``stats.unknown_endpoint`` and logged once. The sends in flight stay
+    bounded by ``concurrency`` in all; how the slots are shared is the
+    claim's (each endpoint's ``max_in_flight``, rate and fair share are
+    judged in the store), so an endpoint capped at 8 holds at most 8 of them.
+    The per-delivery metrics carry an ``endpoint`` label (one series per
+    endpoint served); ``endpoint_label=False`` drops it (totals only, for a
+    queue of very many endpoints).
 
     It runs once: after ``stop()`` (even one that came before ``run()``
     started), after ``run()`` returned or after a failure, ``run()`` does not

@@ -93,10 +93,8 @@ class EndpointRoutes:
         out while ``keep_trying``), then no await until every route is set.
         Loads run one at a time, each reading after the one before it."""
         async with self._lock:
-            names = self._names
-            configs = await self._queue.call(
-                lambda store: store.endpoint_configs(names), keep_trying=self._keep_trying,
-                on_busy=lambda _: self._on_busy())
+            configs = await self._queue.endpoint_configs(
+                self._names, keep_trying=self._keep_trying, on_busy=lambda _: self._on_busy())
             self._apply(configs)
             self.loads += 1
 
