@@ -298,8 +298,8 @@ class DispatcherMetrics:
         self.observe_finish = self.finish.observe
 
     def figures_of(self, endpoint: str) -> EndpointFigures:
-        """The endpoint's figures, made at its first delivery and kept (a
-        counter never goes back, even across its removal and return)."""
+        """The endpoint's figures, made when the dispatcher first knows it and
+        kept (a counter never goes back, even across its removal and return)."""
         figures = self.endpoints.get(endpoint)
         if figures is None:
             figures = self.endpoints[endpoint] = EndpointFigures()

@@ -274,7 +274,7 @@ class Destination:
         if route.tls:
             ca_file = _check_ca_path(self.ca_file)
             object.__setattr__(self, "ca_file", ca_file)
-            context = client_context(ca_file)
+            context = _shared_context(ca_file)
         elif self.ca_file is not None:
             raise ValueError("ca_file applies to https:// URLs only")
         object.__setattr__(self, "route", route)
@@ -385,6 +385,26 @@ def client_context(ca_file: str | None) -> ssl.SSLContext:
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.sslsocket_class = _DeadlineSSLSocket  # the sync sender's bound on every read
     return context
+
+
+def _shared_context(ca_file: str | None) -> ssl.SSLContext:
+    """``client_context``, made once per CA file as it is now (its path, inode,
+    size and modification time) and shared by the destinations that name it:
+    loading a trust store takes tens of milliseconds, and a dispatcher serving
+    endpoints reads them (each with its destination) every few seconds. A
+    file replaced or rewritten is loaded afresh; the system's store once."""
+    if ca_file is None:
+        return _context_of(None, None)
+    try:
+        found = os.stat(ca_file)
+    except OSError:
+        return client_context(ca_file)  # the error it names
+    return _context_of(ca_file, (found.st_ino, found.st_size, found.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=64)
+def _context_of(ca_file: str | None, version: tuple[int, int, int] | None) -> ssl.SSLContext:
+    return client_context(ca_file)
 
 
 def as_destination(target: object) -> Destination:

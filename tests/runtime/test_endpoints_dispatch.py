@@ -377,3 +377,23 @@ def test_a_destination_without_headers_is_as_it_was():
     plain = Destination("https://orders.example/h")
     assert plain.headers == () and "headers" not in repr(plain)
     assert Endpoint("e", "https://orders.example/h").destination == plain
+
+
+def test_destinations_share_a_trust_store_loaded_once_until_its_file_changes(tmp_path: Path):
+    """Loading a trust store takes tens of milliseconds, and a dispatcher reads
+    its endpoints (each with its destination) every few seconds."""
+    import os
+
+    import trustme
+
+    assert Destination("https://a.example/x").ssl_context is \
+        Destination("https://b.example/y").ssl_context
+    ca_file = tmp_path / "ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(ca_file))
+    first = Destination("https://a.example/x", ca_file=ca_file).ssl_context
+    assert Destination("https://b.example/y", ca_file=ca_file).ssl_context is first
+    assert first is not Destination("https://a.example/x").ssl_context
+    trustme.CA().cert_pem.write_to_path(str(ca_file))  # another CA, rewritten in place
+    os.utime(ca_file, ns=(1, 1))  # whatever the clock's granularity: another time
+    renewed = Destination("https://a.example/x", ca_file=ca_file).ssl_context
+    assert renewed is not first
