@@ -439,6 +439,9 @@ class Dispatcher:
             await self._time.read(self._queue)
             if self._routes is not None:  # the endpoints it serves, before the first claim
                 await self._routes.load()
+                if self._routes.missing:
+                    log.warning("no such endpoint (yet): %s", ", ".join(self._routes.missing),
+                                extra={"owner": self.owner})
         except BaseException:
             await self._queue.close()
             raise

@@ -143,7 +143,14 @@ class EndpointRoutes:
         self._unknown_told.add(key)
         return True
 
+    @property
+    def missing(self) -> list[str]:
+        """The names it serves that the queue has no endpoint of (yet)."""
+        return [] if self._names is None else sorted(set(self._names) - set(self._routes))
+
     def sending(self, route: Route) -> None:
+        if route.client.closed:  # a gone endpoint's pool, closed: a send claimed before
+            route.client = WireClient(limit=self._pool_limit)
         route.sending += 1
 
     def sent(self, route: Route) -> None:
