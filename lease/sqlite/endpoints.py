@@ -14,6 +14,7 @@ from lease.endpoints import (
     Endpoint,
     EndpointError,
     allowance,
+    changed_fields,
     check_endpoint_name,
     claim_window,
     delivery_id,
@@ -22,7 +23,6 @@ from lease.endpoints import (
     key_of_line,
     line_key,
     refill,
-    subscribes,
 )
 from lease.policy import Intake, RetryPolicy, check_actor, check_note
 from lease.rules import conflict
@@ -65,7 +65,14 @@ class Fanout:
     endpoint: its events are jobs of its own, as before endpoints."""
 
     def __init__(self, rows: list, virtual_time: int) -> None:
-        self.subscriptions = [(name, tuple(json.loads(types))) for name, types, _ in rows]
+        # by type: an intake of many events to many endpoints costs one
+        # look-up an event, not one test per endpoint
+        self.every: list[str] = []
+        self.by_type: dict[str, list[str]] = {}
+        for name, types, _ in rows:
+            for event_type in json.loads(types):
+                (self.every if event_type == ALL else self.by_type.setdefault(
+                    event_type, [])).append(name)
         self.next_rank = {name: rank for name, _, rank in rows}
         self.virtual_time = virtual_time
         self.touched: set[str] = set()
@@ -90,7 +97,8 @@ class Fanout:
                                                   intake.type):
                 raise conflict(intake, qty, digest, key, event_type)
             return None
-        names = [name for name, types in self.subscriptions if subscribes(types, intake.type)]
+        names = sorted(self.every + self.by_type.get(intake.type, [])) \
+            if intake.type is not None else self.every
         ids = [delivery_id(intake.id, name) for name in names]
         for job_id in ids:
             if con.execute(CONTENT_OF, (job_id,)).fetchone() is not None:
@@ -137,11 +145,17 @@ def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_
         if not rows:
             break
         after = {"rank": rows[-1][2], "seq": rows[-1][0]}
-        fresh = sorted({endpoint for _, endpoint, _ in rows} - allowances.keys())
-        if fresh:
-            _judge_endpoints(con, fresh, now_ms, allowances, buckets)
-        picked += fair_pick(((seq, endpoint) for seq, endpoint, _ in rows), allowances,
-                            limit - len(picked))
+        # judged a slice at a time: with many endpoints in line, a claim
+        # judges about as many as it leases, not the whole window's
+        for start in range(0, len(rows), limit):
+            part = rows[start:start + limit]
+            fresh = sorted({endpoint for _, endpoint, _ in part} - allowances.keys())
+            if fresh:
+                _judge_endpoints(con, fresh, now_ms, allowances, buckets)
+            picked += fair_pick(((seq, endpoint) for seq, endpoint, _ in part), allowances,
+                                limit - len(picked))
+            if len(picked) == limit:
+                break
         if len(picked) == limit or len(rows) < window:
             break
     if not picked:
@@ -205,12 +219,14 @@ def update_endpoint(con: sqlite3.Connection, name: str, changes: dict[str, Any],
     by the names of the fields changed; a new rate starts with a full bucket."""
     if type(changes) is not dict or not changes:
         raise ValueError("changes must be a non-empty dict of an endpoint's fields")
-    before = _endpoint(con, name)
-    after = before.changed(**changes)
+    row = endpoint_row(con, name)
+    # built once, with the changes: an endpoint whose CA file is gone can be
+    # given another one
+    after = _configured(row, changes)
     _check_audit(after, note, actor)
     values = _endpoint_values(after)
-    con.execute(UPDATE_ENDPOINT, (*values[1:], now_ms, name))
-    if (after.rate, after.burst) != (before.rate, before.burst):
+    con.execute(UPDATE_ENDPOINT, (*values[1:], int(after.enabled), now_ms, name))
+    if (after.rate, after.burst) != (row["rate"], row["burst"]):
         con.execute(RESET_BUCKET, (_full(after), now_ms, name))
     action = "update"
     if set(changes) == {"enabled"}:
@@ -241,7 +257,7 @@ def refuse_removal(name: str, live: list[tuple[str, str]], cancel_live: bool) ->
 def remove_endpoint(con: sqlite3.Connection, name: str, now_ms: int, note: str | None,
                     actor: str | None) -> None:
     """Inside a write transaction, its live deliveries cancelled already."""
-    _endpoint(con, name)
+    endpoint_row(con, name)
     con.execute(DELETE_ENDPOINT, (name,))
     _audit(con, name, now_ms, "remove", [], note, actor)
 
@@ -273,27 +289,40 @@ def public_row(row: dict[str, Any]) -> dict[str, Any]:
         "types": json.loads(row["types"]), "max_in_flight": row["max_in_flight"],
         "rate": row["rate"], "burst": row["burst"],
         "insecure_http": bool(row["insecure_http"]), "enabled": bool(row["enabled"]),
+        "disable_after_ms": row["disable_after_ms"], "disabled_why": row["disabled_why"],
         "created_ms": row["created_ms"], "updated_ms": row["updated_ms"],
+        "circuit": {"state": row["circuit"], "since_ms": row["circuit_since_ms"],
+                    "why": row["circuit_why"], "failures": row["failures"],
+                    "open_until_ms": row["open_until_ms"],
+                    "paused_until_ms": row["paused_until_ms"],
+                    "failing_since_ms": row["failing_since_ms"],
+                    "attempts_saved": row["saved"]},
     }
 
 
-def _endpoint(con: sqlite3.Connection, name: str) -> Endpoint:
+def endpoint_row(con: sqlite3.Connection, name: str) -> dict[str, Any]:
     check_endpoint_name(name)
     row = con.execute(ENDPOINT_ROW, (name,)).fetchone()
     if row is None:
         raise EndpointError(f"no endpoint named {name!r}")
-    return _configured(dict(zip(ENDPOINT_COLUMNS, row, strict=True)))
+    return dict(zip(ENDPOINT_COLUMNS, row, strict=True))
 
 
-def _configured(row: dict[str, Any]) -> Endpoint:
+def _configured(row: dict[str, Any], changes: dict[str, Any] | None = None) -> Endpoint:
+    """The endpoint of a row (with ``changes``, checked by Endpoint.changed's rules)."""
+    fields = {
+        "url": row["url"], "ack": row["ack"], "ca_file": row["ca_file"],
+        "secrets": tuple(json.loads(row["secrets"])),
+        "headers": tuple(tuple(pair) for pair in json.loads(row["headers"])),
+        "types": tuple(json.loads(row["types"])), "max_in_flight": row["max_in_flight"],
+        "rate": row["rate"], "burst": row["burst"], "insecure_http": bool(row["insecure_http"]),
+        "enabled": bool(row["enabled"]), "disable_after_ms": row["disable_after_ms"],
+    }
+    if changes:
+        fields.update(changed_fields(changes))
+        return Endpoint(row["name"], **fields)
     try:
-        return Endpoint(
-            row["name"], row["url"], ack=row["ack"], ca_file=row["ca_file"],
-            secrets=tuple(json.loads(row["secrets"])),
-            headers=tuple(tuple(pair) for pair in json.loads(row["headers"])),
-            types=tuple(json.loads(row["types"])), max_in_flight=row["max_in_flight"],
-            rate=row["rate"], burst=row["burst"], insecure_http=bool(row["insecure_http"]),
-            enabled=bool(row["enabled"]))
+        return Endpoint(row["name"], **fields)
     except ValueError as exc:  # a CA file gone since: say which endpoint
         raise EndpointError(f"endpoint {row['name']!r}: {exc}") from None
 
@@ -303,7 +332,8 @@ def _endpoint_values(endpoint: Endpoint) -> tuple:
     return (endpoint.name, endpoint.url, endpoint.ack, endpoint.ca_file,
             json.dumps(list(endpoint.secrets)), json.dumps([list(p) for p in endpoint.headers]),
             json.dumps(list(endpoint.types)), endpoint.max_in_flight, endpoint.rate,
-            endpoint.burst, int(endpoint.insecure_http), int(endpoint.enabled))
+            endpoint.burst, int(endpoint.insecure_http), int(endpoint.enabled),
+            endpoint.disable_after_ms)
 
 
 def _full(endpoint: Endpoint) -> float:

@@ -604,7 +604,7 @@ def remove_endpoint(con: sqlite3.Connection, name: str, now_ms: int, *,
         check_note(note)
     check_actor(actor)
     with immediate(con):
-        endpoints.endpoint_configs(con, (name,))  # EndpointError when unknown
+        endpoints.endpoint_row(con, name)  # EndpointError when unknown
         ids = endpoints.refuse_removal(name, endpoints.live_deliveries(con, name), cancel_live)
         for start in range(0, len(ids), MAX_BATCH):
             _cancel(con, ids[start:start + MAX_BATCH], now_ms,

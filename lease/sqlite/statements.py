@@ -7,6 +7,7 @@ narrowed where the product has more (ordered keys, payloads in ``bodies``).
 
 from __future__ import annotations
 
+from lease.rules import CIRCUIT_COLUMNS
 from lease.worker import MARKED, PICK_NAMES
 
 # A job in its key's line: still to be delivered, or dead and blocking the
@@ -98,15 +99,20 @@ INSERT_DELIVERY = ("INSERT INTO jobs (id, qty, status, attempts, max_attempts, t
 NEXT_RANK = "UPDATE endpoints SET next_rank = ? WHERE name = ?"
 ENDPOINT_COLUMNS = ("name", "url", "ack", "ca_file", "secrets", "headers", "types",
                     "max_in_flight", "rate", "burst", "insecure_http", "enabled",
-                    "created_ms", "updated_ms")
+                    "disable_after_ms", "disabled_why", "created_ms", "updated_ms",
+                    *CIRCUIT_COLUMNS, "saved")
 ENDPOINT_ROWS = f"SELECT {', '.join(ENDPOINT_COLUMNS)} FROM endpoints ORDER BY name"
 ENDPOINT_ROW = f"SELECT {', '.join(ENDPOINT_COLUMNS)} FROM endpoints WHERE name = ?"
 INSERT_ENDPOINT = ("INSERT INTO endpoints (name, url, ack, ca_file, secrets, headers, types,"
-    " max_in_flight, rate, burst, insecure_http, enabled, tokens, refilled_ms, next_rank,"
-    " created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)")
+    " max_in_flight, rate, burst, insecure_http, enabled, disable_after_ms, tokens, refilled_ms,"
+    " next_rank, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+    " 0, ?, ?)")
+# An operator's update; enabling by hand clears an automatic disable's reason.
 UPDATE_ENDPOINT = ("UPDATE endpoints SET url = ?, ack = ?, ca_file = ?, secrets = ?,"
     " headers = ?, types = ?, max_in_flight = ?, rate = ?, burst = ?, insecure_http = ?,"
-    " enabled = ?, updated_ms = ? WHERE name = ?")
+    " enabled = ?, disable_after_ms = ?,"
+    " disabled_why = CASE WHEN ? = 1 THEN NULL ELSE disabled_why END,"
+    " updated_ms = ? WHERE name = ?")
 # A new rate starts with a full bucket, as a new endpoint does.
 RESET_BUCKET = "UPDATE endpoints SET tokens = ?, refilled_ms = ? WHERE name = ?"
 DELETE_ENDPOINT = "DELETE FROM endpoints WHERE name = ?"

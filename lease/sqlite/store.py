@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lease.clock import wall_clock_ms
-from lease.endpoints import Endpoint
+from lease.endpoints import Endpoint, check_served
 from lease.policy import (
     DEFAULT_POLICY,
     RetryPolicy,
@@ -187,6 +187,11 @@ class SQLiteStore:
     def is_idle(self) -> bool:
         with store_errors():
             return reads.is_idle(self.connection)
+
+    def is_idle_for(self, endpoints: str | tuple[str, ...] | None) -> bool:
+        served = check_served(endpoints)
+        with store_errors():
+            return reads.is_idle_for(self.connection, served)
 
     def blocked_heads(self, limit: int = MAX_BATCH) -> list[dict[str, Any]]:
         check_int("limit", limit, 1, MAX_BATCH)
