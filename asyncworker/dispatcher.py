@@ -585,9 +585,12 @@ class Dispatcher:
     async def run(self, *, until_idle: bool = False) -> DispatcherStats:
         """Dispatch until stop() (or, with until_idle, until the queue is idle).
 
-        Idle means nothing a claim may take now or later without an operator:
-        every job done or dead, or waiting behind a dead first job of its
-        ordering key (``Store.blocked_heads`` names those keys). Retry delays
+        Idle means nothing its claims may take now or later without an operator
+        (``Store.is_idle_for`` what it serves: the queue's own jobs, or the
+        deliveries of the enabled endpoints it serves): every job done or
+        dead, or waiting behind a dead first job of its ordering key
+        (``Store.blocked_heads`` names those keys); a disabled endpoint's
+        deliveries wait for an operator. Retry delays
         and the leases of a dispatcher that died are waited out, not skipped. Once only:
         after a stop (even one before this call) or a previous run it returns
         the stats at once; after a failure it raises RuntimeError. Whatever
@@ -630,7 +633,7 @@ class Dispatcher:
                     continue
                 if until_idle and not self._tasks:
                     await self._finisher.settle()  # the last outcomes written first
-                    if await self._queue.is_idle():
+                    if await self._queue.is_idle_for(self.served):
                         break
                 await self._wait(stop_wait, self.poll_interval, work=True)
             await self._all_sent()  # graceful: claimed jobs are sent, within their leases

@@ -236,6 +236,10 @@ class AsyncStore:
     async def is_idle(self) -> bool:
         return await self.call(lambda s: s.is_idle())
 
+    async def is_idle_for(self, endpoints: str | tuple[str, ...] | None) -> bool:
+        """Idle as far as a claim with these ``endpoints`` can tell (``Store.is_idle_for``)."""
+        return await self.call(lambda s: s.is_idle_for(endpoints))
+
     async def endpoint_configs(self, names: tuple[str, ...] | None = None, *,
                                keep_trying: Callable[[], bool] | None = None,
                                on_busy: Callable[[Busy], None] | None = None) -> list[Endpoint]:

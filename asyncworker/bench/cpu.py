@@ -233,6 +233,9 @@ class MemoryStore:
     def is_idle(self) -> bool:  # no ordering keys here: idle is drained
         return self.is_drained()
 
+    def is_idle_for(self, endpoints: object) -> bool:  # no endpoints here either
+        return self.is_drained()
+
     def blocked_heads(self, limit: int = 0) -> list:
         return []
 

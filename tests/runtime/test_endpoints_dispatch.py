@@ -397,3 +397,19 @@ def test_destinations_share_a_trust_store_loaded_once_until_its_file_changes(tmp
     os.utime(ca_file, ns=(1, 1))  # whatever the clock's granularity: another time
     renewed = Destination("https://a.example/x", ca_file=ca_file).ssl_context
     assert renewed is not first
+
+
+async def test_until_idle_ends_when_only_a_disabled_endpoint_or_another_dispatchers_work_is_left(
+        tmp_path: Path):
+    path = tmp_path / "queue.db"
+    async with receiver(None, host=HOST) as a, receiver(None, host=HOST) as b:
+        add(path, endpoint("alpha", a), endpoint("beta", b, enabled=False))
+        enqueue(path, {"id": "m-1", "qty": 1})
+        stats = await _run_idle(dispatcher(path))  # beta's delivery waits for an operator
+        assert stats.ok == 1 and len(a.seen) == 1 and b.seen == []
+        with store_of(path) as store:
+            store.update_endpoint("beta", {"enabled": True})
+        stats = await _run_idle(dispatcher(path, endpoints=["alpha"]))  # beta: not its own
+        assert stats.claimed == 0
+        stats = await _run_idle(dispatcher(path, endpoints=["beta"]))
+        assert stats.ok == 1 and [seen.headers["webhook-id"] for seen in b.seen] == ["m-1"]
