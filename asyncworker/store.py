@@ -237,8 +237,15 @@ class AsyncStore:
         return await self.call(lambda s: s.is_idle())
 
     async def is_idle_for(self, endpoints: str | tuple[str, ...] | None) -> bool:
-        """Idle as far as a claim with these ``endpoints`` can tell (``Store.is_idle_for``)."""
-        return await self.call(lambda s: s.is_idle_for(endpoints))
+        """Idle as far as a claim with these ``endpoints`` can tell (``Store.is_idle_for``).
+        A store of before endpoints has only its own jobs: its ``is_idle`` is theirs."""
+
+        def idle(store: Store) -> bool:
+            if endpoints is None and not hasattr(store, "is_idle_for"):
+                return store.is_idle()
+            return store.is_idle_for(endpoints)
+
+        return await self.call(idle)
 
     async def endpoint_configs(self, names: tuple[str, ...] | None = None, *,
                                keep_trying: Callable[[], bool] | None = None,
