@@ -10,7 +10,9 @@ one endpoint's entry: its latest configuration, its ``WireClient`` (one pool
 per endpoint: a slow endpoint's connections never crowd out another's) and
 its figures (``asyncworker.metrics.EndpointFigures``). An endpoint that is
 gone from the table (removed) keeps its pool until its last send in flight
-ends, then the pool is closed; its figures stay with the metrics.
+ends, then the pool is closed; its figures stay with the metrics. An
+endpoint that cannot be built from its row (its CA file gone) is logged once
+and keeps the configuration it had; it stops none of the others.
 
 The claim decides how the dispatcher's slots are shared between endpoints
 (each endpoint's cap, rate and fair share are store state, judged inside the
@@ -26,8 +28,9 @@ from collections.abc import Callable
 from asyncworker.metrics import EndpointFigures
 from asyncworker.store import AsyncStore
 from asyncworker.wire import WireClient
-from lease.endpoints import ALL, Endpoint
+from lease.endpoints import ALL, Endpoint, EndpointError
 from lease.http import Destination
+from lease.store import Store
 from lease.worker import Busy
 
 __all__ = ["EndpointRoutes", "Route"]
@@ -79,6 +82,7 @@ class EndpointRoutes:
         self._routes: dict[str, Route] = {}
         self._lock = asyncio.Lock()
         self._unknown_told: set[str] = set()  # endpoints whose unknown delivery was logged
+        self._broken_told: set[str] = set()  # endpoints that could not be built, logged
         self.loads = 0  # reads of the table that succeeded
 
     def get(self, name: str | None) -> Route | None:
@@ -93,10 +97,35 @@ class EndpointRoutes:
         out while ``keep_trying``), then no await until every route is set.
         Loads run one at a time, each reading after the one before it."""
         async with self._lock:
-            configs = await self._queue.endpoint_configs(
-                self._names, keep_trying=self._keep_trying, on_busy=lambda _: self._on_busy())
-            self._apply(configs)
+            broken: dict[str, str] = {}
+            try:
+                configs = await self._queue.endpoint_configs(
+                    self._names, keep_trying=self._keep_trying,
+                    on_busy=lambda _: self._on_busy())
+            except EndpointError:  # a name served is no endpoint (yet), or one
+                configs, broken = await self._one_by_one()  # cannot be built (CA file gone)
+            self._apply(configs, broken)
             self.loads += 1
+
+    async def _one_by_one(self) -> tuple[list[Endpoint], dict[str, str]]:
+        """The endpoints read one at a time (on one store thread hop), so one
+        that cannot be built keeps none of the others from being served:
+        (those built, {name: why} of the others)."""
+        names = self._names
+
+        def each(store: Store) -> tuple[list[Endpoint], dict[str, str]]:
+            found: list[Endpoint] = []
+            broken: dict[str, str] = {}
+            existing = [row["name"] for row in store.endpoints()]
+            for name in existing if names is None else sorted(set(names) & set(existing)):
+                try:
+                    found += store.endpoint_configs((name,))
+                except EndpointError as exc:
+                    broken[name] = str(exc)
+            return found, broken
+
+        return await self._queue.call(each, keep_trying=self._keep_trying,
+                                      on_busy=lambda _: self._on_busy())
 
     async def refresh(self) -> bool:
         """``load``, for a running dispatcher: False (logged) when the store
@@ -118,10 +147,19 @@ class EndpointRoutes:
             await asyncio.sleep(self.refresh_s)
             await self.refresh()
 
-    def _apply(self, configs: list[Endpoint]) -> None:
+    def _apply(self, configs: list[Endpoint], broken: dict[str, str]) -> None:
+        """The table read: new endpoints get a route, changed ones their new
+        configuration, gone ones lose theirs. One that cannot be built keeps
+        the configuration it had (if any), and is logged once until it can."""
         fresh = {endpoint.name: endpoint for endpoint in configs}
+        for name, why in broken.items():
+            if name not in self._broken_told:
+                self._broken_told.add(name)
+                log.warning("endpoint cannot be sent to: %s", why, extra={
+                    "endpoint": name, "kept": name in self._routes})
+        self._broken_told &= set(broken)
         for name, route in list(self._routes.items()):
-            if name not in fresh:
+            if name not in fresh and name not in broken:
                 del self._routes[name]
                 route.gone = True
                 self._close_if_idle(route)

@@ -413,3 +413,43 @@ async def test_until_idle_ends_when_only_a_disabled_endpoint_or_another_dispatch
         assert stats.claimed == 0
         stats = await _run_idle(dispatcher(path, endpoints=["beta"]))
         assert stats.ok == 1 and [seen.headers["webhook-id"] for seen in b.seen] == ["m-1"]
+
+
+async def test_an_endpoint_that_cannot_be_built_stops_none_of_the_others(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """Its CA file gone: it is logged once, the others are served, and the
+    endpoints are still read (one added later is served)."""
+    import trustme
+
+    path = tmp_path / "queue.db"
+    ca_file = tmp_path / "ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(ca_file))
+    async with receiver(None, host=HOST) as a, receiver(None, host=HOST) as b:
+        add(path, endpoint("alpha", a),
+            Endpoint("gamma", "https://127.0.0.1:9/x", ca_file=str(ca_file), types=("none",)))
+        ca_file.unlink()
+        enqueue(path, {"id": "m-1", "qty": 1})
+        d = dispatcher(path, refresh_s=0.05)
+        with caplog.at_level(logging.WARNING, logger="asyncworker.dispatcher"):
+            async with running(d):
+                await until(lambda: d.stats.ok == 1)
+                assert d.endpoints == ["alpha"]
+                add(path, endpoint("beta", b))
+                await until(lambda: d.endpoints == ["alpha", "beta"])
+        told = [r for r in caplog.records if r.getMessage().startswith("endpoint cannot be")]
+        assert [r.endpoint for r in told] == ["gamma"]  # type: ignore[attr-defined]
+
+
+async def test_a_named_endpoint_removed_while_running_is_dropped(tmp_path: Path):
+    path = tmp_path / "queue.db"
+    async with receiver(None, host=HOST) as a, receiver(None, host=HOST) as b:
+        add(path, endpoint("alpha", a), endpoint("beta", b))
+        d = dispatcher(path, endpoints=["alpha", "beta"], refresh_s=0.05)
+        async with running(d):
+            assert d.endpoints == ["alpha", "beta"]
+            with store_of(path) as store:
+                store.remove_endpoint("beta")
+            await until(lambda: d.endpoints == ["alpha"])
+            enqueue(path, {"id": "m-1", "qty": 1})
+            await until(lambda: d.stats.ok == 1)
+        assert len(a.seen) == 1 and b.seen == []
