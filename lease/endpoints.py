@@ -200,7 +200,7 @@ class Endpoint:
         set_(self, "destination", Destination(
             self.url, ack=self.ack, ca_file=self.ca_file,
             secrets=tuple(parse_secret(text) for text in self.secrets),
-            insecure_http=self.insecure_http))
+            insecure_http=self.insecure_http, headers=self.headers))
 
     def __repr__(self) -> str:
         return (f"Endpoint({self.name!r}, {self.url!r}, secrets=<{len(self.secrets)}>, "
