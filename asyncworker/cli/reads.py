@@ -8,15 +8,26 @@ import json
 import sys
 from contextlib import closing
 
+from asyncworker.cli.endpoints import endpoint_stats_rows
 from asyncworker.cli.exits import EXIT_OK
 from asyncworker.cli.output import cell, event_cell, print_history, print_table, stats_rows
-from asyncworker.operations import WorkFailed, open_queue_store, reached, receiver_stats, shown
+from asyncworker.operations import (
+    WorkFailed,
+    endpoint_figures,
+    open_queue_store,
+    reached,
+    receiver_stats,
+    shown,
+)
 
 
 def stats(args: argparse.Namespace) -> int:
     reached(args, "--receiver", args.receiver)  # checked before the queue is opened
     with closing(open_queue_store(args.queue, read_only=True)) as store:
         snap = store.snapshot()  # at the store's clock: a database's is its server's
+        endpoints = endpoint_figures(store)
+    if endpoints:  # a queue without endpoints shows what it always did
+        snap["endpoints"] = endpoints
     if args.receiver:
         try:
             snap["receiver"] = receiver_stats(args.receiver, args.ca_file,
@@ -29,6 +40,9 @@ def stats(args: argparse.Namespace) -> int:
         print(json.dumps(snap, indent=2, sort_keys=True))
         return EXIT_OK
     print_table(stats_rows(snap))
+    if endpoints:
+        print()
+        print_table(endpoint_stats_rows(endpoints))
     return EXIT_OK
 
 
