@@ -556,16 +556,18 @@ def update_endpoint(store: Store, name: str, changes: dict[str, Any], *,
     unknown = sorted(set(changes) - set(EDITABLE))
     if unknown:
         raise UsageError(f"cannot change {', '.join(unknown)} of an endpoint")
-    configs = {endpoint.name: endpoint for endpoint in store.endpoint_configs()}
-    if name not in configs:
-        raise EndpointNotFound(f"no endpoint {name!r} in {shown(store.name)}")
-    current = configs[name]
+    _known(store, name)
     if changes.get("ca_file") is not None:
         _check_ca_file_named(changes["ca_file"], names)
     try:
-        current.changed(**changes)
-    except ValueError as exc:
-        raise _endpoint_problem(exc, names) from None
+        [current] = store.endpoint_configs((name,))
+    except EndpointError:  # removed meanwhile, or its stored fields no longer valid
+        current = None  # the store's own check, below, says which
+    if current is not None:
+        try:
+            current.changed(**changes)  # checked whole before anything is written
+        except ValueError as exc:
+            raise _endpoint_problem(exc, names) from None
     try:
         return store.update_endpoint(name, changes, note=note, actor=actor)
     except EndpointError as exc:  # removed meanwhile
@@ -591,7 +593,7 @@ def live_deliveries(store: Store, name: str) -> tuple[int, int]:
 
 def remove_endpoint(store: Store, name: str, *, cancel_deliveries: bool = False,
                     note: str | None = None, actor: str | None = None,
-                    cancel_named: str = "cancel_deliveries") -> int:
+                    cancel_named: str = "cancel_deliveries with a note") -> int:
     """Remove an endpoint; how many of its pending deliveries were cancelled.
 
     Refused (EndpointRefused, nothing changed) while it has live deliveries,
@@ -604,8 +606,8 @@ def remove_endpoint(store: Store, name: str, *, cancel_deliveries: bool = False,
 
     _check_audit(note, actor)
     if cancel_deliveries and note is None:
-        raise UsageError(f"{cancel_named} needs a note: each cancelled delivery gets an "
-                         f"audit row")
+        raise UsageError("cancelling the deliveries needs a note: each cancelled delivery "
+                         "gets an audit row")
     pending, leased = live_deliveries(store, name)
     if leased:
         raise EndpointRefused(
@@ -616,8 +618,8 @@ def remove_endpoint(store: Store, name: str, *, cancel_deliveries: bool = False,
     if pending and not cancel_deliveries:
         raise EndpointRefused(
             f"endpoint {name!r} has {_deliveries(pending)} pending; nothing removed. "
-            f"{cancel_named} (with a note) cancels them with the removal, each with an "
-            f"audit row; or let them be delivered first")
+            f"{cancel_named} cancels them with the removal, each with an audit row; or "
+            f"remove it once they are delivered")
     try:
         return store.remove_endpoint(name, cancel_live=cancel_deliveries, note=note,
                                      actor=actor)
@@ -654,8 +656,6 @@ def endpoint_figures(store: Store) -> list[dict[str, Any]]:
     read-only: it has none)."""
     from lease.endpoints import ALL
 
-    if not _has_endpoints(store):
-        return []
     rows = store.endpoint_stats()
     return [{"name": row["name"], "enabled": row.get("enabled", True),
              "types": row.get("types", [ALL]),
@@ -663,16 +663,6 @@ def endpoint_figures(store: Store) -> list[dict[str, Any]]:
 
 
 def endpoint_list(store: Store) -> list[dict[str, Any]]:
-    """Every endpoint's public fields (no secret, no header value), by name."""
-    return store.endpoints() if _has_endpoints(store) else []
-
-
-# The first schema versions with endpoints, by kind of store.
-ENDPOINTS_SINCE = {"sqlite": 5, "postgresql": 4}
-
-
-def _has_endpoints(store: Store) -> bool:
-    """Whether a store's version knows endpoints at all (a file older than them,
-    opened read-only, is read as it is: it has none)."""
-    kind_version = ENDPOINTS_SINCE.get(store.kind)
-    return kind_version is None or store.schema_version() >= kind_version
+    """Every endpoint's public fields (no secret, no header value), with
+    ``created_ms`` and ``updated_ms``, by name; none in a file older than them."""
+    return store.endpoints()

@@ -133,7 +133,7 @@ def remove(args: argparse.Namespace) -> int:
     with closing(open_queue_store(args.queue)) as store:
         cancelled = remove_endpoint(store, args.name, cancel_deliveries=args.cancel_deliveries,
                                     note=args.note, actor=args.actor,
-                                    cancel_named="--cancel-deliveries")
+                                    cancel_named="--cancel-deliveries --note NOTE")
     more = f", {cancelled} pending {'delivery' if cancelled == 1 else 'deliveries'} " \
            f"cancelled" if args.cancel_deliveries else ""
     print(f"removed endpoint {args.name} from {shown(args.queue)}{more}")
