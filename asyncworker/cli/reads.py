@@ -56,11 +56,14 @@ def dead(args: argparse.Namespace) -> int:
         print(json.dumps(jobs, indent=2, ensure_ascii=False))
     elif jobs:
         has = jobs[0].keys()
-        columns = (_JOB_COLUMNS[:1] + (("key",) if "ordering_key" in has else ())
+        deliveries = any(j.get("endpoint") is not None for j in jobs)
+        columns = (_JOB_COLUMNS[:1] + (("endpoint",) if deliveries else ())
+                   + (("key",) if "ordering_key" in has else ())
                    + _JOB_COLUMNS[1:] + (("last_error",) if "last_error" in has else ()))
         print_table([columns] + [
-            tuple(event_cell(j) if c == "qty" else cell(j["ordering_key" if c == "key" else c])
-                  for c in columns) for j in jobs])
+            tuple(event_cell(j) if c == "qty" else cell(j.get("ordering_key" if c == "key"
+                                                              else c)) for c in columns)
+            for j in jobs])
     sys.stdout.flush()  # the table first, then its count, in a terminal too
     print(f"{len(jobs)} dead", file=sys.stderr)
     return EXIT_OK

@@ -338,3 +338,16 @@ def test_stats_shows_each_endpoints_figures(q: Path):
                                 "retried", "dead", "last", "success", "last", "error"]
     assert table[1].split() == ["acme", "yes", "2", "0", "0", "0", "0", "-", "-"]
     assert table[2].split() == ["beta", "no", "1", "0", "0", "0", "0", "-", "-"]
+
+
+def test_dead_and_inspect_name_a_deliverys_endpoint_message_and_type(q: Path):
+    ok("endpoint", "add", q, "acme", URL)
+    ok("enqueue", q, "--id", "m-1", "--body", "{}", "--type", "invoice.paid", "--key", "c-1")
+    ok("cancel", q, "m-1@acme", "--note", "not wanted")
+    table = ok("dead", q).splitlines()
+    assert table[0].split()[:3] == ["id", "endpoint", "key"]
+    assert table[1].split()[:3] == ["m-1@acme", "acme", "c-1"]
+    record = ok("inspect", q, "m-1@acme")
+    for name, value in (("endpoint", "acme"), ("message", "m-1"), ("type", "invoice.paid"),
+                        ("key", "c-1")):
+        assert any(line.split() == [name, value] for line in record.splitlines()), record
