@@ -110,9 +110,14 @@ def say_left_leased(left: list[dict]) -> None:
              f"leases run out (the last at {when(last)}): {named}{more}", leases_left=left)
 
 
+def _to(head: dict) -> str:
+    """A delivery's line is its key to one endpoint: named with it."""
+    return f" to {head['endpoint']}" if head.get("endpoint") is not None else ""
+
+
 def say_blocked(blocked: list[dict]) -> None:
     """An idle run's last line: each key blocked by a dead first job, and that job."""
-    named = ", ".join(f"{one['key']} (dead head {one['id']}, {one['reason']}; "
+    named = ", ".join(f"{one['key']}{_to(one)} (dead head {one['id']}, {one['reason']}; "
                       f"{one['waiting']} waiting)" for one in blocked[:SHOW_EACH])
     more = f" and {len(blocked) - SHOW_EACH} more" if len(blocked) > SHOW_EACH else ""
     announce(f"idle: {count(len(blocked), 'ordering key')} blocked by a dead job, nothing to "

@@ -188,7 +188,8 @@ async def _dispatch(dispatcher: Dispatcher, until_idle: bool, banner: str,
                     # printed once a signal means a graceful stop: a supervisor may wait for it
                     on_ready=lambda: announce(banner, owner=dispatcher.owner))
                 if until_idle and not signalled:  # idle: is anything blocked?
-                    blocked = await dispatcher.queue.call(lambda store: store.blocked_heads())
+                    blocked = _heads(await dispatcher.queue.call(
+                        lambda store: store.blocked_heads()))
             finally:
                 progress.cancel()
                 seconds = time.monotonic() - started
@@ -202,6 +203,13 @@ async def _dispatch(dispatcher: Dispatcher, until_idle: bool, banner: str,
     finally:
         if served is not None:
             await served.cleanup()
+
+
+def _heads(blocked: list[dict]) -> list[dict]:
+    """The blocked heads as a run names them: a delivery's with its endpoint, a
+    job of the queue's own as it always was (no endpoint key)."""
+    return [head if head.get("endpoint") is not None
+            else {k: v for k, v in head.items() if k != "endpoint"} for head in blocked]
 
 
 async def _serve_metrics(dispatcher: Dispatcher, host: str, port: int) -> Any:
