@@ -498,7 +498,7 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _destination_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ack", choices=ACK_POLICIES, default="echo-id",
+    p.add_argument("--ack", choices=ACK_POLICIES, default=None,
                    help="what counts as delivered: echo-id (default) a 2xx JSON object naming "
                         "the job's id, the receiver's proof it read this request; status any "
                         "2xx (the webhook convention: weaker evidence, see the README)")

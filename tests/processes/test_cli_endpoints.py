@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from lease.stores import open_store
 from tests.support.commands import cli
+from tests.support.waiting import wait_until
 
 SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()
 ROTATED = "whsec_" + base64.b64encode(b"r" * 32).decode()
@@ -338,6 +342,76 @@ def test_stats_shows_each_endpoints_figures(q: Path):
                                 "retried", "dead", "last", "success", "last", "error"]
     assert table[1].split() == ["acme", "yes", "2", "0", "0", "0", "0", "-", "-"]
     assert table[2].split() == ["beta", "no", "1", "0", "0", "0", "0", "-", "-"]
+
+
+# ------------------------------------------------------------------ run
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--url", URL, "--endpoint", "acme"], "--endpoint goes without --url"),
+    ([], "has no endpoints: give --url"),
+    (["--endpoint", "acme"], "has no endpoints: give --url"),
+    (["--secret-file", "{q}"], "--secret-file goes with --url"),
+    (["--ack", "status", "--insecure-plain-http"], "--ack, --insecure-plain-http go with --url"),
+    (["--crash-after-acks", "1"], "--crash-after-acks goes with --url"),
+])
+def test_run_refuses_what_does_not_name_one_target(q: Path, argv: list[str], words: str):
+    before = state(q)
+    line = refused(2, "run", q, "--until-idle", *(a.format(q=q) for a in argv))
+    assert line.startswith("asyncworker run: ") and words in line
+    assert state(q) == before
+
+
+def test_run_refuses_an_endpoint_the_queue_does_not_have(q: Path):
+    ok("endpoint", "add", q, "acme", URL)
+    line = refused(2, "run", q, "--until-idle", "--endpoint", "acme", "--endpoint", "ghost")
+    assert f"no endpoint 'ghost' in {q} (it has acme)" in line
+
+
+def figures_of(path: Path) -> dict[str, dict]:
+    with open_store(path, read_only=True) as store:
+        return {row["name"]: row for row in store.endpoint_stats()}
+
+
+def test_run_serves_every_endpoint_or_the_ones_named(q: Path, tmp_path: Path):
+    """Two receivers, one signing: run --endpoint sends one endpoint's
+    deliveries alone; run without it the rest; each receiver gets what its
+    endpoint subscribed to, signed with the endpoint's own secret."""
+    from tests.support.servers import ReceiverProcess
+
+    keys = private(tmp_path / "secrets", f"{SECRET}\n")
+    with ReceiverProcess(tmp_path / "a.db", "--secret-file", str(keys)) as signed, \
+            ReceiverProcess(tmp_path / "b.db") as plain:
+        ok("endpoint", "add", q, "acme", signed.url, "--secret-file", keys, "--type", "paid")
+        ok("endpoint", "add", q, "beta", plain.url)
+        for n in range(6):
+            ok("enqueue", q, "--id", f"m-{n}", "--body", json.dumps({"n": n}),
+               *(("--type", "paid") if n % 2 else ()))
+        # --until-idle waits for the whole queue: this run is stopped once its part is done
+        run = subprocess.Popen([sys.executable, "-m", "asyncworker", "run", str(q),
+                                "--endpoint", "acme"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        try:
+            wait_until(lambda: figures_of(q)["acme"]["done"] == 3, "acme's 3 deliveries done",
+                       60)
+        finally:
+            run.send_signal(signal.SIGTERM)
+            stdout, stderr = run.communicate(timeout=60)
+        assert run.returncode == 0, stderr
+        assert "endpoints acme," in stderr and json.loads(stdout)["dead"] == 0
+        figures = figures_of(q)
+        assert (figures["acme"]["done"], figures["acme"]["ready"]) == (3, 0)
+        assert (figures["beta"]["done"], figures["beta"]["ready"]) == (0, 6)
+        assert signed.stats()["applied"] == 3 and plain.stats()["applied"] == 0
+
+        out = cli("run", str(q), "--until-idle", timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "endpoints acme, beta (and any added while it runs)" in out.stderr
+        figures = figures_of(q)
+        assert (figures["beta"]["done"], figures["beta"]["ready"]) == (6, 0)
+        assert figures["beta"]["last_success_ms"] is not None
+        assert plain.stats()["applied"] == 6 and signed.stats()["applied"] == 3
+    no_secret(out.stdout + out.stderr)
 
 
 def test_dead_and_inspect_name_a_deliverys_endpoint_message_and_type(q: Path):
