@@ -31,13 +31,12 @@ store state judged inside the claim's transaction:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lease.breaker import DAY_MS, DISABLE_AFTER_MS
-from lease.http import ACK_POLICIES, Destination
+from lease.http import ACK_POLICIES, Destination, check_static_headers
 from lease.policy import PRODUCT, check_event_type
 from lease.signing import parse_secret
 from lease.worker import check_identifier, check_int, check_job_id
@@ -46,7 +45,6 @@ __all__ = [
     "ALL",
     "Endpoint",
     "EndpointError",
-    "MAX_ENDPOINT_HEADERS",
     "allowance",
     "check_endpoint_name",
     "check_event_type",
@@ -61,18 +59,10 @@ __all__ = [
 
 ALL = "*"  # every type (an endpoint's subscription), every endpoint (a claim's)
 MAX_TYPES = 100
-MAX_ENDPOINT_HEADERS = 20
 MAX_IN_FLIGHT = 100_000
 MAX_RATE = 1_000_000.0  # requests a second
 MAX_BURST = 1_000_000
 
-_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}")
-_HEADER_VALUE = re.compile(r"[\x20-\x7e]{0,4096}")
-# What the sender writes itself: a static header may not replace any of them.
-RESERVED_HEADERS = frozenset({
-    "host", "content-type", "content-length", "transfer-encoding", "connection",
-    "x-lease-token", "webhook-id", "webhook-timestamp", "webhook-signature",
-})
 
 
 class EndpointError(ValueError):
@@ -103,32 +93,9 @@ def check_types(types: object) -> tuple[str, ...]:
 
 def check_headers(headers: object) -> tuple[tuple[str, str], ...]:
     """Static headers sent with every request: (name, value) pairs; a value
-    is a secret like a signing secret (an ``Authorization`` a customer asked for)."""
-    if isinstance(headers, Mapping):
-        headers = tuple(headers.items())
-    if not isinstance(headers, (list, tuple)):
-        raise ValueError("headers must be a list of (name, value) pairs")
-    if len(headers) > MAX_ENDPOINT_HEADERS:
-        raise ValueError(f"at most {MAX_ENDPOINT_HEADERS} headers")
-    seen: set[str] = set()
-    checked = []
-    for pair in headers:
-        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise ValueError("each header must be a (name, value) pair")
-        header, value = pair
-        if type(header) is not str or not _HEADER_NAME.fullmatch(header):
-            raise ValueError(f"header name {header!r:.40} is not an HTTP token")
-        if header.lower() in RESERVED_HEADERS:
-            raise ValueError(f"header {header!r} is the sender's own and cannot be set")
-        if header.lower() in seen:
-            raise ValueError(f"header {header!r} is given twice")
-        # never echo a value: it may be a credential
-        if type(value) is not str or not _HEADER_VALUE.fullmatch(value):
-            raise ValueError(f"header {header!r}: its value must be printable ASCII, "
-                             "at most 4096 characters")
-        seen.add(header.lower())
-        checked.append((header, value))
-    return tuple(checked)
+    is a secret like a signing secret (an ``Authorization`` a customer asked
+    for). The destinations' own rule (lease.http.check_static_headers)."""
+    return check_static_headers(headers)
 
 
 def _check_secret_texts(secrets: object) -> tuple[str, ...]:

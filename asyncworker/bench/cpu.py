@@ -256,7 +256,7 @@ class MemoryStore:
     job_history = dead_jobs = jobs_with_status = list_jobs = stale_finishes = _not_here
     schema_version = _not_here
     add_endpoint = update_endpoint = remove_endpoint = endpoint_configs = _not_here
-    endpoints = endpoint_stats = endpoint_audit = _not_here
+    endpoints = endpoint_stats = endpoint_audit = recover_endpoint = _not_here
 
 
 async def _dispatch(queue: str, concurrency: int, batch: int, *, url: str | None = None,
