@@ -1,0 +1,608 @@
+"""``asyncworker bench --endpoints``: the targets of endpoints as data,
+measured through the store interface, each printed with its target and
+whether this run met it.
+
+1. The claim stays cheap: the median latency of ``claim_jobs(endpoints="*",
+   limit=64)`` with 10,000 endpoints (100 of them at their cap, their leases
+   held) and N ready deliveries, against one endpoint with N ready
+   deliveries (target ratio <= 1.5); and the queue's own claim
+   (``endpoints=None``) beside N deliveries, and a single endpoint's claim,
+   each as fast as a plain queue's own claim of N jobs, in the same run.
+2. Fair: N ready deliveries to endpoint A, then 100 to B: claims of 64, each
+   finished done, until B's last is leased: how many of A's went first, and
+   how long it took (target: within a few seconds, not after A's N).
+3. Fan-out: one message to 50 endpoints is one intake transaction (its
+   commits counted, its rows counted, its time beside a plain enqueue of one
+   message); 1,000 messages x 50 endpoints claimed and finished through the
+   store: every (message, endpoint) delivery leased exactly once.
+
+Each scenario runs in a fresh child process (``python -m
+asyncworker.bench.endpoints SCENARIO JSON``) on a SQLite file of its own,
+or with ``--store`` on a PostgreSQL database of its own. The size-only
+setup (the N ready deliveries and the 10,000 endpoints of target 1, A's N
+of target 2) is written with the driver's own statements in one
+transaction, because the intake's fan-out with 10,000 endpoints costs about
+a millisecond a message (a figure the table prints); every figure judged is
+measured through the store interface. ``judge`` turns the figures into
+(target, figure, met) lines; it is pure, and the tests feed it figures that
+fail each target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from asyncworker.bench.measure import fmt, rss_mb
+
+__all__ = ["TARGETS", "judge", "print_endpoint_table", "run_endpoint_bench"]
+
+FULL_DELIVERIES = 1_000_000
+DEFAULT_DELIVERIES = 100_000
+ENDPOINTS = 10_000
+CAPPED = 100
+CAP = 4  # max_in_flight of a capped endpoint; its CAP leases are held through the run
+LIMIT = 64  # deliveries a claim takes
+LEASE_MS = 3_600_000  # held leases outlive the run; the others are finished
+FAN_OUT = 50
+FAN_MESSAGES = 1_000
+FAIR_B = 100
+CHILD_TIMEOUT_S = 3600
+
+TARGET_CLAIM_RATIO = 1.5  # claim latency, 10,000 endpoints / 1 endpoint
+# "Not lower" judged against this run's own noise: the plain queue measured
+# in alternation with the others moves by a few per cent between rounds.
+TARGET_NOT_LOWER = 0.95
+TARGET_FAIR_SECONDS = 5.0  # B's last leased within a few seconds of the claims' start
+TARGETS = {
+    "claim": f"claim latency, {{endpoints:,}} endpoints / 1 endpoint <= {TARGET_CLAIM_RATIO}",
+    "own": f"own claim beside the deliveries / plain queue >= {TARGET_NOT_LOWER}",
+    "single": f"1 endpoint's claim / plain queue's own claim >= {TARGET_NOT_LOWER}",
+    "fair": f"B's last delivery leased within {TARGET_FAIR_SECONDS:g} s, before A's "
+            "backlog is served",
+    "fan_one": f"1 message x {FAN_OUT} endpoints: one intake transaction, {FAN_OUT} rows",
+    "fan_all": f"{FAN_MESSAGES:,} messages x {FAN_OUT} endpoints: each delivery leased "
+               "exactly once",
+}
+
+
+# ----------------------------------------------------------------- stores
+
+
+def _open(target: str) -> Any:
+    from lease.stores import open_store
+
+    return open_store(target, create=True)
+
+
+def _endpoint(name: str, **fields: Any) -> Any:
+    from lease.endpoints import Endpoint
+
+    return Endpoint(name, "http://127.0.0.1:9/hook", **fields)
+
+
+def _add_endpoints(store: Any, endpoints: list[Any]) -> None:
+    """Size-only setup: many endpoints at once. SQLite: the driver's own
+    add in one transaction (one commit each would take ~10 ms apiece);
+    elsewhere one store call each."""
+    if store.kind != "sqlite" or len(endpoints) < 100:
+        for endpoint in endpoints:
+            store.add_endpoint(endpoint)
+        return
+    from lease.sqlite import endpoints as driver
+
+    con = store.connection
+    now = store.now_ms()
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        for endpoint in endpoints:
+            driver.add_endpoint(con, endpoint, now, None, None)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def _bulk_deliveries(store: Any, n: int, names: list[str], prefix: str) -> None:
+    """Size-only setup: n ready deliveries of {"id", "qty"} messages, message
+    i to endpoint ``names[i % len(names)]``, ranked as the intake ranks them
+    on an idle queue (each endpoint's 0, 1, 2, ...), written with the driver's
+    statements; each endpoint's next rank set after them. A store without a
+    bulk path enqueues them through its intake."""
+    from lease.policy import DEFAULT_POLICY
+
+    if store.kind != "sqlite":
+        types = {name: f"type-{name}" for name in names}
+        for start in range(0, n, 20_000):
+            store.enqueue_events(
+                ({"id": f"{prefix}-{i}", "qty": 1, "type": types[names[i % len(names)]]}
+                 for i in range(start, min(n, start + 20_000))), DEFAULT_POLICY)
+        return
+    from lease.endpoints import delivery_id
+    from lease.sqlite.statements import INSERT_DELIVERY, NEXT_RANK
+
+    con = store.connection
+    now = store.now_ms()
+    policy = DEFAULT_POLICY
+    width = len(names)
+
+    def rows() -> Iterator[tuple]:
+        for i in range(n):
+            name = names[i % width]
+            message = f"{prefix}-{i}"
+            yield (delivery_id(message, name), 1, policy.max_attempts, now,
+                   now + policy.ttl_ms, None, None, 0, name, message,
+                   f"type-{name}", i // width)
+
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        con.executemany(INSERT_DELIVERY, rows())
+        con.executemany(NEXT_RANK, [((n - k + width - 1) // width, name)
+                                    for k, name in enumerate(names)])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def _enqueue_own(store: Any, n: int, prefix: str) -> None:
+    """n jobs of the queue's own, through the intake, 50,000 a transaction."""
+    for start in range(0, n, 50_000):
+        store.enqueue_events({"id": f"{prefix}-{i}", "qty": 1}
+                              for i in range(start, min(n, start + 50_000)))
+
+
+def _finish(store: Any, claimed: Any) -> None:
+    from lease.records import Attempt
+
+    if claimed.leased:
+        store.finish_jobs([(leased.ticket, "ok", 0, Attempt(claimed.now_ms))
+                           for leased in claimed.leased])
+
+
+def _cycles(store: Any, claims: int, endpoints: str | None) -> dict:
+    """``claims`` claims of LIMIT, each finished done: each claim's time, and
+    the jobs a second of the claim-and-finish cycle."""
+    latencies: list[float] = []
+    jobs = 0
+    started = time.perf_counter()
+    for _ in range(claims):
+        begun = time.perf_counter()
+        claimed = store.claim_jobs("bench", 30_000, LIMIT, endpoints=endpoints)
+        latencies.append(time.perf_counter() - begun)
+        jobs += len(claimed.leased)
+        _finish(store, claimed)
+    return {"latencies": latencies, "jobs": jobs, "seconds": time.perf_counter() - started}
+
+
+# ----------------------------------------------------------------- scenarios
+
+
+def scenario_claim(target: Callable[[str], str], deliveries: int, probes: int,
+                   rounds: int = 5, endpoints: int = ENDPOINTS, capped: int = CAPPED) -> dict:
+    """Target 1. Three queues of the same size: plain (``deliveries`` jobs of
+    its own), one endpoint (``deliveries`` deliveries) and ``endpoints``
+    endpoints (``deliveries`` deliveries, ``capped`` of the endpoints at
+    their cap with their leases held, and as many jobs of its own as its own
+    claim measures, enqueued before the endpoints were added). Then
+    ``rounds`` rounds, each measuring every queue in turn (A B C D A B C D):
+    the plain queue's own claim, the one endpoint's claim, the many
+    endpoints' claim, the many endpoints' queue's own claim. A ratio is
+    judged by its rounds' median (``paired``): the machine's load moves
+    between rounds, and each round's figures share theirs."""
+    per_round = max(1, probes // rounds)
+    own_jobs = per_round * rounds * LIMIT
+    built: dict[str, float] = {}
+
+    begun = time.perf_counter()
+    plain = _open(target("plain"))
+    _enqueue_own(plain, deliveries, "job")
+    built["plain"] = time.perf_counter() - begun
+
+    begun = time.perf_counter()
+    single = _open(target("single"))
+    _add_endpoints(single, [_endpoint("only", types=("type-only",))])
+    _bulk_deliveries(single, deliveries, ["only"], "m")
+    built["single"] = time.perf_counter() - begun
+
+    begun = time.perf_counter()
+    many = _open(target("many"))
+    _enqueue_own(many, own_jobs, "own")
+    step = endpoints // capped
+    names = [f"e{i:05d}" for i in range(endpoints)]
+    capped_names = tuple(names[i] for i in range(0, endpoints, step))[:capped]
+    _add_endpoints(many, [_endpoint(name, types=(f"type-{name}",),
+                                    max_in_flight=CAP if name in capped_names else None)
+                          for name in names])
+    _bulk_deliveries(many, deliveries, names, "m")
+    held = 0
+    while held < len(capped_names) * CAP:  # the capped endpoints at their cap
+        got = many.claim_jobs("holder", LEASE_MS, min(1000, len(capped_names) * CAP),
+                              endpoints=capped_names).leased
+        if not got:
+            break
+        held += len(got)
+    built["many"] = time.perf_counter() - begun
+
+    # what the intake's fan-out costs with this many endpoints: 200 messages
+    # through the store, each to one endpoint of the 10,000
+    begun = time.perf_counter()
+    many.enqueue_events({"id": f"probe-{i}", "qty": 1, "type": f"type-{names[i]}"}
+                        for i in range(200))
+    intake_many = 200 / (time.perf_counter() - begun)
+    begun = time.perf_counter()
+    single.enqueue_events({"id": f"probe-{i}", "qty": 1, "type": "type-only"}
+                          for i in range(200))
+    intake_single = 200 / (time.perf_counter() - begun)
+
+    runs: dict[str, list[dict]] = {"plain": [], "single": [], "many": [], "own": []}
+    for _ in range(rounds):
+        runs["plain"].append(_cycles(plain, per_round, None))
+        runs["single"].append(_cycles(single, per_round, "*"))
+        runs["many"].append(_cycles(many, per_round, "*"))
+        runs["own"].append(_cycles(many, per_round, None))
+    live = {row["name"]: row["in_flight"] for row in many.endpoint_stats()
+            if row["name"] in capped_names}
+    for store in (plain, single, many):
+        store.close()
+
+    def summary(parts: list[dict]) -> dict:
+        latencies = [x for part in parts for x in part["latencies"]]
+        jobs = sum(part["jobs"] for part in parts)
+        return {"claim_ms": round(statistics.median(latencies) * 1000, 3),
+                "claim_p99_ms": round(sorted(latencies)[int(len(latencies) * 0.99)] * 1000, 3),
+                "rate": jobs / sum(part["seconds"] for part in parts),
+                "jobs": jobs, "claims": len(latencies),
+                "round_ms": [round(statistics.median(part["latencies"]) * 1000, 3)
+                             for part in parts],
+                "round_rates": [round(part["jobs"] / part["seconds"]) for part in parts]}
+
+    return {"deliveries": deliveries, "endpoints": endpoints, "capped": len(capped_names),
+            "cap": CAP, "held": held, "capped_in_flight": sorted(set(live.values())),
+            "built_s": {k: round(v, 1) for k, v in built.items()},
+            "intake_many_per_s": round(intake_many), "intake_single_per_s": round(intake_single),
+            **{name: summary(parts) for name, parts in runs.items()}}
+
+
+def scenario_fair(target: Callable[[str], str], deliveries: int, b: int = FAIR_B,
+                  limit_s: float = 120.0) -> dict:
+    """Target 2. ``deliveries`` ready to A, then ``b`` to B through the intake;
+    claims of LIMIT (each finished done) from the first claim until B's last
+    delivery is leased (or ``limit_s`` passes): A's deliveries leased before
+    it, the claims and the time."""
+    store = _open(target("fair"))
+    _add_endpoints(store, [_endpoint("A", types=("type-A",)),
+                           _endpoint("B", types=("type-B",))])
+    _bulk_deliveries(store, deliveries, ["A"], "a")
+    store.enqueue_events({"id": f"b-{i}", "qty": 1, "type": "type-B"} for i in range(b))
+    served: Counter[str] = Counter()
+    claims = 0
+    started = time.perf_counter()
+    while served["B"] < b and time.perf_counter() - started < limit_s:
+        claimed = store.claim_jobs("bench", 30_000, LIMIT, endpoints="*")
+        claims += 1
+        for leased in claimed.leased:
+            if leased.endpoint == "B":
+                served["B"] += 1
+                if served["B"] == b:
+                    break
+            else:
+                served[str(leased.endpoint)] += 1
+        _finish(store, claimed)
+        if not claimed.leased:
+            break
+    seconds = time.perf_counter() - started
+    store.close()
+    return {"deliveries": deliveries, "b": b, "b_served": served["B"],
+            "a_before_b_last": served["A"], "claims": claims, "seconds": round(seconds, 3)}
+
+
+def _commits(store: Any) -> Callable[[], int] | None:
+    """A counter of the store's committed transactions, where one can be read
+    (SQLite: the statements its connection runs); None elsewhere."""
+    if store.kind != "sqlite":
+        return None
+    seen: list[str] = []
+    store.connection.set_trace_callback(seen.append)
+    return lambda: sum(1 for text in seen if text.strip().upper().startswith(("COMMIT", "END")))
+
+
+def scenario_fanout(target: Callable[[str], str], messages: int = FAN_MESSAGES,
+                    fan: int = FAN_OUT, probes: int = 30) -> dict:
+    """Target 3. One message to ``fan`` endpoints, ``probes`` times (each its
+    own enqueue_events call), against a plain queue's one-message enqueue:
+    the commits and rows each call made, and the median time. Then
+    ``messages`` messages in one call, claimed (LIMIT a claim) and finished
+    until none is left: how many times each delivery id was leased."""
+    from lease.endpoints import delivery_id
+
+    plain = _open(target("plain"))
+    fanned = _open(target("fanned"))
+    names = [f"ep{i:02d}" for i in range(fan)]
+    for name in names:
+        fanned.add_endpoint(_endpoint(name))
+    figures: dict[str, Any] = {}
+    for label, store in (("plain", plain), ("fanned", fanned)):
+        count = _commits(store)
+        times, commits, rows = [], [], []
+        for i in range(probes):
+            before_rows = sum(store.counts().values())
+            before_commits = count() if count else 0
+            begun = time.perf_counter()
+            assert store.enqueue_events([{"id": f"one-{i}", "qty": 1}]) == [True]
+            times.append(time.perf_counter() - begun)
+            if count:
+                commits.append(count() - before_commits)
+            rows.append(sum(store.counts().values()) - before_rows)
+        figures[label] = {"enqueue_ms": round(statistics.median(times) * 1000, 3),
+                          "commits": sorted(set(commits)), "rows": sorted(set(rows))}
+        if count:
+            store.connection.set_trace_callback(None)
+    # the probes' deliveries delivered, so the batch's line is its own
+    while (claimed := fanned.claim_jobs("bench", 30_000, 1000, endpoints="*")).leased:
+        _finish(fanned, claimed)
+    plain.close()
+
+    begun = time.perf_counter()
+    fanned.enqueue_events({"id": f"msg-{i}", "qty": 1} for i in range(messages))
+    enqueue_s = time.perf_counter() - begun
+    leased_ids: Counter[str] = Counter()
+    mismatched = 0
+    begun = time.perf_counter()
+    while True:
+        claimed = fanned.claim_jobs("bench", 30_000, LIMIT, endpoints="*")
+        if not claimed.leased:
+            break
+        for leased in claimed.leased:
+            leased_ids[leased.ticket["id"]] += 1
+            if leased.message is None or leased.endpoint is None or \
+                    delivery_id(leased.message, leased.endpoint) != leased.ticket["id"]:
+                mismatched += 1
+        _finish(fanned, claimed)
+    drain_s = time.perf_counter() - begun
+    fanned.close()
+    expected = {delivery_id(f"msg-{i}", name) for i in range(messages) for name in names}
+    probe_ids = {delivery_id(f"one-{i}", name) for i in range(probes) for name in names}
+    batch = Counter({k: v for k, v in leased_ids.items() if k not in probe_ids})
+    return {**{f"{label}_{k}": v for label, f in figures.items() for k, v in f.items()},
+            "fan": fan, "messages": messages, "expected": len(expected),
+            "leased_once": sum(1 for k in expected if batch.get(k) == 1),
+            "missing": sum(1 for k in expected if k not in batch),
+            "twice": sum(1 for k, v in batch.items() if v > 1),
+            "unexpected": sum(1 for k in batch if k not in expected),
+            "mismatched": mismatched, "enqueue_s": round(enqueue_s, 3),
+            "drain_rate": len(expected) / drain_s}
+
+
+SCENARIOS: dict[str, Callable[..., dict]] = {
+    "claim": scenario_claim,
+    "fair": scenario_fair,
+    "fanout": scenario_fanout,
+}
+
+
+# ----------------------------------------------------------------- judging
+
+
+def paired(measured: list[float], against: list[float]) -> tuple[float, str]:
+    """The median of the rounds' ratios (each round's figure over the same
+    round's other), and their range as text."""
+    ratios = sorted(m / a for m, a in zip(measured, against, strict=True))
+    return statistics.median(ratios), f"{ratios[0]:.2f}..{ratios[-1]:.2f}"
+
+
+def judge(results: dict[str, dict]) -> list[tuple[str, str, str, bool]]:
+    """(key, target, figure, met) for each target whose figures ``results``
+    holds (by scenario: "claim", "fair", "fanout"); ``met`` is computed from
+    the figures alone."""
+    found: list[tuple[str, str, str, bool]] = []
+    claim = results.get("claim")
+    if claim is not None:
+        many, single = claim["many"]["claim_ms"], claim["single"]["claim_ms"]
+        ratio, spread = paired(claim["many"]["round_ms"], claim["single"]["round_ms"])
+        found.append(("claim", TARGETS["claim"].format(endpoints=claim["endpoints"]),
+                      f"{many:.3f} vs {single:.3f} ms; x{ratio:.2f} (rounds {spread})",
+                      ratio <= TARGET_CLAIM_RATIO))
+        plain = claim["plain"]["rate"]
+        for key in ("own", "single"):
+            rate = claim[key]["rate"]
+            ratio, spread = paired(claim[key]["round_rates"], claim["plain"]["round_rates"])
+            found.append((key, TARGETS[key],
+                          f"{rate:,.0f} vs {plain:,.0f} jobs/s; x{ratio:.2f} (rounds {spread})",
+                          ratio >= TARGET_NOT_LOWER))
+    fair = results.get("fair")
+    if fair is not None:
+        reached = fair["b_served"] >= fair["b"]
+        found.append(("fair", TARGETS["fair"],
+                      f"{fair['a_before_b_last']:,} of A's {fair['deliveries']:,} before B's "
+                      f"last ({fair['b_served']} of {fair['b']} of B), {fair['claims']} "
+                      f"claims, {fair['seconds']:.2f} s",
+                      reached and fair["seconds"] <= TARGET_FAIR_SECONDS
+                      and fair["a_before_b_last"] < fair["deliveries"]))
+    fan = results.get("fanout")
+    if fan is not None:
+        commits = fan["fanned_commits"]
+        commits_text = "commits not counted" if not commits else \
+            f"{'/'.join(map(str, commits))} commit{'s' if commits != [1] else ''} a call"
+        found.append(("fan_one", TARGETS["fan_one"],
+                      f"{commits_text}, {'/'.join(map(str, fan['fanned_rows']))} rows; "
+                      f"{fan['fanned_enqueue_ms']:.2f} ms vs plain 1 message "
+                      f"{fan['plain_enqueue_ms']:.2f} ms "
+                      f"(x{fan['fanned_enqueue_ms'] / fan['plain_enqueue_ms']:.2f})",
+                      commits in ([], [1]) and fan["fanned_rows"] == [fan["fan"]]))
+        found.append(("fan_all", TARGETS["fan_all"],
+                      f"{fan['leased_once']:,} of {fan['expected']:,} once, "
+                      f"{fan['missing']} missing, {fan['twice']} twice, "
+                      f"{fan['unexpected']} unexpected, {fan['mismatched']} misnamed; "
+                      f"{fan['drain_rate']:,.0f} deliveries/s",
+                      fan["leased_once"] == fan["expected"] and fan["missing"] == 0
+                      and fan["twice"] == 0 and fan["unexpected"] == 0
+                      and fan["mismatched"] == 0))
+    return found
+
+
+# ----------------------------------------------------------------- the run
+
+
+def run_child(name: str, params: dict, store: str | None = None) -> dict:
+    """One scenario in a fresh process; its figures plus its peak RSS."""
+    out = subprocess.run([sys.executable, "-m", "asyncworker.bench.endpoints", name,
+                          json.dumps({"store": store, **params})], capture_output=True,
+                         text=True, timeout=CHILD_TIMEOUT_S)
+    if out.returncode != 0:
+        raise RuntimeError(f"scenario {name} {params} failed:\n{out.stderr[-2000:]}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def child_main(name: str, params_json: str) -> None:
+    from asyncworker import eventloop
+
+    eventloop.tune_gc()
+    params = json.loads(params_json)
+    store = params.pop("store")
+    folder = Path(tempfile.mkdtemp(prefix="asyncworker-bench-"))
+    try:
+        if store is None:
+            result = SCENARIOS[name](lambda label: str(folder / f"{label}.db"), **params)
+        else:
+            result = _on_postgres(store, SCENARIOS[name], params)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    result["rss_mb"] = round(rss_mb(), 1)
+    print(json.dumps(result))
+
+
+def _on_postgres(url: str, scenario: Callable[..., dict], params: dict) -> dict:
+    """A scenario with each of its queues in a database of its own, dropped after."""
+    import contextlib
+
+    from asyncworker.bench.measure import database
+
+    with contextlib.ExitStack() as stack:
+        return scenario(lambda label: stack.enter_context(database(url)), **params)
+
+
+def postgres_has_endpoints() -> bool:
+    """Whether the PostgreSQL driver keeps endpoints yet."""
+    try:
+        from lease.postgres import PostgresStore
+    except ImportError:
+        return False
+    return hasattr(PostgresStore, "add_endpoint")
+
+
+def run_endpoint_bench(*, full: bool = False, quick: bool = False, store: str | None = None,
+                       out: Any = None) -> dict[str, dict[str, dict]]:
+    """Measure the endpoint targets on a SQLite file and, with ``store`` (a
+    ``postgresql://`` URL, or ``postgres`` for a server started for the
+    run), on PostgreSQL; print a table and the targets per store; return the
+    figures by store and scenario. ``full``: 1,000,000 ready deliveries
+    (default 100,000); ``quick``: a smoke run of tiny sizes."""
+    out = out or sys.stdout
+    deliveries = 2000 if quick else FULL_DELIVERIES if full else DEFAULT_DELIVERIES
+    plan: dict[str, dict] = {
+        "claim": {"deliveries": deliveries, "probes": 30 if quick else 300,
+                  **({"endpoints": 1000, "capped": 10} if quick else {})},
+        "fair": {"deliveries": deliveries},
+        "fanout": {"messages": 100 if quick else FAN_MESSAGES},
+    }
+    found: dict[str, dict[str, dict]] = {}
+    stores: list[tuple[str, str | None]] = [("SQLite file", None)]
+    if store is not None:
+        stores.append(("PostgreSQL", store))
+    for label, target in stores:
+        if target is not None and not postgres_has_endpoints():
+            out.write(f"\n{label}: not measured: the PostgreSQL driver does not keep "
+                      "endpoints in this tree\n")
+            continue
+        results: dict[str, dict] = {}
+        with _server(target) as url:
+            for name, params in plan.items():
+                results[name] = run_child(name, params, url)
+                print(f"  measured: endpoints {name} ({label})", file=sys.stderr, flush=True)
+        found[label] = results
+        print_endpoint_table(label, results, out)
+    return found
+
+
+def _server(store: str | None) -> Any:
+    import contextlib
+
+    if store is None:
+        return contextlib.nullcontext(None)
+    from asyncworker.bench.measure import server_for
+
+    return server_for(store)
+
+
+def print_endpoint_table(label: str, results: dict[str, dict], out: Any) -> None:
+    """The figures of one store, then each target: met or not met."""
+    out.write(f"\nEndpoints as data, {label}; machine: {platform.machine()}, "
+              f"{os.cpu_count()} cores, Python {platform.python_version()}, "
+              f"SQLite {sqlite3.sqlite_version}\n")
+    claim = results.get("claim")
+    if claim is not None:
+        out.write(f"claim: {claim['deliveries']:,} ready deliveries; {claim['endpoints']:,} "
+                  f"endpoints, {claim['capped']} of them at their cap of {claim['cap']} "
+                  f"({claim['held']} leases held; live per capped endpoint at the end: "
+                  f"{claim['capped_in_flight']}); claims of {LIMIT}, each finished done; "
+                  f"built in {claim['built_s']} s\n")
+        header = ("queue", "claim", "p50 ms", "p99 ms", "jobs/s (claim+finish)",
+                  "per round", "claims")
+        lines = [header]
+        for key, name, served in (
+                ("plain", f"plain, {claim['deliveries']:,} own jobs", "own"),
+                ("single", f"1 endpoint, {claim['deliveries']:,} deliveries", "*"),
+                ("many", f"{claim['endpoints']:,} endpoints, {claim['deliveries']:,} "
+                         "deliveries", "*"),
+                ("own", f"{claim['endpoints']:,} endpoints: the queue's own jobs", "own")):
+            r = claim[key]
+            lines.append((name, served, fmt(r["claim_ms"], 3), fmt(r["claim_p99_ms"], 3),
+                          fmt(r["rate"]), " ".join(f"{x:,}" for x in r["round_rates"]),
+                          str(r["claims"])))
+        _table(lines, out)
+        out.write(f"intake through the store, 200 messages each to one endpoint: "
+                  f"{claim['intake_many_per_s']:,}/s with {claim['endpoints']:,} endpoints, "
+                  f"{claim['intake_single_per_s']:,}/s with 1\n")
+    fair = results.get("fair")
+    if fair is not None:
+        out.write(f"fair: {fair['deliveries']:,} ready to A, then {fair['b']} to B; "
+                  f"{fair['a_before_b_last']:,} of A's leased before B's last, "
+                  f"{fair['claims']} claims, {fair['seconds']:.3f} s from the first claim\n")
+    fan = results.get("fanout")
+    if fan is not None:
+        out.write(f"fan-out: 1 message x {fan['fan']} endpoints {fan['fanned_enqueue_ms']} ms "
+                  f"(rows {fan['fanned_rows']}, commits {fan['fanned_commits'] or '-'}), "
+                  f"plain 1 message {fan['plain_enqueue_ms']} ms (rows {fan['plain_rows']}, "
+                  f"commits {fan['plain_commits'] or '-'}); {fan['messages']:,} messages x "
+                  f"{fan['fan']} enqueued in {fan['enqueue_s']} s, drained at "
+                  f"{fan['drain_rate']:,.0f} deliveries/s\n")
+    out.write("targets:\n")
+    for _, target, figure, met in judge(results):
+        out.write(f"  {'met    ' if met else 'not met'}  {target}: {figure}\n")
+    out.flush()
+
+
+def _table(lines: list[tuple], out: Any) -> None:
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(lines[0]))]
+    for n, line in enumerate(lines):
+        out.write("| " + " | ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True))
+                  + " |\n")
+        if n == 0:
+            out.write("|" + "|".join("-" * (w + 2) for w in widths) + "|\n")
+
+
+if __name__ == "__main__":
+    child_main(sys.argv[1], sys.argv[2])
