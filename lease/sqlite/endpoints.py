@@ -137,11 +137,17 @@ def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_
         if not rows:
             break
         after = {"rank": rows[-1][2], "seq": rows[-1][0]}
-        fresh = sorted({endpoint for _, endpoint, _ in rows} - allowances.keys())
-        if fresh:
-            _judge_endpoints(con, fresh, now_ms, allowances, buckets)
-        picked += fair_pick(((seq, endpoint) for seq, endpoint, _ in rows), allowances,
-                            limit - len(picked))
+        # judged a slice at a time: with many endpoints in line, a claim
+        # judges about as many as it leases, not the whole window's
+        for start in range(0, len(rows), limit):
+            part = rows[start:start + limit]
+            fresh = sorted({endpoint for _, endpoint, _ in part} - allowances.keys())
+            if fresh:
+                _judge_endpoints(con, fresh, now_ms, allowances, buckets)
+            picked += fair_pick(((seq, endpoint) for seq, endpoint, _ in part), allowances,
+                                limit - len(picked))
+            if len(picked) == limit:
+                break
         if len(picked) == limit or len(rows) < window:
             break
     if not picked:
