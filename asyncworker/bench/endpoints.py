@@ -30,6 +30,7 @@ fail each target.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
@@ -95,13 +96,20 @@ def _endpoint(name: str, **fields: Any) -> Any:
     return Endpoint(name, "http://127.0.0.1:9/hook", **fields)
 
 
-def _add_endpoints(store: Any, endpoints: list[Any]) -> None:
-    """Size-only setup: many endpoints at once. SQLite: the driver's own
-    add in one transaction (one commit each would take ~10 ms apiece);
-    elsewhere one store call each."""
-    if store.kind != "sqlite" or len(endpoints) < 100:
+def _add_endpoints(store: Any, endpoints: list[Any], url: str) -> None:
+    """Size-only setup: many endpoints at once, by the driver's own add in
+    one transaction (one commit each would take ~10 ms apiece); a few, one
+    store call each."""
+    if len(endpoints) < 100:
         for endpoint in endpoints:
             store.add_endpoint(endpoint)
+        return
+    if store.kind == "postgresql":
+        pg_driver = importlib.import_module("lease.postgres.endpoints")
+        now = store.now_ms()
+        with _pg_connection(url) as conn, conn.transaction():
+            for endpoint in endpoints:
+                pg_driver.add(conn, endpoint, now, None, None)
         return
     from lease.sqlite import endpoints as driver
 
@@ -117,20 +125,47 @@ def _add_endpoints(store: Any, endpoints: list[Any]) -> None:
         raise
 
 
-def _bulk_deliveries(store: Any, n: int, names: list[str], prefix: str) -> None:
+def _pg_connection(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(url, connect_timeout=10)
+
+
+# The PostgreSQL driver's columns of a delivery, as its intake writes them.
+_PG_DELIVERIES = """INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,
+  available_at, deadline, owner, lease_until, reason, body, digest, ordering_key, held,
+  endpoint, message, event_type, fair_rank)
+SELECT %(prefix)s || '-' || i || '@' || (%(names)s::text[])[i %% %(width)s + 1], 1, 'pending',
+  0, %(max_attempts)s, 0, %(now)s, %(deadline)s, NULL, NULL, NULL, NULL, NULL, NULL, 0,
+  (%(names)s::text[])[i %% %(width)s + 1], %(prefix)s || '-' || i,
+  'type-' || (%(names)s::text[])[i %% %(width)s + 1], i / %(width)s
+FROM generate_series(0, %(n)s - 1) AS i ORDER BY i"""
+_PG_NEXT_RANKS = """UPDATE lease.endpoints e SET next_rank = u.next_rank
+FROM unnest(%s::text[], %s::bigint[]) AS u(name, next_rank) WHERE e.name = u.name"""
+
+
+def _bulk_deliveries(store: Any, n: int, names: list[str], prefix: str, url: str) -> None:
     """Size-only setup: n ready deliveries of {"id", "qty"} messages, message
     i to endpoint ``names[i % len(names)]``, ranked as the intake ranks them
-    on an idle queue (each endpoint's 0, 1, 2, ...), written with the driver's
-    statements; each endpoint's next rank set after them. A store without a
-    bulk path enqueues them through its intake."""
+    on an idle queue (each endpoint's 0, 1, 2, ...), written in one
+    transaction with the driver's statements (SQLite) or its columns
+    (PostgreSQL, then ANALYZE, as autovacuum would after such an intake);
+    each endpoint's next rank set after them."""
     from lease.policy import DEFAULT_POLICY
 
-    if store.kind != "sqlite":
-        types = {name: f"type-{name}" for name in names}
-        for start in range(0, n, 20_000):
-            store.enqueue_events(
-                ({"id": f"{prefix}-{i}", "qty": 1, "type": types[names[i % len(names)]]}
-                 for i in range(start, min(n, start + 20_000))), DEFAULT_POLICY)
+    width = len(names)
+    next_ranks = [(n - k + width - 1) // width for k in range(width)]
+    if store.kind == "postgresql":
+        now = store.now_ms()
+        with _pg_connection(url) as conn:
+            with conn.transaction():
+                conn.execute(_PG_DELIVERIES, {
+                    "prefix": prefix, "names": names, "width": width, "n": n, "now": now,
+                    "max_attempts": DEFAULT_POLICY.max_attempts,
+                    "deadline": now + DEFAULT_POLICY.ttl_ms})
+                conn.execute(_PG_NEXT_RANKS, (names, next_ranks))
+            conn.autocommit = True
+            conn.execute("ANALYZE lease.jobs")
         return
     from lease.endpoints import delivery_id
     from lease.sqlite.statements import INSERT_DELIVERY, NEXT_RANK
@@ -138,7 +173,6 @@ def _bulk_deliveries(store: Any, n: int, names: list[str], prefix: str) -> None:
     con = store.connection
     now = store.now_ms()
     policy = DEFAULT_POLICY
-    width = len(names)
 
     def rows() -> Iterator[tuple]:
         for i in range(n):
@@ -151,8 +185,7 @@ def _bulk_deliveries(store: Any, n: int, names: list[str], prefix: str) -> None:
     con.execute("BEGIN IMMEDIATE")
     try:
         con.executemany(INSERT_DELIVERY, rows())
-        con.executemany(NEXT_RANK, [((n - k + width - 1) // width, name)
-                                    for k, name in enumerate(names)])
+        con.executemany(NEXT_RANK, list(zip(next_ranks, names, strict=True)))
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -211,27 +244,28 @@ def scenario_claim(target: Callable[[str], str], deliveries: int, probes: int,
     own_jobs = per_round * rounds * LIMIT
     built: dict[str, float] = {}
 
+    urls = {label: target(label) for label in ("plain", "single", "many")}
     begun = time.perf_counter()
-    plain = _open(target("plain"))
+    plain = _open(urls["plain"])
     _enqueue_own(plain, deliveries, "job")
     built["plain"] = time.perf_counter() - begun
 
     begun = time.perf_counter()
-    single = _open(target("single"))
-    _add_endpoints(single, [_endpoint("only", types=("type-only",))])
-    _bulk_deliveries(single, deliveries, ["only"], "m")
+    single = _open(urls["single"])
+    _add_endpoints(single, [_endpoint("only", types=("type-only",))], urls["single"])
+    _bulk_deliveries(single, deliveries, ["only"], "m", urls["single"])
     built["single"] = time.perf_counter() - begun
 
     begun = time.perf_counter()
-    many = _open(target("many"))
+    many = _open(urls["many"])
     _enqueue_own(many, own_jobs, "own")
     step = endpoints // capped
     names = [f"e{i:05d}" for i in range(endpoints)]
     capped_names = tuple(names[i] for i in range(0, endpoints, step))[:capped]
     _add_endpoints(many, [_endpoint(name, types=(f"type-{name}",),
                                     max_in_flight=CAP if name in capped_names else None)
-                          for name in names])
-    _bulk_deliveries(many, deliveries, names, "m")
+                          for name in names], urls["many"])
+    _bulk_deliveries(many, deliveries, names, "m", urls["many"])
     held = 0
     while held < len(capped_names) * CAP:  # the capped endpoints at their cap
         got = many.claim_jobs("holder", LEASE_MS, min(1000, len(capped_names) * CAP),
@@ -292,10 +326,11 @@ def scenario_fair(target: Callable[[str], str], deliveries: int, b: int = FAIR_B
     claims of LIMIT (each finished done) from the first claim until B's last
     delivery is leased (or ``limit_s`` passes): A's deliveries leased before
     it, the claims and the time."""
-    store = _open(target("fair"))
+    url = target("fair")
+    store = _open(url)
     _add_endpoints(store, [_endpoint("A", types=("type-A",)),
-                           _endpoint("B", types=("type-B",))])
-    _bulk_deliveries(store, deliveries, ["A"], "a")
+                           _endpoint("B", types=("type-B",))], url)
+    _bulk_deliveries(store, deliveries, ["A"], "a", url)
     store.enqueue_events({"id": f"b-{i}", "qty": 1, "type": "type-B"} for i in range(b))
     served: Counter[str] = Counter()
     claims = 0
@@ -320,7 +355,7 @@ def scenario_fair(target: Callable[[str], str], deliveries: int, b: int = FAIR_B
 
 
 def _commits(store: Any) -> Callable[[], int] | None:
-    """A counter of the store's committed transactions, where one can be read
+    """A counter of the store's committed transactions where one can be read
     (SQLite: the statements its connection runs); None elsewhere."""
     if store.kind != "sqlite":
         return None
@@ -329,17 +364,28 @@ def _commits(store: Any) -> Callable[[], int] | None:
     return lambda: sum(1 for text in seen if text.strip().upper().startswith(("COMMIT", "END")))
 
 
+def _writers(url: str, message: str) -> int:
+    """PostgreSQL: how many transactions wrote a message's rows (their
+    distinct xmin: the rows one transaction inserts share its id)."""
+    with _pg_connection(url) as conn:
+        row = conn.execute("SELECT count(DISTINCT xmin::text) FROM lease.jobs"
+                           " WHERE message = %s OR id = %s", (message, message)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def scenario_fanout(target: Callable[[str], str], messages: int = FAN_MESSAGES,
                     fan: int = FAN_OUT, probes: int = 30) -> dict:
     """Target 3. One message to ``fan`` endpoints, ``probes`` times (each its
     own enqueue_events call), against a plain queue's one-message enqueue:
-    the commits and rows each call made, and the median time. Then
+    the commits and rows each call made (PostgreSQL: the transactions that
+    wrote its rows), and the median time. Then
     ``messages`` messages in one call, claimed (LIMIT a claim) and finished
     until none is left: how many times each delivery id was leased."""
     from lease.endpoints import delivery_id
 
-    plain = _open(target("plain"))
-    fanned = _open(target("fanned"))
+    urls = {label: target(label) for label in ("plain", "fanned")}
+    plain = _open(urls["plain"])
+    fanned = _open(urls["fanned"])
     names = [f"ep{i:02d}" for i in range(fan)]
     for name in names:
         fanned.add_endpoint(_endpoint(name))
@@ -355,6 +401,8 @@ def scenario_fanout(target: Callable[[str], str], messages: int = FAN_MESSAGES,
             times.append(time.perf_counter() - begun)
             if count:
                 commits.append(count() - before_commits)
+            elif store.kind == "postgresql":
+                commits.append(_writers(urls[label], f"one-{i}"))
             rows.append(sum(store.counts().values()) - before_rows)
         figures[label] = {"enqueue_ms": round(statistics.median(times) * 1000, 3),
                           "commits": sorted(set(commits)), "rows": sorted(set(rows))}
@@ -566,9 +614,9 @@ def _server(store: str | None) -> Any:
 
 def print_endpoint_table(label: str, results: dict[str, dict], out: Any) -> None:
     """The figures of one store, then each target: met or not met."""
+    version = f", SQLite {sqlite3.sqlite_version}" if label.startswith("SQLite") else ""
     out.write(f"\nEndpoints as data, {label}; machine: {platform.machine()}, "
-              f"{os.cpu_count()} cores, Python {platform.python_version()}, "
-              f"SQLite {sqlite3.sqlite_version}\n")
+              f"{os.cpu_count()} cores, Python {platform.python_version()}{version}\n")
     claim = results.get("claim")
     if claim is not None:
         out.write(f"claim: {claim['deliveries']:,} ready deliveries; {claim['endpoints']:,} "
