@@ -67,6 +67,10 @@ TARGET_CLAIM_RATIO = 1.5  # claim latency, 10,000 endpoints / 1 endpoint
 # in alternation with the others moves by a few per cent between rounds.
 TARGET_NOT_LOWER = 0.95
 TARGET_FAIR_SECONDS = 5.0  # B's last leased within a few seconds of the claims' start
+TARGET_SLOW_RATIO = 0.9  # the healthy endpoint's rate beside the slow one / alone
+TARGET_RATE_WITHIN = 0.10  # the capped endpoint's rate within 10 % of its rate
+FULL_CAPPED_S = 20.0
+DEFAULT_CAPPED_S = 10.0
 TARGETS = {
     "claim": f"claim latency, {{endpoints:,}} endpoints / 1 endpoint <= {TARGET_CLAIM_RATIO}",
     "claim_cpu": f"claim CPU, {{endpoints:,}} endpoints / 1 endpoint <= {TARGET_CLAIM_RATIO} "
@@ -78,6 +82,12 @@ TARGETS = {
     "fan_one": f"1 message x {FAN_OUT} endpoints: one intake transaction, {FAN_OUT} rows",
     "fan_all": f"{FAN_MESSAGES:,} messages x {FAN_OUT} endpoints: each delivery leased "
                "exactly once",
+    "slow": f"healthy endpoint's rate beside a slow one (10 s answers, 8 in flight) / "
+            f"alone >= {TARGET_SLOW_RATIO}",
+    "cap": "3 dispatcher processes, an endpoint capped at {cap} in flight: never more at "
+           "the receiver",
+    "window": "... and at {rate:g}/s (burst {burst}): never more than burst + rate in any 1 s",
+    "rate": f"... and its rate over the run within {TARGET_RATE_WITHIN:.0%} of {{rate:g}}/s",
 }
 
 
@@ -90,10 +100,10 @@ def _open(target: str) -> Any:
     return open_store(target, create=True)
 
 
-def _endpoint(name: str, **fields: Any) -> Any:
+def _endpoint(name: str, url: str = "http://127.0.0.1:9/hook", **fields: Any) -> Any:
     from lease.endpoints import Endpoint
 
-    return Endpoint(name, "http://127.0.0.1:9/hook", **fields)
+    return Endpoint(name, url, **fields)
 
 
 def _add_endpoints(store: Any, endpoints: list[Any], url: str) -> None:
@@ -444,10 +454,247 @@ def scenario_fanout(target: Callable[[str], str], messages: int = FAN_MESSAGES,
             "drain_rate": len(expected) / drain_s}
 
 
+# ----------------------------------------------------------------- the runtime
+
+
+def dispatcher_serves_endpoints() -> bool:
+    """Whether this tree's dispatcher serves endpoints (``endpoints=``)."""
+    import inspect
+
+    from asyncworker.dispatcher import Dispatcher
+
+    return "endpoints" in inspect.signature(Dispatcher).parameters
+
+
+def receiver_main(params: dict) -> None:
+    """A receiver for the runtime scenarios: each path answers 200 after its
+    delay (``delays``: path -> seconds); it records each request's start and
+    end (the host's monotonic clock, which every process shares) and the most
+    requests in flight at once per path; GET /stats returns them. Prints its
+    base URL, then serves until terminated."""
+    import asyncio
+
+    from aiohttp import web
+
+    delays: dict[str, float] = params["delays"]
+    starts: dict[str, list[float]] = {path: [] for path in delays}
+    ends: dict[str, list[float]] = {path: [] for path in delays}
+    live: Counter[str] = Counter()
+    peak: Counter[str] = Counter()
+
+    async def answer(request: web.Request) -> web.Response:
+        path = request.path
+        await request.read()
+        starts[path].append(time.monotonic())
+        live[path] += 1
+        peak[path] = max(peak[path], live[path])
+        try:
+            await asyncio.sleep(delays[path])
+        finally:
+            live[path] -= 1
+        ends[path].append(time.monotonic())
+        return web.json_response({"ok": True})
+
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response({"starts": starts, "ends": ends, "peak": dict(peak)})
+
+    async def main() -> None:
+        app = web.Application()
+        for path in delays:
+            app.router.add_post(path, answer)
+        app.router.add_get("/stats", stats)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        print(f"http://127.0.0.1:{port}", flush=True)
+        await asyncio.Event().wait()
+
+    from asyncworker import eventloop
+
+    eventloop.run(main())
+
+
+class _Receiver:
+    """The runtime scenarios' receiver process (``receiver_main``)."""
+
+    def __init__(self, delays: dict[str, float]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncworker.bench.endpoints", "receiver",
+             json.dumps({"delays": delays})], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+        if not self.url.startswith("http"):
+            self.close()
+            raise RuntimeError("the receiver did not start")
+
+    def stats(self) -> dict:
+        from urllib.request import urlopen
+
+        with urlopen(f"{self.url}/stats", timeout=30) as answer:
+            return dict(json.loads(answer.read()))
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def most_in_window(starts: list[float], window_s: float = 1.0) -> int:
+    """The most of ``starts`` in any window of ``window_s`` seconds."""
+    ordered = sorted(starts)
+    most, first = 0, 0
+    for last, at in enumerate(ordered):
+        while at - ordered[first] >= window_s:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+def _dispatch_for(target: str, owner: str, seconds: float | None, concurrency: int,
+                  done: Callable[[], bool] | None = None) -> None:
+    """One dispatcher serving every endpoint of ``target``: for ``seconds``, or
+    until ``done()``, then a graceful stop."""
+    import asyncio
+
+    from asyncworker import eventloop
+    from asyncworker.dispatcher import Dispatcher
+
+    options: dict[str, Any] = {"endpoints": "*", "concurrency": concurrency,
+                               "lease_ms": 60_000, "poll_interval": 0.01}
+
+    async def main() -> None:
+        async with Dispatcher(target, owner, **options) as dispatcher:
+            running = asyncio.create_task(dispatcher.run())
+            began = time.monotonic()
+            while not running.done():
+                await asyncio.sleep(0.05)
+                if (seconds is not None and time.monotonic() - began >= seconds) or \
+                        (done is not None and done()):
+                    break
+            dispatcher.stop()
+            await running
+
+    eventloop.run(main())
+
+
+def dispatcher_main(params: dict) -> None:
+    """One of the capped scenario's dispatcher processes."""
+    print("ready", flush=True)
+    sys.stdin.readline()
+    _dispatch_for(params["target"], params["owner"], params["seconds"], params["concurrency"])
+
+
+def scenario_slow(target: Callable[[str], str], n: int = 3000, pairs: int = 2,
+                  concurrency: int = 64, slow_s: float = 10.0, slow_cap: int = 8) -> dict:
+    """Target 4a. One dispatcher, ``concurrency`` sends at once, serving a
+    healthy endpoint (answers at once) with ``n`` messages, alone or beside
+    a slow one (answers after ``slow_s``, ``max_in_flight`` ``slow_cap``, 200
+    messages waiting); the healthy one's delivery rate at the receiver (its
+    n requests over the time from its first start to its last end), in
+    ``pairs`` alternating pairs (absent, present)."""
+    receiver = _Receiver({"/fast": 0.0, "/slow": slow_s})
+    rates: dict[str, list[float]] = {"absent": [], "present": []}
+    try:
+        for k in range(pairs):
+            for case in ("absent", "present"):
+                url = target(f"{case}-{k}")
+                store = _open(url)
+                store.add_endpoint(_endpoint("fast", types=("fast",), ack="status",
+                                             url=f"{receiver.url}/fast"))
+                if case == "present":
+                    store.add_endpoint(_endpoint("slow", types=("slow",), ack="status",
+                                                 url=f"{receiver.url}/slow",
+                                                 max_in_flight=slow_cap))
+                    store.enqueue_events({"id": f"s-{i}", "qty": 1, "type": "slow"}
+                                         for i in range(200))
+                store.enqueue_events({"id": f"f-{k}-{i}", "qty": 1, "type": "fast"}
+                                     for i in range(n))
+                before = len(receiver.stats()["starts"]["/fast"])
+
+                def fast_done(store: Any = store) -> bool:
+                    stats = {row["name"]: row for row in store.endpoint_stats()}
+                    return bool(stats["fast"]["done"] >= n)
+
+                _dispatch_for(url, "bench", None, concurrency, done=fast_done)
+                store.close()
+                seen = receiver.stats()
+                starts = seen["starts"]["/fast"][before:]
+                ends = seen["ends"]["/fast"][before:]
+                rates[case].append(len(starts) / (max(ends) - min(starts)))
+        slow_peak = receiver.stats()["peak"].get("/slow", 0)
+    finally:
+        receiver.close()
+    ratios = [present / absent for absent, present in zip(rates["absent"], rates["present"],
+                                                          strict=True)]
+    return {"n": n, "concurrency": concurrency, "slow_s": slow_s, "slow_cap": slow_cap,
+            "absent": [round(x) for x in rates["absent"]],
+            "present": [round(x) for x in rates["present"]],
+            "ratio": statistics.median(ratios), "ratios": [round(x, 3) for x in ratios],
+            "slow_peak": slow_peak}
+
+
+def scenario_capped(target: Callable[[str], str], seconds: float = 20.0, processes: int = 3,
+                    cap: int = 8, rate: float = 50.0, latency_s: float = 0.05,
+                    concurrency: int = 16) -> dict:
+    """Target 4b. ``processes`` dispatcher processes serving one endpoint
+    capped at ``cap`` in flight and ``rate`` requests a second (its burst the
+    default), whose receiver answers after ``latency_s``; for ``seconds``.
+    The receiver's view: the most requests in flight at once, the most
+    started in any 1 s window, and the rate over the run. The answer's
+    latency leaves the cap room for more than the rate (8 in flight at
+    50 ms with a claim's and a finish's time around each: about 80 a
+    second), so the rate is the bucket's, not the cap's."""
+    url = target("capped")
+    receiver = _Receiver({"/capped": latency_s})
+    try:
+        store = _open(url)
+        endpoint = _endpoint("capped", ack="status", url=f"{receiver.url}/capped",
+                             max_in_flight=cap, rate=rate)
+        store.add_endpoint(endpoint)
+        store.enqueue_events({"id": f"c-{i}", "qty": 1}
+                             for i in range(int(rate * seconds * 2) + 100))
+        store.close()
+        workers = [subprocess.Popen(
+            [sys.executable, "-m", "asyncworker.bench.endpoints", "dispatcher",
+             json.dumps({"target": url, "owner": f"bench-{k}", "seconds": seconds,
+                         "concurrency": concurrency})],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for k in range(processes)]
+        try:
+            for worker in workers:
+                assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
+            for worker in workers:
+                assert worker.stdin is not None
+                worker.stdin.write("go\n")
+                worker.stdin.flush()
+            for worker in workers:
+                worker.wait(timeout=seconds + 120)
+        finally:
+            for worker in workers:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait()
+        seen = receiver.stats()
+    finally:
+        receiver.close()
+    starts = sorted(seen["starts"]["/capped"])
+    span = seconds - 1.0  # every dispatcher ran this long from the first start
+    within = [at for at in starts if at - starts[0] < span]
+    return {"seconds": seconds, "processes": processes, "cap": cap, "rate_cap": rate,
+            "burst": endpoint.burst, "latency_s": latency_s, "requests": len(starts),
+            "peak": seen["peak"].get("/capped", 0), "most_in_1s": most_in_window(starts),
+            "rate": len(within) / span}
+
+
 SCENARIOS: dict[str, Callable[..., dict]] = {
     "claim": scenario_claim,
     "fair": scenario_fair,
     "fanout": scenario_fanout,
+    "slow": scenario_slow,
+    "capped": scenario_capped,
 }
 
 
@@ -515,6 +762,29 @@ def judge(results: dict[str, dict]) -> list[tuple[str, str, str, bool]]:
                       fan["leased_once"] == fan["expected"] and fan["missing"] == 0
                       and fan["twice"] == 0 and fan["unexpected"] == 0
                       and fan["mismatched"] == 0))
+    slow = results.get("slow")
+    if slow is not None:
+        found.append(("slow", TARGETS["slow"],
+                      f"{'/'.join(map(str, slow['present']))} vs "
+                      f"{'/'.join(map(str, slow['absent']))} deliveries/s; "
+                      f"x{slow['ratio']:.2f} (pairs {slow['ratios']}); the slow one's most "
+                      f"in flight {slow['slow_peak']}",
+                      slow["ratio"] >= TARGET_SLOW_RATIO))
+    capped = results.get("capped")
+    if capped is not None:
+        limit = capped["burst"] + capped["rate_cap"]
+        found.append(("cap", TARGETS["cap"].format(cap=capped["cap"]),
+                      f"at most {capped['peak']} at once, {capped['requests']:,} requests "
+                      f"in {capped['seconds']:g} s",
+                      capped["peak"] <= capped["cap"]))
+        found.append(("window", TARGETS["window"].format(rate=capped["rate_cap"],
+                                                         burst=capped["burst"]),
+                      f"at most {capped['most_in_1s']} in 1 s (limit {limit:g})",
+                      capped["most_in_1s"] <= limit))
+        off = abs(capped["rate"] - capped["rate_cap"]) / capped["rate_cap"]
+        found.append(("rate", TARGETS["rate"].format(rate=capped["rate_cap"]),
+                      f"{capped['rate']:.1f}/s ({off:.1%} off)",
+                      off <= TARGET_RATE_WITHIN))
     return found
 
 
@@ -583,6 +853,12 @@ def run_endpoint_bench(*, full: bool = False, quick: bool = False, store: str | 
         "fair": {"deliveries": deliveries},
         "fanout": {"messages": 100 if quick else FAN_MESSAGES},
     }
+    runtime = dispatcher_serves_endpoints()
+    if runtime:
+        plan["slow"] = {"n": 300 if quick else 3000, "pairs": 1 if quick else 2,
+                        **({"slow_s": 2.0} if quick else {})}
+        plan["capped"] = {"seconds": 3.0 if quick else FULL_CAPPED_S if full
+                          else DEFAULT_CAPPED_S}
     found: dict[str, dict[str, dict]] = {}
     stores: list[tuple[str, str | None]] = [("SQLite file", None)]
     if store is not None:
@@ -599,6 +875,10 @@ def run_endpoint_bench(*, full: bool = False, quick: bool = False, store: str | 
                 print(f"  measured: endpoints {name} ({label})", file=sys.stderr, flush=True)
         found[label] = results
         print_endpoint_table(label, results, out)
+        if not runtime:
+            out.write("  (not measured: the slow endpoint beside a healthy one, and the cap "
+                      "and rate across three dispatcher processes: this tree's dispatcher "
+                      "does not serve endpoints)\n")
     return found
 
 
@@ -671,4 +951,9 @@ def _table(lines: list[tuple], out: Any) -> None:
 
 
 if __name__ == "__main__":
-    child_main(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "receiver":
+        receiver_main(json.loads(sys.argv[2]))
+    elif sys.argv[1] == "dispatcher":
+        dispatcher_main(json.loads(sys.argv[2]))
+    else:
+        child_main(sys.argv[1], sys.argv[2])

@@ -32,6 +32,12 @@ GOOD = {
                "fanned_rows": [50], "expected": 50_000, "leased_once": 50_000, "missing": 0,
                "twice": 0, "unexpected": 0, "mismatched": 0, "enqueue_s": 1.0,
                "drain_rate": 5000.0},
+    "slow": {"n": 3000, "concurrency": 64, "slow_s": 10.0, "slow_cap": 8,
+             "absent": [1000, 1100], "present": [980, 1050], "ratio": 0.97,
+             "ratios": [0.98, 0.95], "slow_peak": 8},
+    "capped": {"seconds": 20.0, "processes": 3, "cap": 8, "rate_cap": 50.0, "burst": 50,
+               "latency_s": 0.05, "requests": 1000, "peak": 8, "most_in_1s": 60,
+               "rate": 49.0},
 }
 
 
@@ -50,7 +56,8 @@ def _with(path: tuple[str, ...], value: object) -> dict:
 
 def test_figures_within_every_target_are_met() -> None:
     assert _verdicts(GOOD) == dict.fromkeys(
-        ("claim", "claim_cpu", "own", "single", "fair", "fan_one", "fan_all"), True)
+        ("claim", "claim_cpu", "own", "single", "fair", "fan_one", "fan_all", "slow", "cap",
+         "window", "rate"), True)
 
 
 @pytest.mark.parametrize(("path", "value", "failed"), [
@@ -82,6 +89,15 @@ def test_figures_within_every_target_are_met() -> None:
     (("fanout", "unexpected"), 1, "fan_all"),
     (("fanout", "mismatched"), 1, "fan_all"),
     (("fanout", "leased_once"), 49_999, "fan_all"),
+    # the healthy endpoint slowed below 0.9 of its rate alone by the slow one
+    (("slow", "ratio"), 0.89, "slow"),
+    # nine requests at once at a receiver capped at eight
+    (("capped", "peak"), 9, "cap"),
+    # 101 started in one second: more than burst (50) + rate (50)
+    (("capped", "most_in_1s"), 101, "window"),
+    # the rate more than 10 % off 50/s, either way
+    (("capped", "rate"), 44.9, "rate"),
+    (("capped", "rate"), 55.1, "rate"),
 ])
 def test_a_figure_that_fails_its_target_is_not_met(path: tuple[str, ...], value: object,
                                                    failed: str) -> None:
@@ -95,6 +111,9 @@ def test_the_bounds_themselves_are_met() -> None:
     at_bounds["claim"]["many"]["round_ms"] = [2.2 * bench.TARGET_CLAIM_RATIO] * 3
     at_bounds["claim"]["own"]["round_rates"] = [10_000.0 * bench.TARGET_NOT_LOWER] * 3
     at_bounds["fair"]["seconds"] = bench.TARGET_FAIR_SECONDS
+    at_bounds["slow"]["ratio"] = bench.TARGET_SLOW_RATIO
+    at_bounds["capped"]["most_in_1s"] = 100
+    at_bounds["capped"]["rate"] = 45.0
     assert all(_verdicts(at_bounds).values())
 
 
@@ -109,6 +128,12 @@ def test_one_slow_round_of_three_is_not_the_verdict() -> None:
 def test_the_claim_cpu_is_judged_where_the_query_runs_in_process() -> None:
     # PostgreSQL's query runs in the server: this process's CPU is not its cost
     assert "claim_cpu" not in _verdicts(_with(("claim", "store"), "postgresql"))
+
+
+def test_most_in_a_window_counts_every_start_within_a_second() -> None:
+    assert bench.most_in_window([]) == 0
+    assert bench.most_in_window([0.0, 0.5, 0.99, 1.0, 1.5]) == 3
+    assert bench.most_in_window([5.0, 0.0, 0.2, 0.4]) == 3  # in any order
 
 
 def test_only_the_scenarios_measured_are_judged() -> None:
@@ -126,7 +151,7 @@ def test_the_printed_verdict_is_the_judged_one() -> None:
     print_endpoint_table("SQLite file", _with(("claim", "many", "round_ms"), [9.0] * 3), out)
     text = out.getvalue()
     lines = [line for line in text.splitlines() if line.startswith("  ")]
-    assert len(lines) == 7
+    assert len(lines) == 11
     assert lines[0].startswith("  not met  claim latency, 10,000 endpoints / 1 endpoint")
     assert "x4.09" in lines[0]
     assert all(line.startswith("  met      ") for line in lines[1:])
