@@ -222,6 +222,7 @@ def _cycles(store: Any, claims: int, endpoints: str | None) -> dict:
     the jobs a second of the claim-and-finish cycle."""
     latencies: list[float] = []
     cpu: list[float] = []
+    finishes: list[float] = []
     jobs = 0
     started = time.perf_counter()
     for _ in range(claims):
@@ -230,8 +231,10 @@ def _cycles(store: Any, claims: int, endpoints: str | None) -> dict:
         latencies.append(time.perf_counter() - begun)
         cpu.append(cpu_s() - begun_cpu)
         jobs += len(claimed.leased)
+        begun = time.perf_counter()
         _finish(store, claimed)
-    return {"latencies": latencies, "cpu": cpu, "jobs": jobs,
+        finishes.append(time.perf_counter() - begun)
+    return {"latencies": latencies, "cpu": cpu, "finishes": finishes, "jobs": jobs,
             "seconds": time.perf_counter() - started}
 
 
@@ -316,6 +319,8 @@ def scenario_claim(target: Callable[[str], str], deliveries: int, probes: int,
                 "jobs": jobs, "claims": len(latencies),
                 "cpu_ms": round(statistics.median(x for part in parts for x in part["cpu"])
                                 * 1000, 3),
+                "finish_ms": round(statistics.median(
+                    x for part in parts for x in part["finishes"]) * 1000, 3),
                 "round_ms": [round(statistics.median(part["latencies"]) * 1000, 3)
                              for part in parts],
                 "round_cpu_ms": [round(statistics.median(part["cpu"]) * 1000, 3)
@@ -904,8 +909,8 @@ def print_endpoint_table(label: str, results: dict[str, dict], out: Any) -> None
                   f"({claim['held']} leases held; live per capped endpoint at the end: "
                   f"{claim['capped_in_flight']}); claims of {LIMIT}, each finished done; "
                   f"built in {claim['built_s']} s\n")
-        header = ("queue", "claim", "p50 ms", "p99 ms", "CPU ms", "jobs/s (claim+finish)",
-                  "per round", "claims")
+        header = ("queue", "claim", "p50 ms", "p99 ms", "CPU ms", "finish p50 ms",
+                  "jobs/s (claim+finish)", "per round", "claims")
         lines = [header]
         for key, name, served in (
                 ("plain", f"plain, {claim['deliveries']:,} own jobs", "own"),
@@ -915,7 +920,7 @@ def print_endpoint_table(label: str, results: dict[str, dict], out: Any) -> None
                 ("own", f"{claim['endpoints']:,} endpoints: the queue's own jobs", "own")):
             r = claim[key]
             lines.append((name, served, fmt(r["claim_ms"], 3), fmt(r["claim_p99_ms"], 3),
-                          fmt(r["cpu_ms"], 3), fmt(r["rate"]),
+                          fmt(r["cpu_ms"], 3), fmt(r.get("finish_ms"), 3), fmt(r["rate"]),
                           " ".join(f"{x:,}" for x in r["round_rates"]),
                           str(r["claims"])))
         _table(lines, out)
