@@ -82,6 +82,8 @@ TARGETS = {
     "fan_one": f"1 message x {FAN_OUT} endpoints: one intake transaction, {FAN_OUT} rows",
     "fan_all": f"{FAN_MESSAGES:,} messages x {FAN_OUT} endpoints: each delivery leased "
                "exactly once",
+    "blocked": "a healthy endpoint's {healthy:,} deliveries all leased beside {backlog:,} "
+               "waiting for an endpoint {why}",
     "slow": f"healthy endpoint's rate beside a slow one (10 s answers, 8 in flight) / "
             f"alone >= {TARGET_SLOW_RATIO}",
     "cap": "3 dispatcher processes, an endpoint capped at {cap} in flight: never more at "
@@ -367,6 +369,41 @@ def scenario_fair(target: Callable[[str], str], deliveries: int, b: int = FAIR_B
     store.close()
     return {"deliveries": deliveries, "b": b, "b_served": served["B"],
             "a_before_b_last": served["A"], "claims": claims, "seconds": round(seconds, 3)}
+
+def scenario_blocked(target: Callable[[str], str], backlog: int = 5000, healthy: int = 5000,
+                     cap: int = 8, disabled: bool = False) -> dict:
+    """Beside target 2: an endpoint at its cap (``cap`` leases held: its
+    sends in flight) or disabled, with ``backlog`` deliveries waiting,
+    enqueued before ``healthy`` deliveries to another endpoint; claims of
+    LIMIT, the healthy one's finished done, until every one of them is
+    leased or a claim leases none of them (twice the claims they need at
+    most): how many of the healthy one's were leased, and after how many
+    claims the first claim came back without any."""
+    url = target("blocked")
+    store = _open(url)
+    store.add_endpoint(_endpoint("blocked", types=("blocked",),
+                                 **({"enabled": False} if disabled else {"max_in_flight": cap})))
+    store.add_endpoint(_endpoint("healthy", types=("healthy",)))
+    store.enqueue_events({"id": f"b-{i}", "qty": 1, "type": "blocked"} for i in range(backlog))
+    store.enqueue_events({"id": f"h-{i}", "qty": 1, "type": "healthy"} for i in range(healthy))
+    served = claims = 0
+    stalled_at = None
+    started = time.perf_counter()
+    while served < healthy and claims < 2 * (healthy // LIMIT + 1):
+        claimed = store.claim_jobs("bench", LEASE_MS, LIMIT, endpoints="*")
+        claims += 1
+        mine = [leased for leased in claimed.leased if leased.endpoint == "healthy"]
+        served += len(mine)
+        _finish(store, claimed._replace(leased=mine))  # the blocked one's stay in flight
+        if not mine:
+            stalled_at = claims
+            break
+    seconds = time.perf_counter() - started
+    store.close()
+    return {"backlog": backlog, "healthy": healthy, "cap": None if disabled else cap,
+            "disabled": disabled, "served": served, "claims": claims,
+            "stalled_at": stalled_at, "seconds": round(seconds, 3)}
+
 
 
 def _commits(store: Any) -> Callable[[], int] | None:
@@ -698,6 +735,7 @@ SCENARIOS: dict[str, Callable[..., dict]] = {
     "claim": scenario_claim,
     "fair": scenario_fair,
     "fanout": scenario_fanout,
+    "blocked": scenario_blocked,
     "slow": scenario_slow,
     "capped": scenario_capped,
 }
@@ -748,6 +786,17 @@ def judge(results: dict[str, dict]) -> list[tuple[str, str, str, bool]]:
                       f"claims, {fair['seconds']:.2f} s",
                       reached and fair["seconds"] <= TARGET_FAIR_SECONDS
                       and fair["a_before_b_last"] < fair["deliveries"]))
+    for key in ("blocked", "disabled"):
+        blocked = results.get(key)
+        if blocked is None:
+            continue
+        why = "disabled" if blocked["disabled"] else f"at its cap of {blocked['cap']}"
+        stalled = "" if blocked["stalled_at"] is None else \
+            f"; claim {blocked['stalled_at']} leased none of them"
+        found.append((key, TARGETS["blocked"].format(healthy=blocked["healthy"],
+                                                     backlog=blocked["backlog"], why=why),
+                      f"{blocked['served']:,} leased in {blocked['claims']} claims{stalled}",
+                      blocked["served"] >= blocked["healthy"]))
     fan = results.get("fanout")
     if fan is not None:
         commits = fan["fanned_commits"]
@@ -857,6 +906,9 @@ def run_endpoint_bench(*, full: bool = False, quick: bool = False, store: str | 
                   **({"endpoints": 1000, "capped": 10} if quick else {})},
         "fair": {"deliveries": deliveries},
         "fanout": {"messages": 100 if quick else FAN_MESSAGES},
+        "blocked": {"backlog": 2000 if quick else 5000, "healthy": 2000 if quick else 5000},
+        "disabled": {"backlog": 2000 if quick else 5000, "healthy": 2000 if quick else 5000,
+                     "disabled": True},
     }
     runtime = dispatcher_serves_endpoints()
     if runtime:
@@ -876,7 +928,8 @@ def run_endpoint_bench(*, full: bool = False, quick: bool = False, store: str | 
         results: dict[str, dict] = {}
         with _server(target) as url:
             for name, params in plan.items():
-                results[name] = run_child(name, params, url)
+                results[name] = run_child("blocked" if name == "disabled" else name, params,
+                                          url)
                 print(f"  measured: endpoints {name} ({label})", file=sys.stderr, flush=True)
         found[label] = results
         print_endpoint_table(label, results, out)
@@ -932,6 +985,13 @@ def print_endpoint_table(label: str, results: dict[str, dict], out: Any) -> None
         out.write(f"fair: {fair['deliveries']:,} ready to A, then {fair['b']} to B; "
                   f"{fair['a_before_b_last']:,} of A's leased before B's last, "
                   f"{fair['claims']} claims, {fair['seconds']:.3f} s from the first claim\n")
+    for key in ("blocked", "disabled"):
+        if key in results:
+            b = results[key]
+            why = "disabled" if b["disabled"] else f"at its cap of {b['cap']}"
+            out.write(f"{key}: {b['backlog']:,} waiting for an endpoint {why}, then "
+                      f"{b['healthy']:,} to a healthy one: {b['served']:,} of them leased in "
+                      f"{b['claims']} claims ({b['seconds']} s)\n")
     fan = results.get("fanout")
     if fan is not None:
         out.write(f"fan-out: 1 message x {fan['fan']} endpoints {fan['fanned_enqueue_ms']} ms "

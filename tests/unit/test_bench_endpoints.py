@@ -32,6 +32,10 @@ GOOD = {
                "fanned_rows": [50], "expected": 50_000, "leased_once": 50_000, "missing": 0,
                "twice": 0, "unexpected": 0, "mismatched": 0, "enqueue_s": 1.0,
                "drain_rate": 5000.0},
+    "blocked": {"backlog": 5000, "healthy": 5000, "cap": 8, "disabled": False,
+                "served": 5000, "claims": 79, "stalled_at": None, "seconds": 1.0},
+    "disabled": {"backlog": 5000, "healthy": 5000, "cap": None, "disabled": True,
+                 "served": 5000, "claims": 79, "stalled_at": None, "seconds": 1.0},
     "slow": {"n": 3000, "concurrency": 64, "slow_s": 10.0, "slow_cap": 8,
              "absent": [1000, 1100], "present": [980, 1050], "ratio": 0.97,
              "ratios": [0.98, 0.95], "slow_peak": 8},
@@ -56,8 +60,8 @@ def _with(path: tuple[str, ...], value: object) -> dict:
 
 def test_figures_within_every_target_are_met() -> None:
     assert _verdicts(GOOD) == dict.fromkeys(
-        ("claim", "claim_cpu", "own", "single", "fair", "fan_one", "fan_all", "slow", "cap",
-         "window", "rate"), True)
+        ("claim", "claim_cpu", "own", "single", "fair", "blocked", "disabled", "fan_one",
+         "fan_all", "slow", "cap", "window", "rate"), True)
 
 
 @pytest.mark.parametrize(("path", "value", "failed"), [
@@ -77,6 +81,9 @@ def test_figures_within_every_target_are_met() -> None:
     (("fair", "a_before_b_last"), 1_000_000, "fair"),
     # B's deliveries not all leased (the run gave up)
     (("fair", "b_served"), 99, "fair"),
+    # the healthy endpoint's claims stalled behind a capped or a disabled backlog
+    (("blocked", "served"), 1031, "blocked"),
+    (("disabled", "served"), 4999, "disabled"),
     # the intake of one message took two commits
     (("fanout", "fanned_commits"), [2], "fan_one"),
     # ... or some calls one, some two
@@ -151,7 +158,7 @@ def test_the_printed_verdict_is_the_judged_one() -> None:
     print_endpoint_table("SQLite file", _with(("claim", "many", "round_ms"), [9.0] * 3), out)
     text = out.getvalue()
     lines = [line for line in text.splitlines() if line.startswith("  ")]
-    assert len(lines) == 11
+    assert len(lines) == 13
     assert lines[0].startswith("  not met  claim latency, 10,000 endpoints / 1 endpoint")
     assert "x4.09" in lines[0]
     assert all(line.startswith("  met      ") for line in lines[1:])
