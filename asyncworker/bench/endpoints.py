@@ -80,8 +80,7 @@ TARGETS = {
     "fair": f"B's last delivery leased within {TARGET_FAIR_SECONDS:g} s, before A's "
             "backlog is served",
     "fan_one": f"1 message x {FAN_OUT} endpoints: one intake transaction, {FAN_OUT} rows",
-    "fan_all": f"{FAN_MESSAGES:,} messages x {FAN_OUT} endpoints: each delivery leased "
-               "exactly once",
+    "fan_all": "{messages:,} messages x {fan} endpoints: each delivery leased exactly once",
     "blocked": "a healthy endpoint's {healthy:,} deliveries all leased beside {backlog:,} "
                "waiting for an endpoint {why}",
     "slow": f"healthy endpoint's rate beside a slow one (10 s answers, 8 in flight) / "
@@ -808,7 +807,8 @@ def judge(results: dict[str, dict]) -> list[tuple[str, str, str, bool]]:
                       f"{fan['plain_enqueue_ms']:.2f} ms "
                       f"(x{fan['fanned_enqueue_ms'] / fan['plain_enqueue_ms']:.2f})",
                       commits in ([], [1]) and fan["fanned_rows"] == [fan["fan"]]))
-        found.append(("fan_all", TARGETS["fan_all"],
+        found.append(("fan_all", TARGETS["fan_all"].format(messages=fan["messages"],
+                                                           fan=fan["fan"]),
                       f"{fan['leased_once']:,} of {fan['expected']:,} once, "
                       f"{fan['missing']} missing, {fan['twice']} twice, "
                       f"{fan['unexpected']} unexpected, {fan['mismatched']} misnamed; "
