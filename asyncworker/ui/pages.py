@@ -438,8 +438,9 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
                   {"WWW-Authenticate": 'Bearer realm="asyncworker ui"'})
 
 
-def _url(request: web.Request, name: str, **query: Any) -> str:
-    """A route of this app (with its prefix when mounted), its query kept in order."""
+def _url(request: web.Request, name: str, /, **query: Any) -> str:
+    """A route of this app (with its prefix when mounted), its query kept in order
+    (a query may have a ``name`` of its own: one endpoint's page)."""
     url = request.app.router[name].url_for()
     given = {key: str(value) for key, value in query.items() if value not in (None, "")}
     return str(url.with_query(given) if given else url)
@@ -460,7 +461,7 @@ def _render(request: web.Request, template: str, *, status: int = 200,
     settings = request.app[SETTINGS]
     page = request.app[TEMPLATES].get_template(template).render(
         settings=settings, csrf=settings.guard.csrf(), token_required=settings.guard.required,
-        url=lambda name, **query: _url(request, name, **query),
+        url=lambda route, /, **query: _url(request, route, **query),
         json_url=str(request.rel_url.update_query(format="json"))
         if request.method == "GET" and status == 200 else None, **context)
     return web.Response(text=page, status=status, headers=headers, content_type="text/html",
