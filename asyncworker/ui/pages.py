@@ -29,6 +29,7 @@ import jinja2
 from aiohttp import web
 
 from asyncworker.operations import chunks, one_line, shown, stats_url, when
+from asyncworker.operations import endpoint_figures as stats_endpoints
 from asyncworker.store import AsyncStore
 from asyncworker.ui.bulk import (
     MAX_BULK,
@@ -489,12 +490,13 @@ def hide_body(row: dict) -> dict:
 
 async def overview(request: web.Request) -> web.Response:
     _wants_json(request)
-    snap, found = await request.app[QUEUE].look(
-        lambda store: (store.snapshot(), endpoint_figures(store)))
+    snap, found, listed = await request.app[QUEUE].look(
+        lambda store: (store.snapshot(), endpoint_figures(store), stats_endpoints(store)))
     receiver, receiver_error = await _receiver_figures(request)
     data = dict(snap)
     circuits = circuit_summary(found, _now_ms()) if found else None
-    if circuits is not None:
+    if circuits is not None:  # a queue without endpoints answers as before them
+        data["endpoints"] = listed  # as ``stats --json`` has them
         data["circuits"] = circuits
     if receiver is not None:
         data["receiver"] = receiver

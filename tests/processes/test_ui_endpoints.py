@@ -379,6 +379,8 @@ async def test_an_open_circuit_is_shown_with_its_why_on_every_endpoint_page(queu
         assert re.search(r'data-key="circuits\.half-open">0<', overview)
         figures = await (await client.get("/?format=json")).json()
         assert figures["circuits"]["open"] == 1 and figures["circuits"]["closed"] == 2
+        assert [row["name"] for row in figures["endpoints"]] == ["billing", "crm", "down"]
+        assert_no_secret(repr(figures))
 
         one = await (await client.get("/endpoint?name=down")).text()
         assert re.search(r'id="circuit-state"><span class="circuit open">open</span>'
