@@ -145,15 +145,25 @@ def _look_once(target: str, fn: Callable[[Store], T]) -> T:
         return PATIENT.call(lambda: fn(store))
 
 
+def list_jobs(store: Store, *, endpoint: str | None, **query: Any) -> list[dict]:
+    """``store.list_jobs``, its endpoint filter passed only when one is named: a
+    store that keeps no endpoints (nor takes the filter) has no deliveries."""
+    if endpoint is None:
+        return store.list_jobs(**query)
+    if getattr(store, "endpoint_stats", None) is None:
+        return []
+    return store.list_jobs(endpoint=endpoint, **query)
+
+
 def matched(store: Store, bulk: BulkRequest) -> list[Member]:
     """Every dead letter of the bulk's filter (of one endpoint: its dead
     deliveries, the store's filter), in seq order, page by page."""
     members: list[Member] = []
     after: int | None = None
     while True:
-        page = store.list_jobs(status="dead", reason=bulk.reason, id_prefix=bulk.id_prefix,
-                               key=bulk.key, endpoint=bulk.endpoint, after_seq=after,
-                               limit=MAX_PAGE)
+        page = list_jobs(store, status="dead", reason=bulk.reason, id_prefix=bulk.id_prefix,
+                         key=bulk.key, endpoint=bulk.endpoint, after_seq=after,
+                         limit=MAX_PAGE)
         members += [Member(row["id"], row["token"], row["reason"]) for row in page]
         if len(members) > MAX_BULK:
             raise BadRequest(f"the filter matches more than {MAX_BULK} jobs: narrow it "
@@ -168,9 +178,8 @@ def job_page(store: Store, status: str | None, found: Filter, after: int | None,
     """One page of the jobs ``found`` matches after the seq ``after``: at most
     ``limit`` rows in seq order, and the seq the next page starts after (None:
     there is no more). Keyset pagination: never a row repeated or skipped."""
-    rows = store.list_jobs(status=status, reason=found.reason, id_prefix=found.id_prefix,
-                           key=found.key, endpoint=found.endpoint, after_seq=after,
-                           limit=limit + 1)
+    rows = list_jobs(store, status=status, reason=found.reason, id_prefix=found.id_prefix,
+                     key=found.key, endpoint=found.endpoint, after_seq=after, limit=limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
     return rows, (rows[-1]["seq"] if more else None)
@@ -182,11 +191,18 @@ def dead_by_reason(store: Store, found: Filter) -> dict[str, int]:
     endpoint removed since)."""
     if found.endpoint is None:
         return store.snapshot()["dead_by_reason"]
-    for row in store.endpoint_stats():
+    for row in endpoint_figures(store):
         if row["name"] == found.endpoint:
-            return dict(sorted((row.get("dead_by_reason") or {}).items()))
-    return {reason: n for reason, n in Counter(
-        row["reason"] for row in store.dead_jobs(endpoint=found.endpoint)).items()}
+            return dict(sorted(row["dead_by_reason"].items()))
+    counts: Counter[str] = Counter()  # an endpoint removed since: its dead deliveries
+    after: int | None = None
+    while True:
+        page = list_jobs(store, status="dead", endpoint=found.endpoint, after_seq=after,
+                         limit=MAX_PAGE)
+        counts.update(row["reason"] for row in page)
+        if len(page) < MAX_PAGE:
+            return dict(sorted(counts.items()))
+        after = page[-1]["seq"]
 
 
 # What the pages show of an endpoint: Store.endpoint_stats's public fields and
@@ -490,8 +506,11 @@ def hide_body(row: dict) -> dict:
 
 async def overview(request: web.Request) -> web.Response:
     _wants_json(request)
-    snap, found, listed = await request.app[QUEUE].look(
-        lambda store: (store.snapshot(), endpoint_figures(store), stats_endpoints(store)))
+    def read(store: Store) -> tuple[dict, list[dict], list[dict]]:
+        found = endpoint_figures(store)
+        return store.snapshot(), found, stats_endpoints(store) if found else []
+
+    snap, found, listed = await request.app[QUEUE].look(read)
     receiver, receiver_error = await _receiver_figures(request)
     data = dict(snap)
     circuits = circuit_summary(found, _now_ms()) if found else None

@@ -118,6 +118,8 @@ def preview(store: Store, recovery: Recovery) -> dict[str, Any]:
     """The dry run, nothing changed: the ids (seq order), their count, a
     sample, the fingerprint, and whether the cap was reached (``capped``:
     there may be more; recover again after)."""
+    if getattr(store, "recover_endpoint", None) is None:
+        raise NoSuchEndpoint(recovery.endpoint)  # a store that keeps no endpoints
     try:
         ids = store.recover_endpoint(recovery.endpoint, recovery.since_ms, 1, "dry run",
                                      dry_run=True)
