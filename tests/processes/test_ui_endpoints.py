@@ -260,6 +260,8 @@ def test_an_endpoint_s_pages_read_its_rows_only_and_skip_none(queue: str) -> Non
         read: list[int] = []
 
         class Counting:
+            endpoint_stats = store.endpoint_stats
+
             def list_jobs(self, **query: object) -> list[dict]:
                 rows = store.list_jobs(**query)  # type: ignore[arg-type]
                 read.append(len(rows))
