@@ -65,10 +65,11 @@ from asyncworker.leases import (
     half_way,
 )
 from asyncworker.metrics import HEALTH_TIMEOUT_S, DispatcherMetrics, EndpointFigures
-from asyncworker.routes import REFRESH_S, EndpointRoutes, Route
+from asyncworker.routes import REFRESH_S, SUMMARY_S, EndpointRoutes, Route
 from asyncworker.sender import deliver
 from asyncworker.store import AsyncStore, Target
 from asyncworker.wire import WireClient
+from lease.breaker import signal_of
 from lease.clock import wall_clock_ms
 from lease.endpoints import check_served
 from lease.http import Destination
@@ -348,12 +349,15 @@ class Dispatcher:
         endpoints: str | tuple[str, ...] | list[str] | None = None,
         refresh_s: float = REFRESH_S,
         endpoint_label: bool = True,
+        summary_s: float = SUMMARY_S,
     ) -> None:
         check_identifier("owner", owner)
         destination = _one_destination(url, destination, send, endpoints)
         served = check_served(endpoints)
         if type(refresh_s) not in (int, float) or not 0 < refresh_s <= 3600:
             raise ValueError(f"refresh_s must be in (0, 3600] seconds, got {refresh_s!r}")
+        if type(summary_s) not in (int, float) or not 0 < summary_s <= 3600:
+            raise ValueError(f"summary_s must be in (0, 3600] seconds, got {summary_s!r}")
         if type(endpoint_label) is not bool:
             raise ValueError(f"endpoint_label must be a bool, got {endpoint_label!r:.40}")
         if type(concurrency) is not int or not 1 <= concurrency <= 10_000:
@@ -429,7 +433,15 @@ class Dispatcher:
             self._routes = EndpointRoutes(
                 self._queue, served, pool_limit=concurrency,
                 figures_of=self.metrics.figures_of, keep_trying=lambda: not self._stop.is_set(),
-                on_busy=self._count_busy, refresh_s=self.refresh_s)
+                on_busy=self._count_busy, refresh_s=self.refresh_s, owner=owner,
+                summary_s=float(summary_s), summary_clock=self._summary_clock)
+            self.metrics.circuits = self.circuits
+
+    def _summary_clock(self) -> float:
+        """Seconds for the summaries of failed attempts: the injected clock's
+        when there is one (a test's time runs as it says), else monotonic."""
+        given = self._time.given()
+        return time.monotonic() if given is None else given / 1000
 
     # --------------------------------------------------------------- lifecycle
 
@@ -442,6 +454,7 @@ class Dispatcher:
                 if self._routes.missing:
                     log.warning("no such endpoint (yet): %s", ", ".join(self._routes.missing),
                                 extra={"owner": self.owner})
+                await self._routes.watch()  # the circuits as found, a non-closed one said
         except BaseException:
             await self._queue.close()
             raise
@@ -463,6 +476,17 @@ class Dispatcher:
     def endpoints(self) -> list[str]:
         """The names of the endpoints it knows now (empty without ``endpoints=``)."""
         return [] if self._routes is None else self._routes.names
+
+    def circuits(self) -> dict[str, Any]:
+        """The circuits of the endpoints it serves as last read (every
+        ``refresh_s``): ``as_of_ms`` (the store's time of the read, None
+        before one), ``endpoints`` {name: its circuit (``Store.endpoints``'
+        "circuit") with ``condition`` (``asyncworker.routes.CONDITIONS``),
+        ``enabled`` and ``disabled_why``}."""
+        routes = self._routes
+        if routes is None:
+            return {"as_of_ms": None, "endpoints": {}}
+        return {"as_of_ms": routes.circuits_ms, "endpoints": dict(routes.circuits)}
 
     @property
     def queue(self) -> AsyncStore:
@@ -649,6 +673,8 @@ class Dispatcher:
             keeper.cancel()
             if refresher is not None:
                 refresher.cancel()
+            if self._routes is not None:
+                self._routes.summarize(every=True)  # the failures counted and not yet said
 
     async def _wait(self, stop_wait: asyncio.Future, timeout: float | None, *,
                     work: bool = False) -> None:
@@ -963,9 +989,23 @@ class Dispatcher:
         stats.in_flight -= 1
         if judged.outcome is None:  # evidence only: counted as the bad ACK or error it is
             return
-        if held.route is not None:
-            _count_endpoint(held.route.figures, recorded)
+        route = held.route
+        if route is not None:
+            _count_endpoint(route.figures, recorded)
         status, reason = recorded
+        if route is not None and status is not False and recorded != BUSY:
+            # what the attempt told its endpoint's breaker, as this dispatcher saw it
+            signal = signal_of(judged.outcome, judged.seen)
+            if signal == "failure":
+                assert self._routes is not None
+                if self._routes.failed(route, judged.seen, held.ticket["id"]) \
+                        and status == "pending":
+                    stats.retried += 1  # counted in its endpoint's summary, not logged alone
+                    if self.latencies is not None:
+                        self.latencies.append(time.perf_counter() - held.claimed_at)
+                    return
+            elif signal == "success":
+                EndpointRoutes.answered(route)
         if status == "done":
             stats.ok += 1
             if log.isEnabledFor(logging.DEBUG):  # never built per job at info
