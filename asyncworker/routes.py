@@ -288,6 +288,8 @@ class EndpointRoutes:
                 before, route.condition = route.condition, condition
                 if condition == CLOSED and before != CLOSED:
                     route.failing = 0
+                    if route.summary.count:  # the outage's failures said before it ends
+                        self._summarize(route, self._clock())
             if name in audits:
                 self._signatures[name] = _signature(row)
                 rows_seen = audits[name]
@@ -322,8 +324,12 @@ class EndpointRoutes:
         said = {"opened": "circuit opened", "reopened": "circuit opened again",
                 "closed": "circuit closed", "paused": "paused by a Retry-After",
                 "disable": "disabled by the breaker"}.get(action, action)
-        self._tell(level, name, said, change.get("note") or "", circuit, change.get("at_ms"),
-                   action=action)
+        why = change.get("note") or ""
+        paused, at_ms = circuit.get("paused_until_ms"), change.get("at_ms")
+        if action == "paused" and paused is not None and at_ms is not None:
+            why = f"no delivery sent for {max(0, paused - at_ms) // 1000} s" + (
+                f", {why}" if why else "")
+        self._tell(level, name, said, why, circuit, at_ms, action=action)
 
     def _tell(self, level: int, name: str, said: str, why: str, circuit: dict[str, Any],
               at_ms: int | None, action: str | None = None) -> None:
@@ -377,8 +383,8 @@ class EndpointRoutes:
                                  "error": summary.error}
         if summary.http_status is not None:
             facts["http_status"] = summary.http_status
-        log.warning("endpoint %s: %d attempts failed in the last %d s, last: %s", route.name,
-                    summary.count, seconds, last, extra=facts)
+        log.warning("endpoint %s: %d attempt%s failed in the last %d s, last: %s", route.name,
+                    summary.count, "" if summary.count == 1 else "s", seconds, last, extra=facts)
 
     def _apply(self, configs: list[Endpoint], broken: dict[str, str]) -> None:
         """The table read: new endpoints get a route, changed ones their new
