@@ -40,7 +40,12 @@ finish, lost lease, bad ACK, send error and finish failure is one record
 whose facts are ``extra=`` fields (id, token, owner, attempt, outcome,
 status, reason, http_status, error, delay_ms, and a delivery's endpoint); a
 job done is a debug record. No record holds a job's body, a secret or a
-static header's value.
+static header's value. Serving endpoints, each change of an endpoint's
+circuit is one record (read from the breaker's audit rows with the endpoint
+refresh), and a failed attempt while its circuit is not closed, or after the
+breaker's threshold of failures in a row, is counted in one summary record
+per endpoint per ``summary_s`` instead of a record of its own
+(``asyncworker.routes``).
 """
 
 from __future__ import annotations
@@ -319,7 +324,9 @@ class Dispatcher:
     judged in the store), so an endpoint capped at 8 holds at most 8 of them.
     The per-delivery metrics carry an ``endpoint`` label (one series per
     endpoint served); ``endpoint_label=False`` drops it (totals only, for a
-    queue of very many endpoints).
+    queue of very many endpoints). ``summary_s`` (10 s) is how often at most
+    an endpoint's failed attempts in an outage are summed in one log line
+    (on the injected clock when there is one).
 
     It runs once: after ``stop()`` (even one that came before ``run()``
     started), after ``run()`` returned or after a failure, ``run()`` does not
