@@ -216,10 +216,11 @@ def cancel_decisions(rows: Mapping[str, Mapping], job_ids: list) -> tuple[list, 
 
 def list_filters(status: str | None, reason: str | None, id_prefix: str | None,
                  after_seq: int | None, limit: int,
-                 key: str | None = None) -> list[tuple[str, list]]:
+                 key: str | None = None, endpoint: str | None = None) -> list[tuple[str, list]]:
     """Pure: list_jobs's filters, checked, as (name, arguments) in order:
     "status", "reason", "id_prefix" (its length and itself), "after_seq",
-    "key". Each driver writes its own condition for each name."""
+    "key", "endpoint" (a delivery's, exactly). Each driver writes its own
+    condition for each name."""
     filters: list[tuple[str, list]] = []
     if status is not None:
         if status not in STATUSES:
@@ -239,6 +240,9 @@ def list_filters(status: str | None, reason: str | None, id_prefix: str | None,
     if key is not None:
         check_ordering_key(key, "key")
         filters.append(("key", [key]))
+    if endpoint is not None:
+        check_identifier("endpoint", endpoint)
+        filters.append(("endpoint", [endpoint]))
     if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be an int in 1..{MAX_PAGE}, got {limit!r:.40}")
     return filters

@@ -350,6 +350,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-pin", dest="pin", action="store_false",
                    help="leave each receiver and its clients to the scheduler (default: the "
                         "receiver on half of the CPUs, its clients on the other half)")
+    p.add_argument("--endpoints", action="store_true",
+                   help="measure the endpoint targets instead (the claim with 10,000 "
+                        "endpoints, fairness, fan-out), on SQLite and with --store on "
+                        "PostgreSQL")
+    p.add_argument("--full-size", action="store_true",
+                   help="with --endpoints: 1,000,000 ready deliveries (default 100,000)")
 
     p = command("demo", "the crash-after-ACK story, end to end, on loopback", launchers.demo)
     p.add_argument("--jobs", metavar="N", type=_int_in(10, 100_000), default=300,

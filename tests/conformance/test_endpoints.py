@@ -395,6 +395,7 @@ def test_stats_per_endpoint(store):
     stats = {row["name"]: row for row in store.endpoint_stats()}
     a = stats["a"]
     assert (a["ready"], a["in_flight"], a["done"], a["dead"], a["retried"]) == (1, 0, 1, 1, 1)
+    assert a["dead_by_reason"] == {"permanent": 1} and stats["b"]["dead_by_reason"] == {}
     assert a["last_success_ms"] == T0 + 10
     assert a["last_error"]["at_ms"] == T0 + 10 and a["last_error"]["http_status"] in (503, 410)
     assert (stats["b"]["ready"], stats["b"]["last_error"], stats["b"]["last_success_ms"]) == (
@@ -432,3 +433,19 @@ def test_an_endpoint_whose_ca_file_is_gone_can_be_given_another_or_removed(store
     second.unlink()
     store.remove_endpoint("tls", now_ms=T0 + 2)
     assert store.endpoints() == []
+
+
+def test_one_endpoints_deliveries_listed_and_its_dead_letters(store):
+    store.add_endpoint(endpoint("a"), now_ms=T0)
+    store.add_endpoint(endpoint("b"), now_ms=T0)
+    enqueue(store, message("m1"), message("m2"))
+    leased = claim(store, T0, endpoints=("a",))
+    store.finish_jobs([(leased[0].ticket, "permanent", 0, Attempt(T0, 1, 410, "gone"))],
+                      now_ms=T0 + 1)
+    assert [row["id"] for row in store.list_jobs(endpoint="a")] == ["m1@a", "m2@a"]
+    assert [row["id"] for row in store.list_jobs(endpoint="b", status="pending")] == [
+        "m1@b", "m2@b"]
+    assert [row["id"] for row in store.dead_jobs(endpoint="a")] == [leased[0].ticket["id"]]
+    assert store.dead_jobs(endpoint="b") == [] and store.list_jobs(endpoint="zz") == []
+    with pytest.raises(ValueError, match="endpoint"):
+        store.list_jobs(endpoint="not an endpoint")
