@@ -40,7 +40,12 @@ finish, lost lease, bad ACK, send error and finish failure is one record
 whose facts are ``extra=`` fields (id, token, owner, attempt, outcome,
 status, reason, http_status, error, delay_ms, and a delivery's endpoint); a
 job done is a debug record. No record holds a job's body, a secret or a
-static header's value.
+static header's value. Serving endpoints, each change of an endpoint's
+circuit is one record (read from the breaker's audit rows with the endpoint
+refresh), and a failed attempt while its circuit is not closed, or after the
+breaker's threshold of failures in a row, is counted in one summary record
+per endpoint per ``summary_s`` instead of a record of its own
+(``asyncworker.routes``).
 """
 
 from __future__ import annotations
@@ -65,10 +70,11 @@ from asyncworker.leases import (
     half_way,
 )
 from asyncworker.metrics import HEALTH_TIMEOUT_S, DispatcherMetrics, EndpointFigures
-from asyncworker.routes import REFRESH_S, EndpointRoutes, Route
+from asyncworker.routes import REFRESH_S, SUMMARY_S, EndpointRoutes, Route
 from asyncworker.sender import deliver
 from asyncworker.store import AsyncStore, Target
 from asyncworker.wire import WireClient
+from lease.breaker import signal_of
 from lease.clock import wall_clock_ms
 from lease.endpoints import check_served
 from lease.http import Destination
@@ -318,7 +324,9 @@ class Dispatcher:
     judged in the store), so an endpoint capped at 8 holds at most 8 of them.
     The per-delivery metrics carry an ``endpoint`` label (one series per
     endpoint served); ``endpoint_label=False`` drops it (totals only, for a
-    queue of very many endpoints).
+    queue of very many endpoints). ``summary_s`` (10 s) is how often at most
+    an endpoint's failed attempts in an outage are summed in one log line
+    (on the injected clock when there is one).
 
     It runs once: after ``stop()`` (even one that came before ``run()``
     started), after ``run()`` returned or after a failure, ``run()`` does not
@@ -348,12 +356,15 @@ class Dispatcher:
         endpoints: str | tuple[str, ...] | list[str] | None = None,
         refresh_s: float = REFRESH_S,
         endpoint_label: bool = True,
+        summary_s: float = SUMMARY_S,
     ) -> None:
         check_identifier("owner", owner)
         destination = _one_destination(url, destination, send, endpoints)
         served = check_served(endpoints)
         if type(refresh_s) not in (int, float) or not 0 < refresh_s <= 3600:
             raise ValueError(f"refresh_s must be in (0, 3600] seconds, got {refresh_s!r}")
+        if type(summary_s) not in (int, float) or not 0 < summary_s <= 3600:
+            raise ValueError(f"summary_s must be in (0, 3600] seconds, got {summary_s!r}")
         if type(endpoint_label) is not bool:
             raise ValueError(f"endpoint_label must be a bool, got {endpoint_label!r:.40}")
         if type(concurrency) is not int or not 1 <= concurrency <= 10_000:
@@ -429,7 +440,15 @@ class Dispatcher:
             self._routes = EndpointRoutes(
                 self._queue, served, pool_limit=concurrency,
                 figures_of=self.metrics.figures_of, keep_trying=lambda: not self._stop.is_set(),
-                on_busy=self._count_busy, refresh_s=self.refresh_s)
+                on_busy=self._count_busy, refresh_s=self.refresh_s, owner=owner,
+                summary_s=float(summary_s), summary_clock=self._summary_clock)
+            self.metrics.circuits = self.circuits
+
+    def _summary_clock(self) -> float:
+        """Seconds for the summaries of failed attempts: the injected clock's
+        when there is one (a test's time runs as it says), else monotonic."""
+        given = self._time.given()
+        return time.monotonic() if given is None else given / 1000
 
     # --------------------------------------------------------------- lifecycle
 
@@ -442,6 +461,7 @@ class Dispatcher:
                 if self._routes.missing:
                     log.warning("no such endpoint (yet): %s", ", ".join(self._routes.missing),
                                 extra={"owner": self.owner})
+                await self._routes.watch()  # the circuits as found, a non-closed one said
         except BaseException:
             await self._queue.close()
             raise
@@ -463,6 +483,17 @@ class Dispatcher:
     def endpoints(self) -> list[str]:
         """The names of the endpoints it knows now (empty without ``endpoints=``)."""
         return [] if self._routes is None else self._routes.names
+
+    def circuits(self) -> dict[str, Any]:
+        """The circuits of the endpoints it serves as last read (every
+        ``refresh_s``): ``as_of_ms`` (the store's time of the read, None
+        before one), ``endpoints`` {name: its circuit (``Store.endpoints``'
+        "circuit") with ``condition`` (``asyncworker.routes.CONDITIONS``),
+        ``enabled`` and ``disabled_why``}."""
+        routes = self._routes
+        if routes is None:
+            return {"as_of_ms": None, "endpoints": {}}
+        return {"as_of_ms": routes.circuits_ms, "endpoints": dict(routes.circuits)}
 
     @property
     def queue(self) -> AsyncStore:
@@ -649,6 +680,8 @@ class Dispatcher:
             keeper.cancel()
             if refresher is not None:
                 refresher.cancel()
+            if self._routes is not None:
+                self._routes.summarize(every=True)  # the failures counted and not yet said
 
     async def _wait(self, stop_wait: asyncio.Future, timeout: float | None, *,
                     work: bool = False) -> None:
@@ -963,9 +996,23 @@ class Dispatcher:
         stats.in_flight -= 1
         if judged.outcome is None:  # evidence only: counted as the bad ACK or error it is
             return
-        if held.route is not None:
-            _count_endpoint(held.route.figures, recorded)
+        route = held.route
+        if route is not None:
+            _count_endpoint(route.figures, recorded)
         status, reason = recorded
+        if route is not None and status is not False and recorded != BUSY:
+            # what the attempt told its endpoint's breaker, as this dispatcher saw it
+            signal = signal_of(judged.outcome, judged.seen)
+            if signal == "failure":
+                assert self._routes is not None
+                if self._routes.failed(route, judged.seen, held.ticket["id"]) \
+                        and status == "pending":
+                    stats.retried += 1  # counted in its endpoint's summary, not logged alone
+                    if self.latencies is not None:
+                        self.latencies.append(time.perf_counter() - held.claimed_at)
+                    return
+            elif signal == "success":
+                EndpointRoutes.answered(route)
         if status == "done":
             stats.ok += 1
             if log.isEnabledFor(logging.DEBUG):  # never built per job at info

@@ -58,9 +58,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["BUCKETS", "HEALTH_TIMEOUT_S", "DispatcherMetrics", "EndpointFigures", "LoopHistogram",
-           "Observed",
-           "add_metrics_routes", "health_handler", "metrics_app", "start_metrics_server"]
+__all__ = ["BUCKETS", "CONDITIONS", "HEALTH_TIMEOUT_S", "DispatcherMetrics", "EndpointFigures",
+           "LoopHistogram", "Observed", "add_metrics_routes", "health_handler", "metrics_app",
+           "start_metrics_server", "status_handler", "status_of"]
 
 HEALTH_TIMEOUT_S = 2.0  # how long /healthz waits for the store's answer
 
@@ -69,6 +69,10 @@ PREFIX = "asyncworker_"
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
            30.0, 60.0)
 STATES = ("new", "running", "stopping", "stopped", "failed")
+# What an endpoint's deliveries may do now (asyncworker.routes.condition_of): closed
+# (sent), paused (a Retry-After runs), open (none sent until its cool-down ends),
+# half-open (one probe at a time), disabled (none, until an operator enables it).
+CONDITIONS = ("closed", "paused", "open", "half-open", "disabled")
 
 
 
@@ -182,6 +186,42 @@ class _StatsCollector:
         if d.last_claim_ms is not None:
             last.add_metric([], d.last_claim_ms / 1000)
         yield last
+        if metrics.serving_endpoints and metrics.circuits is not None:
+            yield from _circuit_families(metrics.circuits()["endpoints"], by_endpoint)
+
+
+def _circuit_families(circuits: dict[str, dict[str, Any]], by_endpoint: bool
+                      ) -> Iterator[Metric]:
+    """The endpoints' circuits as last read from the store (the same figures
+    in every dispatcher of the queue: take their max, never their sum)."""
+    by_condition = dict.fromkeys(CONDITIONS, 0)
+    for circuit in circuits.values():
+        by_condition[circuit["condition"]] = by_condition.get(circuit["condition"], 0) + 1
+    family = GaugeMetricFamily(
+        PREFIX + "endpoints_by_circuit", "The endpoints served, by what their deliveries may "
+        "do now: closed, paused (Retry-After), open, half-open (a probe), disabled.",
+        labels=["state"])
+    for condition, n in by_condition.items():
+        family.add_metric([condition], n)
+    yield family
+    text = ("Attempts the breaker kept from being spent: deliveries that came due while "
+            "their endpoint's circuit was open (the store's count).")
+    if by_endpoint:
+        state = GaugeMetricFamily(PREFIX + "endpoint_circuit", "1 for the endpoint's "
+                                  "current state: closed, paused, open, half-open, disabled.",
+                                  labels=["endpoint", "state"])
+        saved = CounterMetricFamily(PREFIX + "endpoint_attempts_saved", text,
+                                    labels=["endpoint"])
+        for name, circuit in sorted(circuits.items()):
+            for condition in CONDITIONS:
+                state.add_metric([name, condition], 1 if circuit["condition"] == condition else 0)
+            saved.add_metric([name], circuit.get("attempts_saved") or 0)
+        yield state
+        yield saved
+    else:
+        yield CounterMetricFamily(PREFIX + "endpoint_attempts_saved", text,
+                                  value=sum(circuit.get("attempts_saved") or 0
+                                            for circuit in circuits.values()))
 
 
 class LoopHistogram:
@@ -279,6 +319,8 @@ class DispatcherMetrics:
         self.serving_endpoints = serving_endpoints
         self.by_endpoint = serving_endpoints and by_endpoint
         self.endpoints: dict[str, EndpointFigures] = {}
+        # the circuits of the endpoints served, as the dispatcher last read them
+        self.circuits: Callable[[], dict[str, Any]] | None = None
         self.registry = CollectorRegistry()
         self.registry.register(_StatsCollector(dispatcher, self))
         self.send = LoopHistogram(PREFIX + "send_duration_seconds",
@@ -313,7 +355,8 @@ class DispatcherMetrics:
 
 
 def add_metrics_routes(app: web.Application, dispatcher: Observed) -> None:
-    """``GET /metrics`` (Prometheus) and ``GET /healthz`` (200 healthy, 503 not)."""
+    """``GET /metrics`` (Prometheus), ``GET /healthz`` (200 healthy, 503 not) and
+    ``GET /status`` (JSON: the endpoints whose circuit is not closed, by name)."""
 
     async def metrics(request: web.Request) -> web.Response:
         body, content_type = dispatcher.metrics.exposition(request.headers.get("Accept", ""))
@@ -322,6 +365,41 @@ def add_metrics_routes(app: web.Application, dispatcher: Observed) -> None:
 
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", health_handler(dispatcher))
+    app.router.add_get("/status", status_handler(dispatcher))
+
+
+def status_of(dispatcher: Observed) -> dict[str, Any]:
+    """The dispatcher's state and its endpoints' circuits, as last read:
+    ``endpoints`` {condition: [names]} for every condition but closed,
+    ``closed`` how many are, and ``circuits`` each one that is not closed
+    (since when, why, until when, attempts saved). Without endpoints,
+    ``endpoints`` is empty."""
+    circuits = dispatcher.metrics.circuits
+    read = circuits() if circuits is not None else {"as_of_ms": None, "endpoints": {}}
+    names: dict[str, list[str]] = {condition: [] for condition in CONDITIONS}
+    details: dict[str, dict[str, Any]] = {}
+    for name, circuit in sorted(read["endpoints"].items()):
+        names[circuit["condition"]].append(name)
+        if circuit["condition"] != "closed":
+            details[name] = {key: circuit.get(key) for key in (
+                "condition", "state", "since_ms", "why", "open_until_ms", "paused_until_ms",
+                "failing_since_ms", "attempts_saved", "disabled_why")}
+    closed = names.pop("closed")
+    return {"state": dispatcher.state, "as_of_ms": read["as_of_ms"],
+            "endpoints": names, "closed": len(closed), "circuits": details,
+            "degraded": any(names.values())}
+
+
+def status_handler(dispatcher: Observed) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """An aiohttp handler: ``status_of(dispatcher)`` as JSON, always 200 (a
+    view, not a probe: an endpoint that is down is not the dispatcher's fault,
+    and restarting the dispatcher would not bring it back; ``/healthz`` is
+    the probe)."""
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response(status_of(dispatcher), headers={"Cache-Control": "no-store"})
+
+    return status
 
 
 def health_handler(dispatcher: Observed, timeout_s: float = HEALTH_TIMEOUT_S

@@ -17,27 +17,100 @@ and keeps the configuration it had; it stops none of the others.
 The claim decides how the dispatcher's slots are shared between endpoints
 (each endpoint's cap, rate and fair share are store state, judged inside the
 claim's transaction); this module only routes what was claimed.
+
+Circuits (``lease.breaker``: every endpoint's breaker is store state, stepped
+by the finishes and honoured by the claims of every dispatcher). With each
+refresh the dispatcher reads the endpoints' rows (``Store.endpoints``: each
+one's circuit) and, for an endpoint whose circuit changed since the last
+read, its audit rows; each new row the breaker wrote (actor "breaker":
+opened, reopened, closed, paused, disable) is one log line with its
+evidence, and a circuit seen half-open is one "probing" line. Every
+dispatcher logs the changes of the endpoints it serves, whichever
+dispatcher's finish caused them: a finish does not say which changes it
+made, and a process whose sends stopped must say why in its own log. So N
+dispatchers print each change at most N times, each line with the change's
+``at_ms`` (the same in all of them: dedupe an aggregated log on endpoint,
+action and at_ms). A dispatcher that starts during an outage says so once.
+
+Failed attempts in an outage are counted, not logged one by one: an
+attempt that failed (``lease.breaker.signal_of``: no answer, a timeout, a
+5xx, a 429) while its endpoint's circuit is not closed (as last read), or
+after ``BREAKER.open_after`` failures in a row at this dispatcher, goes into
+its endpoint's summary, one line per endpoint per ``summary_s`` at most
+("endpoint X: 37 attempts failed in the last 10 s, last: ..."). A
+delivery, a refusal (4xx: the endpoint answered), or a failure of a closed
+circuit below the threshold logs as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
+from typing import Any
 
-from asyncworker.metrics import EndpointFigures
+from asyncworker.metrics import CONDITIONS, EndpointFigures
 from asyncworker.store import AsyncStore
 from asyncworker.wire import WireClient
+from lease.breaker import BREAKER, BREAKER_ACTOR, CLOSED, HALF_OPEN, OPEN
 from lease.endpoints import ALL, Endpoint, EndpointError
 from lease.http import Destination
+from lease.records import Attempt
 from lease.store import Store
 from lease.worker import Busy
 
-__all__ = ["EndpointRoutes", "Route"]
+__all__ = ["CONDITIONS", "EndpointRoutes", "FailureSummary", "Route", "condition_of"]
 
 log = logging.getLogger("asyncworker.dispatcher")
 
 REFRESH_S = 2.0  # how often a dispatcher reads its endpoints again
+SUMMARY_S = 10.0  # at most one summary of failed attempts per endpoint this often
+PAUSED, DISABLED = "paused", "disabled"
+assert CONDITIONS == (CLOSED, PAUSED, OPEN, HALF_OPEN, DISABLED)
+
+
+def condition_of(row: dict[str, Any], now_ms: int | None) -> str:
+    """One of CONDITIONS for an endpoint's row (``Store.endpoints``): disabled
+    first, then its circuit; a closed one is paused while a Retry-After runs."""
+    if not row.get("enabled", True):
+        return DISABLED
+    circuit = row.get("circuit") or {}
+    state = circuit.get("state") or CLOSED
+    paused = circuit.get("paused_until_ms")
+    if state == CLOSED and paused is not None and now_ms is not None and now_ms < paused:
+        return PAUSED
+    return str(state)
+
+
+def _signature(row: dict[str, Any]) -> tuple:
+    """What changes when the breaker (or an operator's enable or disable) acts."""
+    circuit = row.get("circuit") or {}
+    return (circuit.get("state"), circuit.get("since_ms"), circuit.get("paused_until_ms"),
+            row.get("enabled"), row.get("disabled_why"))
+
+
+class FailureSummary:
+    """One endpoint's failed attempts counted instead of logged: how many
+    since ``first`` (the summary clock's seconds), and the last one's evidence."""
+
+    __slots__ = ("count", "first", "error", "http_status", "job")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first = 0.0
+        self.error: str | None = None
+        self.http_status: int | None = None
+        self.job: str | None = None
+
+    def add(self, now: float, seen: Attempt, job: str) -> None:
+        if not self.count:
+            self.first = now
+        self.count += 1
+        self.error, self.http_status, self.job = seen.error, seen.http_status, job
+
+    def due(self, now: float, interval: float) -> bool:
+        return self.count > 0 and now - self.first >= interval
 
 
 class Route:
@@ -45,7 +118,8 @@ class Route:
     place when a refresh finds it changed, so a delivery claimed before the
     change is sent with the newest configuration."""
 
-    __slots__ = ("name", "endpoint", "client", "figures", "sending", "gone")
+    __slots__ = ("name", "endpoint", "client", "figures", "sending", "gone", "failing",
+                 "condition", "summary")
 
     def __init__(self, endpoint: Endpoint, client: WireClient,
                  figures: EndpointFigures) -> None:
@@ -55,6 +129,15 @@ class Route:
         self.figures = figures
         self.sending = 0  # sends in flight on its pool
         self.gone = False  # no longer in the table: the pool closes after its last send
+        self.failing = 0  # failed attempts in a row, as this dispatcher's finishes saw them
+        self.condition = CLOSED  # its circuit as last read (CONDITIONS)
+        self.summary = FailureSummary()  # the failed attempts counted, not logged
+
+    @property
+    def quiet(self) -> bool:
+        """A failed attempt is counted in the summary, not logged on its own:
+        the circuit is not closed, or failures repeat past the breaker's threshold."""
+        return self.condition != CLOSED or self.failing >= BREAKER.open_after
 
     @property
     def destination(self) -> Destination:
@@ -71,7 +154,9 @@ class EndpointRoutes:
                  figures_of: Callable[[str], EndpointFigures],
                  keep_trying: Callable[[], bool] = lambda: True,
                  on_busy: Callable[[], None] = lambda: None,
-                 refresh_s: float = REFRESH_S) -> None:
+                 refresh_s: float = REFRESH_S, owner: str | None = None,
+                 summary_s: float = SUMMARY_S,
+                 summary_clock: Callable[[], float] = time.monotonic) -> None:
         self._queue = queue
         self._names = None if served == ALL else tuple(served)
         self._pool_limit = pool_limit
@@ -84,6 +169,16 @@ class EndpointRoutes:
         self._unknown_told: set[str] = set()  # endpoints whose unknown delivery was logged
         self._broken_told: set[str] = set()  # endpoints that could not be built, logged
         self.loads = 0  # reads of the table that succeeded
+        self.owner = owner
+        self.summary_s = summary_s
+        self._clock = summary_clock
+        # the circuits: each endpoint's row as last read (Store.endpoints), when
+        # (the store's time), and per endpoint its signature and audit rows seen
+        self.circuits: dict[str, dict[str, Any]] = {}
+        self.circuits_ms: int | None = None
+        self._signatures: dict[str, tuple] = {}
+        self._audited: dict[str, int] = {}
+        self.watches = 0  # reads of the circuits that succeeded
 
     def get(self, name: str | None) -> Route | None:
         return None if name is None else self._routes.get(name)
@@ -142,10 +237,154 @@ class EndpointRoutes:
         return True
 
     async def run(self) -> None:
-        """Refresh every ``refresh_s`` seconds, until cancelled."""
+        """Refresh every ``refresh_s`` seconds, until cancelled: the routes,
+        the circuits, and the summaries that are due."""
         while True:
             await asyncio.sleep(self.refresh_s)
             await self.refresh()
+            await self.watch()
+            self.summarize()
+
+    # ------------------------------------------------------------ circuits
+
+    async def watch(self) -> bool:
+        """Read the circuits of the endpoints served, and log each change the
+        breaker made since the last read (the first read logs only the
+        circuits that are not closed, once). False (logged) when the store
+        could not be read."""
+        known = dict(self._signatures)
+        names = self._names
+
+        def read(store: Store) -> tuple[list[dict[str, Any]], dict[str, list], int]:
+            rows = [row for row in store.endpoints() if names is None or row["name"] in names]
+            audits = {row["name"]: store.endpoint_audit(row["name"]) for row in rows
+                      if _signature(row) != known.get(row["name"])}
+            return rows, audits, store.now_ms()
+
+        try:
+            rows, audits, now_ms = await self._queue.call(
+                read, keep_trying=self._keep_trying, on_busy=lambda _: self._on_busy())
+        except Busy:
+            return False
+        except Exception as exc:
+            log.warning("circuits not read: %s", " ".join(f"{type(exc).__name__}: "
+                                                         f"{exc}".split()),
+                        extra={"owner": self.owner})
+            return False
+        self._apply_circuits(rows, audits, now_ms, first=not self.watches)
+        self.watches += 1
+        return True
+
+    def _apply_circuits(self, rows: list[dict[str, Any]], audits: dict[str, list],
+                        now_ms: int, *, first: bool) -> None:
+        circuits: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            name = row["name"]
+            condition = condition_of(row, now_ms)
+            circuits[name] = {**row["circuit"], "condition": condition,
+                              "enabled": row["enabled"], "disabled_why": row["disabled_why"]}
+            route = self._routes.get(name)
+            if route is not None:
+                before, route.condition = route.condition, condition
+                if condition == CLOSED and before != CLOSED:
+                    route.failing = 0
+                    if route.summary.count:  # the outage's failures said before it ends
+                        self._summarize(route, self._clock())
+            if name in audits:
+                self._signatures[name] = _signature(row)
+                rows_seen = audits[name]
+                told = self._audited.get(name)
+                self._audited[name] = len(rows_seen)
+                if first:
+                    if condition != CLOSED:
+                        self._tell_found(name, circuits[name])
+                    continue
+                new = rows_seen[told or 0:] if told is None or told <= len(rows_seen) else []
+                changes = [one for one in new if one.get("actor") == BREAKER_ACTOR]
+                for change in changes:
+                    self._tell_change(name, change, circuits[name])
+                if condition == HALF_OPEN and not changes:
+                    self._tell(logging.INFO, name, "probing", "one delivery is sent as a "
+                               "probe; its answer closes the circuit or opens it again",
+                               circuits[name], circuits[name].get("since_ms"))
+        for name in set(self._signatures) - set(circuits):
+            del self._signatures[name]
+            self._audited.pop(name, None)
+        self.circuits, self.circuits_ms = circuits, now_ms
+
+    def _tell_found(self, name: str, circuit: dict[str, Any]) -> None:
+        why = circuit.get("disabled_why") if circuit["condition"] == DISABLED else None
+        self._tell(logging.WARNING, name, f"found {circuit['condition']}",
+                   why or circuit.get("why") or "", circuit, circuit.get("since_ms"))
+
+    def _tell_change(self, name: str, change: dict[str, Any], circuit: dict[str, Any]) -> None:
+        action = change["action"]
+        level = logging.INFO if action == "closed" else (
+            logging.ERROR if action == "disable" else logging.WARNING)
+        said = {"opened": "circuit opened", "reopened": "circuit opened again",
+                "closed": "circuit closed", "paused": "paused by a Retry-After",
+                "disable": "disabled by the breaker"}.get(action, action)
+        why = change.get("note") or ""
+        paused, at_ms = circuit.get("paused_until_ms"), change.get("at_ms")
+        if action == "paused" and paused is not None and at_ms is not None:
+            why = f"no delivery sent for {max(0, paused - at_ms) // 1000} s" + (
+                f", {why}" if why else "")
+        self._tell(level, name, said, why, circuit, at_ms, action=action)
+
+    def _tell(self, level: int, name: str, said: str, why: str, circuit: dict[str, Any],
+              at_ms: int | None, action: str | None = None) -> None:
+        """One line of a circuit's change: what, why (the evidence), and until when."""
+        until = circuit.get("open_until_ms") if circuit["condition"] == OPEN else None
+        if action == "paused":
+            until = circuit.get("paused_until_ms")
+        facts: dict[str, Any] = {"endpoint": name, "owner": self.owner,
+                                 "action": action or said, "at_ms": at_ms,
+                                 "circuit": circuit["condition"],
+                                 "attempts_saved": circuit.get("attempts_saved")}
+        if until is not None:
+            facts["until_ms"] = until
+        log.log(level, "endpoint %s: %s%s", name, said, f": {why}" if why else "", extra=facts)
+
+    # ------------------------------------------------------------ failed attempts
+
+    def failed(self, route: Route, seen: Attempt, job: str) -> bool:
+        """A failed attempt of ``route``'s endpoint (the breaker's signal
+        "failure"): True when it is counted in the endpoint's summary instead
+        of logged on its own (``Route.quiet``); a summary that is due is logged."""
+        route.failing += 1
+        if not route.quiet:
+            return False
+        now = self._clock()
+        route.summary.add(now, seen, job)
+        if route.summary.due(now, self.summary_s):
+            self._summarize(route, now)
+        return True
+
+    @staticmethod
+    def answered(route: Route) -> None:
+        """A delivery, or a refusal: the endpoint answered."""
+        route.failing = 0
+
+    def summarize(self, *, every: bool = False) -> None:
+        """Log the summaries that are due (``every``: all that hold a count, at the end)."""
+        now = self._clock()
+        for route in list(self._routes.values()):
+            if route.summary.count and (every or route.summary.due(now, self.summary_s)):
+                self._summarize(route, now)
+
+    def _summarize(self, route: Route, now: float) -> None:
+        summary, route.summary = route.summary, FailureSummary()
+        seconds = max(1, round(now - summary.first))
+        last = summary.error or (f"HTTP {summary.http_status}" if summary.http_status
+                                 else "no answer")
+        facts: dict[str, Any] = {"endpoint": route.name, "owner": self.owner,
+                                 "failed": summary.count, "seconds": seconds,
+                                 "circuit": route.condition, "last_id": summary.job,
+                                 "error": summary.error}
+        if summary.http_status is not None:
+            facts["http_status"] = summary.http_status
+        log.warning("endpoint %s: %d attempt%s failed in the last %d s, last: %s", route.name,
+                    summary.count, "" if summary.count == 1 else "s", seconds, last, extra=facts)
 
     def _apply(self, configs: list[Endpoint], broken: dict[str, str]) -> None:
         """The table read: new endpoints get a route, changed ones their new
