@@ -1,8 +1,8 @@
 """The operator's web page: ``asyncworker ui QUEUE``, or mounted in an aiohttp app.
 
 Overview, jobs, a job's evidence record, the dead letters with bulk redrive
-and cancel, and the endpoints (each with its deliveries, dead letters and
-audit rows), rendered on the server (no script at all), each also as
+and cancel, and the endpoints (each with its circuit breaker, deliveries,
+dead letters, audit rows and recovery), rendered on the server (no script at all), each also as
 JSON (``?format=json``). Safe by default: read-only unless changes are
 allowed, loopback only unless a token is required, every change a same-site
 POST with a CSRF token. ``docs/operator-ui.md`` says what each figure means.
@@ -10,6 +10,8 @@ POST with a CSRF token. ``docs/operator-ui.md`` says what each figure means.
 - ``pages``: the application and its pages (``ui_app``)
 - ``bulk``: the pure parts of a bulk change (the matched set's fingerprint,
   the result's wording)
+- ``recovery``: an endpoint's recovery since a time (the form, the dry run's
+  fingerprint, the confirmation of exactly that set)
 - ``safety``: the token, the session, CSRF and the security headers
 - ``serve``: the launch the ``ui`` command calls (``serve_ui``)
 

@@ -14,6 +14,7 @@ import hmac
 import json
 import shlex
 import ssl
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import jinja2
 from aiohttp import web
 
 from asyncworker.operations import chunks, one_line, shown, stats_url, when
+from asyncworker.operations import endpoint_figures as stats_endpoints
 from asyncworker.store import AsyncStore
 from asyncworker.ui.bulk import (
     MAX_BULK,
@@ -41,6 +43,9 @@ from asyncworker.ui.bulk import (
     parse_bulk,
     parse_filter,
 )
+from asyncworker.ui.recovery import NoSuchEndpoint, parse_recovery
+from asyncworker.ui.recovery import confirm as confirm_recovery
+from asyncworker.ui.recovery import preview as preview_recovery
 from asyncworker.ui.safety import (
     LOOPBACK_NAMES,
     SECURITY_HEADERS,
@@ -51,9 +56,10 @@ from asyncworker.ui.safety import (
     check_token,
     cross_site,
 )
+from lease.breaker import CLOSED, HALF_OPEN, OPEN
 from lease.endpoints import check_endpoint_name
 from lease.http import Destination
-from lease.policy import PRODUCT, check_actor
+from lease.policy import DEFAULT_POLICY, PRODUCT, check_actor
 from lease.records import StoreError
 from lease.retrying import PATIENT
 from lease.rules import MAX_PAGE, STATUSES
@@ -69,11 +75,6 @@ HERE = Path(__file__).parent
 PAGE_SIZE = 50  # jobs a list page shows
 RECEIVER_TIMEOUT_S = 2.0  # the overview waits this long for the receiver's /stats
 SHOW_RESULTS = 1000  # result lines a bulk change's page lists (its JSON lists every one)
-# Rows one page filtered by endpoint reads at most: the store's list_jobs has no
-# endpoint filter, so such a page reads the rows of the other filters in seq order
-# and keeps the endpoint's; past this many it ends where it stopped (a next page).
-MAX_SCAN = 100_000
-MAX_BULK_SCAN = 1_000_000  # dead letters a bulk change of one endpoint reads at most
 PUBLIC_ROUTES = ("login", "login_form", "css")  # reachable without the token
 
 
@@ -144,100 +145,84 @@ def _look_once(target: str, fn: Callable[[Store], T]) -> T:
         return PATIENT.call(lambda: fn(store))
 
 
+def list_jobs(store: Store, *, endpoint: str | None, **query: Any) -> list[dict]:
+    """``store.list_jobs``, its endpoint filter passed only when one is named: a
+    store that keeps no endpoints (nor takes the filter) has no deliveries."""
+    if endpoint is None:
+        return store.list_jobs(**query)
+    if getattr(store, "endpoint_stats", None) is None:
+        return []
+    return store.list_jobs(endpoint=endpoint, **query)
+
+
 def matched(store: Store, bulk: BulkRequest) -> list[Member]:
-    """Every dead letter of the bulk's filter, in seq order, page by page; of
-    one endpoint: its deliveries only (each row's ``endpoint``)."""
+    """Every dead letter of the bulk's filter (of one endpoint: its dead
+    deliveries, the store's filter), in seq order, page by page."""
     members: list[Member] = []
     after: int | None = None
-    read = 0
     while True:
-        page = store.list_jobs(status="dead", reason=bulk.reason, id_prefix=bulk.id_prefix,
-                               key=bulk.key, after_seq=after, limit=MAX_PAGE)
-        members += [Member(row["id"], row["token"], row["reason"]) for row in page
-                    if bulk.endpoint is None or row.get("endpoint") == bulk.endpoint]
-        read += len(page)
+        page = list_jobs(store, status="dead", reason=bulk.reason, id_prefix=bulk.id_prefix,
+                         key=bulk.key, endpoint=bulk.endpoint, after_seq=after,
+                         limit=MAX_PAGE)
+        members += [Member(row["id"], row["token"], row["reason"]) for row in page]
         if len(members) > MAX_BULK:
             raise BadRequest(f"the filter matches more than {MAX_BULK} jobs: narrow it "
                              f"(a reason, an id prefix, an ordering key)")
         if len(page) < MAX_PAGE:
             return members
-        if read >= MAX_BULK_SCAN:
-            raise BadRequest(f"more than {MAX_BULK_SCAN} dead letters to read for one "
-                             f"endpoint's: narrow the filter (a reason, an id prefix, an "
-                             f"ordering key)")
         after = page[-1]["seq"]
 
 
 def job_page(store: Store, status: str | None, found: Filter, after: int | None,
-             limit: int, scan: int = MAX_SCAN) -> tuple[list[dict], int | None]:
+             limit: int) -> tuple[list[dict], int | None]:
     """One page of the jobs ``found`` matches after the seq ``after``: at most
     ``limit`` rows in seq order, and the seq the next page starts after (None:
-    there is no more).
+    there is no more). Keyset pagination: never a row repeated or skipped."""
+    rows = list_jobs(store, status=status, reason=found.reason, id_prefix=found.id_prefix,
+                     key=found.key, endpoint=found.endpoint, after_seq=after, limit=limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (rows[-1]["seq"] if more else None)
 
-    Of one endpoint: the store's pages of the other filters, each row kept when
-    its ``endpoint`` is that one (a delivery's id is MESSAGE@ENDPOINT). At most
-    ``scan`` rows are read; the page then ends where reading stopped, with
-    fewer rows and a next page that continues from there: keyset pagination
-    still, never a row repeated or skipped."""
-    def read(after_seq: int | None, size: int) -> list[dict]:
-        return store.list_jobs(status=status, reason=found.reason, id_prefix=found.id_prefix,
-                               key=found.key, after_seq=after_seq, limit=size)
 
+def dead_by_reason(store: Store, found: Filter) -> dict[str, int]:
+    """The dead letters by reason: the snapshot's, or of one endpoint its
+    dead deliveries' (``endpoint_stats``'s ``dead_by_reason``; none for an
+    endpoint removed since)."""
     if found.endpoint is None:
-        rows = read(after, limit + 1)
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return rows, (rows[-1]["seq"] if more else None)
-    rows = []
-    done = 0
-    while True:
-        page = read(after, MAX_PAGE)
-        for row in page:
-            if row.get("endpoint") == found.endpoint:
-                if len(rows) == limit:
-                    return rows, rows[-1]["seq"]
-                rows.append(row)
-        done += len(page)
-        if len(page) < MAX_PAGE:
-            return rows, None
-        after = page[-1]["seq"]
-        if done >= scan:
-            return rows, after
-
-
-def dead_by_reason(store: Store, found: Filter, scan: int = MAX_SCAN
-                   ) -> tuple[dict[str, int], bool]:
-    """The dead letters by reason: the snapshot's, or of one endpoint its dead
-    deliveries counted (at most ``scan`` dead rows read: False then, the
-    counts those rows hold)."""
-    if found.endpoint is None:
-        return store.snapshot()["dead_by_reason"], True
-    counts: Counter[str] = Counter()
+        return store.snapshot()["dead_by_reason"]
+    for row in endpoint_figures(store):
+        if row["name"] == found.endpoint:
+            return dict(sorted(row["dead_by_reason"].items()))
+    counts: Counter[str] = Counter()  # an endpoint removed since: its dead deliveries
     after: int | None = None
-    done = 0
-    while done < scan:
-        page = store.list_jobs(status="dead", after_seq=after, limit=MAX_PAGE)
-        counts.update(row["reason"] for row in page if row.get("endpoint") == found.endpoint)
-        done += len(page)
+    while True:
+        page = list_jobs(store, status="dead", endpoint=found.endpoint, after_seq=after,
+                         limit=MAX_PAGE)
+        counts.update(row["reason"] for row in page)
         if len(page) < MAX_PAGE:
-            return dict(sorted(counts.items())), True
+            return dict(sorted(counts.items()))
         after = page[-1]["seq"]
-    return dict(sorted(counts.items())), False
 
 
 # What the pages show of an endpoint: Store.endpoint_stats's public fields and
-# figures, and nothing else a store might add to a row.
+# figures, its circuit breaker's, and nothing else a store might add to a row.
 ENDPOINT_FIELDS = ("name", "url", "ack", "ca_file", "secrets", "headers", "types",
                    "max_in_flight", "rate", "burst", "insecure_http", "enabled", "created_ms",
-                   "updated_ms", "ready", "in_flight", "done", "retried", "dead", "last_error",
-                   "last_success_ms")
+                   "updated_ms", "ready", "in_flight", "done", "retried", "dead",
+                   "dead_by_reason", "last_error", "last_success_ms", "circuit",
+                   "disable_after_ms", "disabled_why")
+CIRCUIT_FIELDS = ("state", "since_ms", "why", "failures", "open_until_ms", "paused_until_ms",
+                  "failing_since_ms", "attempts_saved")
+CIRCUIT_STATES = (CLOSED, OPEN, HALF_OPEN)
 
 
 def endpoint_figures(store: Store) -> list[dict[str, Any]]:
     """Every endpoint with its figures (``Store.endpoint_stats``), by name;
-    none from a store that keeps no endpoints. Only ENDPOINT_FIELDS are kept,
-    ``secrets`` as a count and ``headers`` as names: the page never shows a
-    secret or a header's value, whatever a store's row held."""
+    none from a store that keeps no endpoints. Only ENDPOINT_FIELDS are kept
+    (of ``circuit`` its CIRCUIT_FIELDS), ``secrets`` as a count and
+    ``headers`` as names: the page never shows a secret or a header's value,
+    whatever a store's row held."""
     stats = getattr(store, "endpoint_stats", None)
     return [] if stats is None else [_public(row) for row in stats()]
 
@@ -248,7 +233,33 @@ def _public(row: Mapping[str, Any]) -> dict[str, Any]:
     kept["secrets"] = secrets if isinstance(secrets, int) else len(secrets or ())
     kept["headers"] = [header[0] if isinstance(header, (list, tuple)) else header
                        for header in kept["headers"] or ()]
+    given = kept["circuit"] if isinstance(kept["circuit"], Mapping) else {}
+    circuit = {name: given.get(name) for name in CIRCUIT_FIELDS}
+    if circuit["state"] is None:
+        circuit["state"] = CLOSED
+    kept["circuit"] = circuit
+    kept["dead_by_reason"] = dict(kept["dead_by_reason"] or {})
     return kept
+
+
+def circuit_summary(endpoints: list[dict[str, Any]], now_ms: int) -> dict[str, int]:
+    """How many endpoints are in each state: closed, open, half-open (by
+    their circuit), paused (a Retry-After not over yet), disabled (of which
+    automatically: by the breaker, failing longer than disable_after_ms)."""
+    counts = {"endpoints": len(endpoints), **{state: 0 for state in CIRCUIT_STATES},
+              "paused": 0, "disabled": 0, "disabled_automatically": 0}
+    for ep in endpoints:
+        circuit = ep["circuit"]
+        if circuit["state"] in CIRCUIT_STATES:
+            counts[circuit["state"]] += 1
+        paused = circuit.get("paused_until_ms")
+        if paused is not None and paused > now_ms:
+            counts["paused"] += 1
+        if not ep["enabled"]:
+            counts["disabled"] += 1
+            if ep.get("disabled_why"):
+                counts["disabled_automatically"] += 1
+    return counts
 
 
 def endpoint_record(store: Store, name: str) -> tuple[dict[str, Any] | None, list[dict]]:
@@ -331,6 +342,8 @@ def _routes(app: web.Application) -> None:
     add("GET", "/endpoint", endpoint, name="endpoint")
     add("POST", "/dead/preview", preview, name="preview")
     add("POST", "/dead/apply", apply, name="apply")
+    add("POST", "/endpoint/recover/preview", recover_preview, name="recover_preview")
+    add("POST", "/endpoint/recover/apply", recover_apply, name="recover_apply")
     add("GET", "/login", login_form, name="login_form")
     add("POST", "/login", login, name="login")
     add("POST", "/logout", logout, name="logout")
@@ -493,9 +506,17 @@ def hide_body(row: dict) -> dict:
 
 async def overview(request: web.Request) -> web.Response:
     _wants_json(request)
-    snap = await request.app[QUEUE].look(lambda store: store.snapshot())
+    def read(store: Store) -> tuple[dict, list[dict], list[dict]]:
+        found = endpoint_figures(store)
+        return store.snapshot(), found, stats_endpoints(store) if found else []
+
+    snap, found, listed = await request.app[QUEUE].look(read)
     receiver, receiver_error = await _receiver_figures(request)
     data = dict(snap)
+    circuits = circuit_summary(found, _now_ms()) if found else None
+    if circuits is not None:  # a queue without endpoints answers as before them
+        data["endpoints"] = listed  # as ``stats --json`` has them
+        data["circuits"] = circuits
     if receiver is not None:
         data["receiver"] = receiver
     if receiver_error is not None:
@@ -504,7 +525,12 @@ async def overview(request: web.Request) -> web.Response:
         value for key, value in receiver.items()
         if key.startswith("process_refused_signature_") and isinstance(value, int))
     return _answer(request, "overview.html", data, snap=snap, receiver=receiver,
-                   receiver_error=receiver_error, refused_by_signature=refused)
+                   receiver_error=receiver_error, refused_by_signature=refused,
+                   circuits=circuits)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 async def _receiver_figures(request: web.Request) -> tuple[dict | None, str | None]:
@@ -540,17 +566,14 @@ def _page_query(request: web.Request) -> tuple[int | None, int]:
 
 
 async def _job_page(request: web.Request, status: str | None, found: Filter
-                    ) -> tuple[list[dict], int | None, bool]:
-    """One page of jobs, the seq the next page starts after (None: the last),
-    and whether the page ended early (an endpoint's page that read MAX_SCAN
-    rows)."""
+                    ) -> tuple[list[dict], int | None]:
+    """One page of jobs and the seq the next page starts after (None: the last)."""
     after, limit = _page_query(request)
     rows, next_after = await request.app[QUEUE].look(
         lambda store: job_page(store, status, found, after, limit))
-    short = next_after is not None and len(rows) < limit
     if not _shows_body(request):
         rows = [hide_body(row) for row in rows]
-    return rows, next_after, short
+    return rows, next_after
 
 
 async def jobs(request: web.Request) -> web.Response:
@@ -559,11 +582,11 @@ async def jobs(request: web.Request) -> web.Response:
     if status is not None and status not in STATUSES:
         raise BadRequest(f"status must be one of {', '.join(STATUSES)}, got {status!r:.40}")
     found = parse_filter(request.query)
-    rows, next_after, short = await _job_page(request, status, found)
+    rows, next_after = await _job_page(request, status, found)
     filters = {"status": status, **found._asdict()}
     return _answer(request, "jobs.html", {"jobs": rows, "next_after_seq": next_after},
                    rows=rows, filters=filters, next_after=next_after, statuses=STATUSES,
-                   columns=delivery_columns(rows), short=short, scan=MAX_SCAN)
+                   columns=delivery_columns(rows))
 
 
 async def job(request: web.Request) -> web.Response:
@@ -588,44 +611,108 @@ async def job(request: web.Request) -> web.Response:
 async def dead(request: web.Request) -> web.Response:
     _wants_json(request)
     found = parse_filter(request.query)
-    by_reason, complete = await request.app[QUEUE].look(
+    by_reason = await request.app[QUEUE].look(
         lambda store: dead_by_reason(store, found))
-    rows, next_after, short = await _job_page(request, "dead", found)
+    rows, next_after = await _job_page(request, "dead", found)
     data: dict[str, Any] = {"dead_by_reason": by_reason, "jobs": rows,
                             "next_after_seq": next_after}
     if found.endpoint is not None:
         data["endpoint"] = found.endpoint
-        data["dead_by_reason_complete"] = complete
     return _answer(request, "dead.html", data, by_reason=by_reason, rows=rows,
-                   next_after=next_after, filters=found._asdict(), complete=complete,
-                   columns=delivery_columns(rows), short=short, scan=MAX_SCAN)
+                   next_after=next_after, filters=found._asdict(),
+                   columns=delivery_columns(rows))
 
 
 async def endpoints(request: web.Request) -> web.Response:
-    """Every endpoint with its figures; none: how to add one."""
+    """Every endpoint with its figures and its circuit, and how many are open,
+    half-open, paused, disabled; none: how to add one."""
     _wants_json(request)
     found = await request.app[QUEUE].look(endpoint_figures)
+    now = _now_ms()
+    circuits = circuit_summary(found, now)
     queue = shlex.quote(request.app[SETTINGS].queue)
-    return _answer(request, "endpoints.html", {"endpoints": found}, endpoints=found,
+    data: dict[str, Any] = {"endpoints": found}
+    if found:  # a queue without endpoints answers as before them
+        data["circuits"] = circuits
+    return _answer(request, "endpoints.html", data,
+                   endpoints=found, circuits=circuits, now_ms=now,
                    add_command=f"asyncworker endpoint add {queue} NAME URL")
 
 
-async def endpoint(request: web.Request) -> web.Response:
-    """One endpoint: its figures, where its deliveries and dead letters are,
-    and its audit rows."""
-    _wants_json(request)
-    name = request.query.get("name", "")
+def _endpoint_name(text: str) -> str:
     try:
-        check_endpoint_name(name)
+        return check_endpoint_name(text)
     except ValueError:
         raise BadRequest("name must be an endpoint's name: 1-64 ASCII letters, digits, "
                          "'_' or '-'") from None
+
+
+async def endpoint(request: web.Request) -> web.Response:
+    """One endpoint: its figures, its circuit, where its deliveries and dead
+    letters are, the recovery's form, and its audit rows (the breaker's too)."""
+    _wants_json(request)
+    name = _endpoint_name(request.query.get("name", ""))
     record, audit = await request.app[QUEUE].look(lambda store: endpoint_record(store, name))
     if record is None:
         raise Refused(404, f"no endpoint {name!r} in this queue (a removed endpoint's "
                            f"finished deliveries are on the jobs page, by endpoint)")
+    now = _now_ms()
+    circuit = record["circuit"]
+    since = circuit.get("failing_since_ms") or (
+        circuit.get("since_ms") if circuit.get("state") != CLOSED else None)
     return _answer(request, "endpoint.html", {"endpoint": record, "audit": audit},
-                   ep=record, audit=audit)
+                   ep=record, audit=audit, now_ms=now,
+                   since_default=None if since is None else _datetime_local(since),
+                   ttl_ms=DEFAULT_POLICY.ttl_ms)
+
+
+def _datetime_local(ms: int) -> str:
+    """A moment as a date-time input's value (UTC, to the second)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000))
+
+
+# ------------------------------------------------------------------ an endpoint's recovery
+
+
+async def recover_preview(request: web.Request) -> web.Response:
+    """The recovery's dry run: the endpoint's deliveries finished since then,
+    how many, and that set's fingerprint; nothing changed."""
+    recovery = parse_recovery(await _change_form(request))
+    try:
+        dry = await request.app[QUEUE].change(lambda store: preview_recovery(store, recovery))
+    except NoSuchEndpoint:
+        raise Refused(404, f"no endpoint {recovery.endpoint!r} in this queue") from None
+    data = {key: value for key, value in dry.items() if key != "ids"}
+    data["csrf"] = request.app[SETTINGS].guard.csrf()
+    return _answer(request, "recover_preview.html", data, dry=data, stale=None)
+
+
+async def recover_apply(request: web.Request) -> web.Response:
+    """The recovery's confirmation: refused (409, nothing sent) unless the
+    endpoint's deliveries finished since then are the very set the dry run
+    showed; then exactly those sent again, each with an audit row (the note,
+    the actor)."""
+    form = await _change_form(request)
+    recovery = parse_recovery(form)
+    actor = request.app[SETTINGS].operator
+    try:
+        result, same = await request.app[QUEUE].change(
+            lambda store: confirm_recovery(store, recovery, form.get("fingerprint", ""), actor))
+    except NoSuchEndpoint:
+        raise Refused(404, f"no endpoint {recovery.endpoint!r} in this queue") from None
+    if not same:
+        data = {key: value for key, value in result.items() if key != "ids"}
+        data["csrf"] = request.app[SETTINGS].guard.csrf()
+        data["error"] = (f"the deliveries of {recovery.endpoint} finished since then changed "
+                         f"since the dry run ({result['count']} now): nothing was sent; run "
+                         f"the dry run again")
+        return _answer(request, "recover_preview.html", data, status=409, dry=data,
+                       stale=data["error"])
+    data = {key: value for key, value in result.items() if key != "ids"}
+    data["actor"] = actor
+    return _answer(request, "recover_result.html", data, result=data,
+                   shown=result["recovered"][:SHOW_RESULTS],
+                   hidden=max(0, len(result["recovered"]) - SHOW_RESULTS))
 
 
 # ------------------------------------------------------------------ bulk changes

@@ -325,3 +325,78 @@ def test_the_endpoints_page_in_a_real_browser(tmp_path: Path) -> None:
             context.close()
     assert not refused, refused
     assert (tmp_path / "endpoints.png").stat().st_size > 10_000
+
+
+def test_an_open_circuit_and_a_recovery_in_a_real_browser(tmp_path: Path) -> None:
+    """An endpoint whose five deliveries failed (connection refused): its page
+    shows the circuit open and why; a recovery of what it finished goes
+    through the dry run (the count, the fingerprint) and the confirmation,
+    under the CSP, and the queue holds those deliveries pending again."""
+    _browser_or_fail()
+    from playwright.sync_api import sync_playwright
+
+    from lease.endpoints import Endpoint
+
+    refused_by = "connection refused by 127.0.0.1:9"
+    name = str(tmp_path / "queue.db")
+    with open_store(name, create=True) as store:
+        store.add_endpoint(Endpoint("shop", "http://127.0.0.1:9/shop", types=("order",)))
+        store.enqueue_events([{"id": f"o{i}", "type": "order", "body": {"n": i}}
+                              for i in range(8)], RetryPolicy(max_attempts=50))
+        claimed = store.claim_jobs("worker-1", 600_000, 8, endpoints="*")
+        tickets = {job.ticket["id"]: job.ticket for job in claimed.leased}
+        now = claimed.now_ms + 1
+        # three delivered, then five refused in a row: the circuit opens
+        store.finish_jobs([(tickets[f"o{i}@shop"], "ok", 0, Attempt(now, 3, 200))
+                           for i in range(3)], now_ms=now)
+        store.finish_jobs([(tickets[f"o{i}@shop"], "retry", 60_000,
+                            Attempt(now + 1, 3, None, refused_by)) for i in range(3, 8)],
+                          now_ms=now + 1)
+        [row] = store.endpoints()
+        assert row["circuit"]["state"] == "open"
+    refused: list[str] = []
+    with _ui(name, 0) as url, sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
+            args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 900})
+        try:
+            page = context.new_page()
+            page.on("console", lambda message: refused.append(message.text)
+                    if "Content Security Policy" in message.text else None)
+            page.goto(url + "endpoints")
+            assert page.locator('[data-key="circuits.open"]').inner_text() == "1"
+            assert page.locator('[data-key="shop.circuit"] .circuit').inner_text() == "open"
+            page.click("a.endpoint >> text=shop")
+            page.wait_for_url(re.compile(r"/endpoint\?name=shop$"))
+            assert page.locator("#circuit-state .circuit").inner_text() == "open"
+            why = page.locator("#circuit-why").inner_text()
+            assert "5 failures in a row" in why and refused_by in why
+            page.screenshot(path=str(tmp_path / "circuit.png"), full_page=True)
+
+            # since: prefilled with when it began failing; from long ago, every finished one
+            assert page.locator("#recover-since").input_value()
+            page.fill("#recover-since", "2000-01-01T00:00:00")
+            page.fill("#recover-note", "the shop restored a backup")
+            page.click("#recover-dry-run")
+            page.wait_for_url(re.compile(r"/endpoint/recover/preview$"))
+            assert page.locator("#recover-count strong").first.inner_text() == "3"
+            assert page.locator("#sample li").all_inner_texts() == [
+                f"o{i}@shop" for i in range(3)]
+            assert re.fullmatch(r"[0-9a-f]{64}", page.locator("#fingerprint").inner_text())
+            page.screenshot(path=str(tmp_path / "recover-dry-run.png"), full_page=True)
+
+            page.click("#confirm")
+            page.wait_for_url(re.compile(r"/endpoint/recover/apply$"))
+            assert page.locator("#counts").inner_text() == "3 sent again"
+            assert page.locator("td.result").all_inner_texts() == ["sent again"] * 3
+            page.screenshot(path=str(tmp_path / "recovered.png"), full_page=True)
+        finally:
+            context.close()
+    assert not refused, refused
+    with open_store(name, read_only=True) as store:
+        pending = {job["id"] for job in store.jobs_with_status("pending")}
+        history = store.job_history("o0@shop")
+    assert {f"o{i}@shop" for i in range(8)} == pending
+    assert history is not None
+    assert [r["note"] for r in history["redrives"]] == ["the shop restored a backup"]
+    assert (tmp_path / "circuit.png").stat().st_size > 10_000

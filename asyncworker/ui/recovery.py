@@ -1,0 +1,158 @@
+"""An endpoint's recovery from the page: the pure parts and the store's calls.
+
+After an outage the receiver may have lost what it acknowledged, or the
+deliveries went dead while it was down. The operator names a time ("since"),
+a time to live and a note; the dry run lists the endpoint's deliveries
+finished (done or dead) since then, with a fingerprint of that set; the
+confirmation carries the fingerprint back and sends again exactly the ids
+the dry run showed (``Store.recover_endpoint(..., ids=...)``), or is refused
+(409, nothing sent) when the set is another one by then. The receiver's
+inbox absorbs a delivery it already applied (the same id).
+
+The fingerprint is the command line's scheme (``recover`` of the endpoint
+and the time, then the sorted ids), so a dry run's fingerprint means the
+same set on either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from asyncworker.ui.bulk import BadRequest
+from lease.endpoints import MAX_RECOVER, EndpointError, check_endpoint_name
+from lease.policy import DEFAULT_POLICY, PRODUCT, check_note
+from lease.store import Store
+from lease.worker import MAX_NOW_MS
+
+__all__ = ["RECOVER_SAMPLE", "NoSuchEndpoint", "Recovery", "confirm", "parse_recovery",
+           "parse_since", "preview", "recover_fingerprint"]
+
+RECOVER_SAMPLE = 20  # ids a dry run shows
+FINGERPRINT_RE = re.compile(r"[0-9a-f]{64}")
+# A moment as a date-time input sends it (UTC, as every time the page shows):
+# 2024-05-01T12:30, with seconds and milliseconds optional, a trailing Z allowed.
+SINCE_RE = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d)(?::(\d\d)(?:\.(\d{1,3})\d*)?)?Z?")
+
+
+class NoSuchEndpoint(LookupError):
+    """The endpoint named is not (or no longer) in the queue: 404."""
+
+
+@dataclass(frozen=True)
+class Recovery:
+    endpoint: str
+    since_ms: int
+    note: str
+    ttl_ms: int = DEFAULT_POLICY.ttl_ms
+
+
+def parse_since(text: str) -> int:
+    """A date-time (UTC) as milliseconds; BadRequest if it is none."""
+    found = SINCE_RE.fullmatch(text.strip())
+    if found is None:
+        raise BadRequest("since must be a date and time (UTC), as 2024-05-01T12:30")
+    year, month, day, hour, minute, second, millis = found.groups()
+    try:
+        moment = datetime(int(year), int(month), int(day), int(hour), int(minute),
+                          int(second or 0), tzinfo=UTC)
+    except ValueError:
+        raise BadRequest(f"since: no such date and time: {text.strip()!r:.40}") from None
+    ms = int(moment.timestamp()) * 1000 + int((millis or "0").ljust(3, "0"))
+    if not 0 <= ms <= MAX_NOW_MS:
+        raise BadRequest("since must be a date and time after 1970")
+    return ms
+
+
+def parse_recovery(form: Mapping[str, str]) -> Recovery:
+    """A recovery's form, checked whole: the endpoint, ``since_ms`` (as the
+    dry run's page carries it) or ``since`` (a date-time, UTC), a note
+    (required: each delivery sent again gets an audit row), ``ttl_ms``."""
+    name = form.get("endpoint", "")
+    try:
+        check_endpoint_name(name)
+    except ValueError:
+        raise BadRequest("endpoint must be an endpoint's name: 1-64 ASCII letters, digits, "
+                         "'_' or '-'") from None
+    since_text = form.get("since_ms") or ""
+    if since_text:
+        if not (since_text.isascii() and since_text.isdigit() and len(since_text) <= 15
+                and int(since_text) <= MAX_NOW_MS):
+            raise BadRequest("since_ms must be a moment in milliseconds")
+        since_ms = int(since_text)
+    elif form.get("since"):
+        since_ms = parse_since(form["since"])
+    else:
+        raise BadRequest("since is required: the deliveries finished since then are sent again")
+    note = form.get("note", "").strip()
+    if not note:
+        raise BadRequest("a note is required: each delivery sent again gets an audit row")
+    try:
+        check_note(note)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    ttl_text = form.get("ttl_ms") or str(DEFAULT_POLICY.ttl_ms)
+    if not re.fullmatch(r"[0-9]{1,15}", ttl_text) or not (
+            1 <= int(ttl_text) <= PRODUCT.max_ttl_ms):
+        raise BadRequest(f"ttl_ms must be an integer in 1..{PRODUCT.max_ttl_ms}")
+    return Recovery(name, since_ms, note, int(ttl_text))
+
+
+def recover_fingerprint(name: str, since_ms: int, ids: list[str]) -> str:
+    """sha256 of the action and its filter (the endpoint, the time), then of
+    the sorted ids: equal only for the same recovery matching the same set.
+    (Neither an endpoint's name nor an id holds a NUL or a newline.)"""
+    digest = hashlib.sha256()
+    digest.update(f"recover\0endpoint={name}\0since_ms={since_ms}\n".encode())
+    for job_id in sorted(ids):
+        digest.update(f"{job_id}\n".encode())
+    return digest.hexdigest()
+
+
+def preview(store: Store, recovery: Recovery) -> dict[str, Any]:
+    """The dry run, nothing changed: the ids (seq order), their count, a
+    sample, the fingerprint, and whether the cap was reached (``capped``:
+    there may be more; recover again after)."""
+    if getattr(store, "recover_endpoint", None) is None:
+        raise NoSuchEndpoint(recovery.endpoint)  # a store that keeps no endpoints
+    try:
+        ids = store.recover_endpoint(recovery.endpoint, recovery.since_ms, 1, "dry run",
+                                     dry_run=True)
+    except EndpointError as exc:
+        if recovery.endpoint not in {row["name"] for row in store.endpoints()}:
+            raise NoSuchEndpoint(recovery.endpoint) from None
+        raise BadRequest(str(exc)) from None
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    return {"endpoint": recovery.endpoint, "since_ms": recovery.since_ms,
+            "ttl_ms": recovery.ttl_ms, "note": recovery.note, "ids": ids, "count": len(ids),
+            "sample": ids[:RECOVER_SAMPLE],
+            "fingerprint": recover_fingerprint(recovery.endpoint, recovery.since_ms, ids),
+            "capped": len(ids) >= MAX_RECOVER}
+
+
+def confirm(store: Store, recovery: Recovery, fingerprint: str, actor: str | None
+            ) -> tuple[dict[str, Any], bool]:
+    """The confirmation: the dry run again; only when its fingerprint is the
+    one given are exactly its ids sent again. The result (the preview with
+    ``recovered`` and ``missed``: those that left the set between the check
+    and the change) and True; or the preview of now and False (nothing sent)."""
+    now = preview(store, recovery)
+    given = fingerprint.strip().lower()
+    if not FINGERPRINT_RE.fullmatch(given) or not hmac.compare_digest(
+            given.encode(), now["fingerprint"].encode()):
+        return now, False
+    try:
+        recovered = store.recover_endpoint(recovery.endpoint, recovery.since_ms,
+                                           recovery.ttl_ms, recovery.note, ids=now["ids"],
+                                           actor=actor) if now["ids"] else []
+    except EndpointError as exc:
+        raise NoSuchEndpoint(f"{recovery.endpoint}: {exc}") from None
+    sent = set(recovered)
+    return {**now, "recovered": recovered,
+            "missed": [job_id for job_id in now["ids"] if job_id not in sent]}, True
