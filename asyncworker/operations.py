@@ -22,6 +22,10 @@ HTML and status codes), and neither imports the other.
   disabled, removed (``add_endpoint``, ``update_endpoint``,
   ``set_endpoint_enabled``, ``remove_endpoint``), each with a note and an
   actor for its audit row, and read (``endpoint_record``)
+- an endpoint's recovery: its deliveries finished since a time sent again,
+  a dry run first (``recover_preview``: a count and a fingerprint), then the
+  confirmation of exactly that set (``recover_confirmed``; ``RecoveryChanged``
+  when it is another one by then)
 """
 
 from __future__ import annotations
@@ -645,13 +649,16 @@ def endpoint_record(store: Store, name: str) -> dict[str, Any]:
 
 
 STATS_FIGURES = ("ready", "in_flight", "done", "retried", "dead", "last_error",
-                 "last_success_ms")
+                 "last_success_ms", "circuit", "disable_after_ms", "disabled_why")
 
 
 def endpoint_figures(store: Store) -> list[dict[str, Any]]:
     """Per endpoint, by name, what ``stats`` and the overview show of it: its
     name, whether it is enabled, and its deliveries' figures (ready, in
-    flight, done, retried, dead, the last error and the last success). Empty
+    flight, done, retried, dead, the last error and the last success), its
+    circuit breaker (``circuit``: state, since, why, failures, open and
+    paused until, failing since, attempts saved), its ``disable_after_ms``
+    and ``disabled_why`` (set by an automatic disable only). Empty
     for a queue without endpoints (and for a file older than them, read
     read-only: it has none)."""
     from lease.endpoints import ALL
@@ -666,3 +673,103 @@ def endpoint_list(store: Store) -> list[dict[str, Any]]:
     """Every endpoint's public fields (no secret, no header value), with
     ``created_ms`` and ``updated_ms``, by name; none in a file older than them."""
     return store.endpoints()
+
+
+# ------------------------------------------------------------------ recovery
+#
+# An endpoint's deliveries finished (done or dead) since a time, sent again as
+# new attempts with a fresh budget, each with a redrive audit row: after an
+# outage the receiver lost what it had acknowledged, or a breaker's refusals
+# sent them dead. A dry run first: how many, and a fingerprint of that set;
+# the confirmation carries the fingerprint back and sends exactly the ids the
+# dry run showed, or is refused when the set is another one by then. The
+# receiver's inbox absorbs a delivery it already applied (the same id).
+
+RECOVER_SAMPLE = 20  # ids a dry run shows
+FINGERPRINT_RE = re.compile(r"[0-9a-f]{64}")
+
+
+class RecoveryChanged(WorkFailed):
+    """The confirmation names another set than the one recoverable now: nothing
+    sent (the command line's exit 1, the page's 409)."""
+
+
+def recover_fingerprint(name: str, since_ms: int, ids: list[str]) -> str:
+    """The bulk change's scheme (``asyncworker.ui.bulk.fingerprint``): sha256
+    of the action and its filter (the endpoint, the time), then of the sorted
+    members (the ids): equal only for the same recovery matching the same set.
+    (Neither an endpoint's name nor an id holds a NUL or a newline.)"""
+    import hashlib
+
+    digest = hashlib.sha256()
+    digest.update(f"recover\0endpoint={name}\0since_ms={since_ms}\n".encode())
+    for job_id in sorted(ids):
+        digest.update(f"{job_id}\n".encode())
+    return digest.hexdigest()
+
+
+def check_recovery(note: str | None, ttl_ms: int, actor: str | None) -> str:
+    """A recovery's note (required: each delivery gets an audit row), its
+    deliveries' time to live and its actor; UsageError naming the fault."""
+    from lease.policy import PRODUCT
+
+    if note is None or not note.strip():
+        raise UsageError("a recovery needs a note: each delivery sent again gets an audit row")
+    _check_audit(note, actor)
+    if type(ttl_ms) is not int or not 1 <= ttl_ms <= PRODUCT.max_ttl_ms:
+        raise UsageError(f"the time to live must be 1..{PRODUCT.max_ttl_ms} ms, got {ttl_ms!r:.40}")
+    return note
+
+
+def recover_preview(store: Store, name: str, since_ms: int) -> dict[str, Any]:
+    """The dry run, nothing changed: the endpoint's deliveries finished (done
+    or dead) since ``since_ms`` (at most ``MAX_RECOVER``), as ``ids`` (seq
+    order), ``count``, a ``sample`` of them, ``fingerprint``, and whether the
+    cap was reached (``capped``: there may be more; recover again after)."""
+    from lease.endpoints import MAX_RECOVER, EndpointError
+
+    _known(store, name)
+    try:
+        ids = store.recover_endpoint(name, since_ms, 1, "dry run", dry_run=True)
+    except EndpointError as exc:  # removed meanwhile
+        raise EndpointNotFound(about(store.name, exc)) from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return {"endpoint": name, "since_ms": since_ms, "ids": ids, "count": len(ids),
+            "sample": ids[:RECOVER_SAMPLE], "fingerprint": recover_fingerprint(name, since_ms, ids),
+            "capped": len(ids) >= MAX_RECOVER}
+
+
+def recover_confirmed(store: Store, name: str, since_ms: int, ttl_ms: int, note: str | None,
+                      fingerprint: str, *, actor: str | None = None) -> dict[str, Any]:
+    """The confirmation: only when the set recoverable now has ``fingerprint``
+    (the dry run's), exactly those ids are sent again (``recover_endpoint``'s
+    ``ids=``), each pending with a fresh budget and a redrive audit row.
+    RecoveryChanged, nothing sent, when the set is another one. Returns the
+    preview confirmed, with ``recovered`` (the ids sent again) and ``missed``
+    (those that left the set between the check and the change: recovered
+    or redriven by someone else meanwhile)."""
+    from lease.endpoints import EndpointError
+
+    note = check_recovery(note, ttl_ms, actor)
+    fingerprint = fingerprint.strip().lower()
+    if not FINGERPRINT_RE.fullmatch(fingerprint):
+        raise UsageError("a fingerprint is the 64 hexadecimal digits a dry run prints")
+    import hmac
+
+    now = recover_preview(store, name, since_ms)
+    if not hmac.compare_digest(fingerprint.encode(), now["fingerprint"].encode()):
+        raise RecoveryChanged(
+            f"the deliveries of {name} finished since {when(since_ms)} are not the set the "
+            f"dry run showed ({now['count']} now, fingerprint {now['fingerprint'][:12]}...): "
+            f"nothing sent; run the dry run again")
+    try:
+        recovered = store.recover_endpoint(name, since_ms, ttl_ms, note, ids=now["ids"],
+                                           actor=actor) if now["ids"] else []
+    except EndpointError as exc:
+        raise EndpointRefused(about(store.name, exc)) from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    sent = set(recovered)
+    return {**now, "recovered": recovered,
+            "missed": [job_id for job_id in now["ids"] if job_id not in sent]}

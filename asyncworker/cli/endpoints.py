@@ -8,33 +8,41 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from contextlib import closing
 from typing import Any
 
-from asyncworker.cli.exits import EXIT_OK
-from asyncworker.cli.output import cell, print_table
+from asyncworker.cli.exits import EXIT_FAILED, EXIT_OK
+from asyncworker.cli.output import AGE_UNITS, cell, print_bounded, print_table
 from asyncworker.operations import (
     UsageError,
     add_endpoint,
+    check_recovery,
     endpoint_list,
     endpoint_record,
     new_endpoint,
     open_queue_store,
     read_header_file,
     read_secret_texts,
+    recover_confirmed,
+    recover_preview,
     remove_endpoint,
     set_endpoint_enabled,
     shown,
     update_endpoint,
     when,
 )
+from lease.breaker import DISABLE_AFTER_MS
+
+NEVER = "never"  # --disable-after never (the parser's word)
 
 # How the command line names an endpoint's fields in its messages.
 FLAGS = {"name": "NAME", "url": "URL", "ack": "--ack", "ca_file": "--ca-file",
          "secrets": "--secret-file", "headers": "--header-file", "types": "--type",
          "max_in_flight": "--max-in-flight", "rate": "--rate", "burst": "--burst",
          "insecure_http": "--insecure-plain-http", "enabled": "--disabled", "note": "--note",
-         "actor": "--actor"}
+         "actor": "--actor", "disable_after_ms": "--disable-after"}
 
 
 def _files(args: argparse.Namespace) -> dict[str, Any]:
@@ -58,6 +66,8 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
         fields["types"] = tuple(args.types)
     if args.insecure_plain_http:
         fields["insecure_http"] = True
+    if args.disable_after is not None:  # "never" (no automatic disable) or milliseconds
+        fields["disable_after_ms"] = None if args.disable_after == NEVER else args.disable_after
     return fields
 
 
@@ -72,7 +82,8 @@ def add(args: argparse.Namespace) -> int:
         else "enabled"
     print(f"added endpoint {endpoint.name} to {shown(args.queue)}: {endpoint.url} "
           f"(types {', '.join(endpoint.types)}; {_signed(len(endpoint.secrets))}; "
-          f"{_limits_text(endpoint.max_in_flight, endpoint.rate, endpoint.burst)}; {state})")
+          f"{_limits_text(endpoint.max_in_flight, endpoint.rate, endpoint.burst)}; {state}"
+          f"{_disable_after_text(endpoint.disable_after_ms)})")
     return EXIT_OK
 
 
@@ -140,6 +151,69 @@ def remove(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def recover(args: argparse.Namespace) -> int:
+    """The dry run (no --confirm): how many, the first ids, the fingerprint and
+    the command that confirms; with --confirm: exactly that set sent again."""
+    note = check_recovery(args.note, args.ttl, args.actor)  # before the queue is opened
+    with closing(open_queue_store(args.queue, read_only=args.confirm is None)) as store:
+        kind, value = args.since
+        since_ms = max(0, store.now_ms() - value) if kind == "ago" else value
+        if args.confirm is None:
+            found = recover_preview(store, args.name, since_ms)
+        else:
+            found = recover_confirmed(store, args.name, since_ms, args.ttl, note, args.confirm,
+                                      actor=args.actor)
+    if args.json:
+        print(json.dumps(found, indent=2))
+    elif args.confirm is None:
+        _print_preview(args, found)
+    else:
+        _print_recovered(args, found)
+    return EXIT_FAILED if found.get("missed") else EXIT_OK
+
+
+def _print_preview(args: argparse.Namespace, found: dict) -> None:
+    count, since = found["count"], when(found["since_ms"])
+    print(f"endpoint {args.name} of {shown(args.queue)}: {_deliveries(count)} finished (done "
+          f"or dead) since {since} (dry run, nothing sent)")
+    if not count:
+        return
+    print_bounded([f"  {job_id}" for job_id in found["ids"]], args.verbose, sys.stdout)
+    if found["capped"]:
+        print(f"(at most {count} at a time: there may be more; recover again once these are "
+              f"sent)")
+    print(f"fingerprint: {found['fingerprint']}")
+    command = ["asyncworker", "endpoint", "recover", shown(args.queue), args.name,
+               "--since", _iso(found["since_ms"]), "--ttl", _span(args.ttl),
+               "--note", args.note, *(("--actor", args.actor) if args.actor else ()),
+               "--confirm", found["fingerprint"]]
+    print(f"to send them again, each a new attempt with a fresh budget of {_span(args.ttl)} "
+          f"and an audit row:\n  {shlex.join(command)}")
+    print("the receiver's inbox absorbs a delivery it already applied (the same id): one it "
+          "kept is acknowledged again, not applied twice")
+
+
+def _print_recovered(args: argparse.Namespace, found: dict) -> None:
+    recovered, missed = found["recovered"], found["missed"]
+    print(f"recovered {_deliveries(len(recovered))} of endpoint {args.name} finished since "
+          f"{when(found['since_ms'])}: pending again, a new attempt with a fresh budget of "
+          f"{_span(args.ttl)}, an audit row each (the receiver's inbox absorbs what it "
+          f"already applied)")
+    if missed:
+        print(f"not sent: {_deliveries(len(missed))} of the set confirmed left it before the "
+              f"change (redriven or recovered meanwhile): "
+              f"{', '.join(missed[:5])}{' ...' if len(missed) > 5 else ''}", file=sys.stderr)
+
+
+def _iso(ms: int) -> str:
+    """A moment as --since takes it back exactly: ISO 8601 in UTC, to the millisecond."""
+    return when(ms).replace(" ", "T")
+
+
+def _deliveries(n: int) -> str:
+    return f"{n} {'delivery' if n == 1 else 'deliveries'}"
+
+
 # ------------------------------------------------------------------ reads
 
 
@@ -150,8 +224,10 @@ def list_(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2, ensure_ascii=False))
         return EXIT_OK
     if rows:
-        print_table([("name", "enabled", "url", "types", "limits", "signed", "headers")] + [
-            (row["name"], "yes" if row["enabled"] else "no", cell(row["url"]),
+        print_table([("name", "enabled", "circuit", "url", "types", "limits", "signed",
+                      "headers")] + [
+            (row["name"], _enabled_cell(row), circuit_cell(row.get("circuit")),
+             cell(row["url"]),
              cell(",".join(row["types"])),
              _limits_text(row["max_in_flight"], row["rate"], row["burst"]),
              _signed(row["secrets"]), cell(",".join(row["headers"]) or None))
@@ -181,7 +257,9 @@ def endpoint_rows(record: dict) -> list[tuple]:
     rows: list[tuple] = [
         ("name", record["name"]),
         ("url", cell(record["url"], 100)),
-        ("enabled", "yes" if record["enabled"] else "no: its deliveries wait"),
+        ("enabled", "yes" if record["enabled"] else
+         f"no, by the breaker: {cell(record['disabled_why'], 100)}; its deliveries wait for "
+         f"endpoint enable" if record.get("disabled_why") else "no: its deliveries wait"),
         ("types", ", ".join(record["types"])),
         ("ack", record["ack"]),
         ("ca file", cell(record["ca_file"], 100)),
@@ -193,6 +271,7 @@ def endpoint_rows(record: dict) -> list[tuple]:
     for key, label in (("created_ms", "created"), ("updated_ms", "updated")):
         if key in record:
             rows.append((label, when(record[key])))
+    rows += circuit_rows(record)
     rows += [(label, record[key]) for key, label in FIGURES if key in record]
     if "last_success_ms" in record:
         rows.append(("last success", when(record["last_success_ms"])))
@@ -206,12 +285,103 @@ FIGURES = (("ready", "ready"), ("in_flight", "in flight"), ("done", "done"),
 
 
 def endpoint_stats_rows(figures: list[dict]) -> list[tuple]:
-    """stats' table of endpoints: a row each, its figures, last success and error."""
-    return [("endpoint", "enabled", *(label for _, label in FIGURES), "last success",
-             "last error")] + [
-        (row["name"], "yes" if row.get("enabled", True) else "no",
-         *(row.get(key, "-") for key, _ in FIGURES), when(row.get("last_success_ms")),
-         last_error_text(row.get("last_error"), 60)) for row in figures]
+    """stats' table of endpoints: a row each, its figures, its circuit, last
+    success and error."""
+    return [("endpoint", "enabled", "circuit", *(label for _, label in FIGURES),
+             "attempts saved", "last success", "last error")] + [
+        (row["name"], _enabled_cell(row), circuit_cell(row.get("circuit")),
+         *(row.get(key, "-") for key, _ in FIGURES),
+         (row.get("circuit") or {}).get("attempts_saved", "-"),
+         when(row.get("last_success_ms")), last_error_text(row.get("last_error"), 60))
+        for row in figures]
+
+
+def circuit_lines(figures: list[dict]) -> list[str]:
+    """stats' lines under its table: each endpoint whose circuit is not closed,
+    or that the breaker disabled, with why."""
+    lines = []
+    for row in figures:
+        circuit = row.get("circuit") or {}
+        if circuit.get("state", "closed") != "closed" or circuit.get("paused_until_ms"):
+            lines.append(f"{row['name']}: {circuit_summary(circuit)}")
+        if row.get("disabled_why"):
+            lines.append(f"{row['name']}: disabled by the breaker: "
+                         f"{cell(row['disabled_why'], 200)}; its deliveries wait for endpoint "
+                         f"enable")
+    return lines
+
+
+# ------------------------------------------------------------------ the circuit
+
+
+def _enabled_cell(row: dict) -> str:
+    if row.get("enabled", True):
+        return "yes"
+    return "no (breaker)" if row.get("disabled_why") else "no"
+
+
+def circuit_cell(circuit: dict | None) -> str:
+    """A circuit in a table's cell: its state, and paused when a Retry-After
+    holds the endpoint."""
+    if not circuit:
+        return "-"
+    paused = " (paused)" if circuit.get("paused_until_ms") else ""
+    return f"{circuit.get('state', '-')}{paused}"
+
+
+def circuit_summary(circuit: dict) -> str:
+    """A circuit in one line: state, since, why, failures, until when, saved."""
+    parts = [f"circuit {circuit.get('state', '-')} since {when(circuit.get('since_ms'))}"]
+    if circuit.get("why"):
+        parts[0] += f" ({cell(circuit['why'], 200)})"
+    parts.append(f"{circuit.get('failures', 0)} failures in a row")
+    if circuit.get("open_until_ms") is not None and circuit.get("state") == "open":
+        parts.append(f"probe after {when(circuit['open_until_ms'])}")
+    if circuit.get("paused_until_ms") is not None:
+        parts.append(f"paused until {when(circuit['paused_until_ms'])}")
+    parts.append(f"{circuit.get('attempts_saved', 0)} attempts saved")
+    return "; ".join(parts)
+
+
+def circuit_rows(record: dict) -> list[tuple]:
+    """An endpoint's circuit breaker as name/value rows of ``endpoint show``."""
+    circuit = record.get("circuit")
+    rows: list[tuple] = []
+    if circuit is not None:
+        rows += [
+            ("circuit", circuit_cell(circuit)),
+            ("circuit since", when(circuit.get("since_ms"))),
+            ("circuit why", cell(circuit.get("why"), 100)),
+            ("failures in a row", circuit.get("failures", 0)),
+            ("probe after", when(circuit.get("open_until_ms"))
+             if circuit.get("state") == "open" else "-"),
+            ("paused until", when(circuit.get("paused_until_ms"))),
+            ("failing since", when(circuit.get("failing_since_ms"))),
+            ("attempts saved", circuit.get("attempts_saved", 0)),
+        ]
+    if "disable_after_ms" in record:
+        ms = record["disable_after_ms"]
+        rows.append(("disable after", "never (--disable-after never)" if ms is None else
+                     f"{_span(ms)} failing with no delivery"))
+    if record.get("disabled_why"):
+        rows.append(("disabled why", f"by the breaker: {cell(record['disabled_why'], 100)}"))
+    return rows
+
+
+def _span(ms: int) -> str:
+    """A duration in the largest unit it is a whole number of: 3d, 90m, 1500ms."""
+    for unit in ("d", "h", "m", "s"):
+        if ms >= AGE_UNITS[unit] and ms % AGE_UNITS[unit] == 0:
+            return f"{ms // AGE_UNITS[unit]}{unit}"
+    return f"{ms}ms"
+
+
+def _disable_after_text(ms: int | None) -> str:
+    """add's words for a --disable-after given (nothing for the default)."""
+    if ms == DISABLE_AFTER_MS:
+        return ""
+    return "; never disabled by the breaker" if ms is None else \
+        f"; disabled by the breaker after failing {_span(ms)}"
 
 
 def last_error_text(error: dict | None, width: int = 100) -> str:
@@ -238,4 +408,4 @@ def _limits_text(max_in_flight: int | None, rate: float | None, burst: int | Non
 
 
 HANDLERS = {"add": add, "list": list_, "show": show, "update": update, "disable": disable,
-            "enable": enable, "remove": remove}
+            "enable": enable, "remove": remove, "recover": recover}

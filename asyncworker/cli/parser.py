@@ -16,6 +16,7 @@ from asyncworker.cli import actions, endpoints, intake, launchers, reads, runnin
 from asyncworker.cli.exits import EXIT_CODES, EXIT_USAGE
 from asyncworker.cli.output import AGE_UNITS, SHOW_EACH, duration
 from asyncworker.operations import DEAD_REASONS, one_line
+from lease.breaker import DISABLE_AFTER_MS
 from lease.endpoints import MAX_BURST, MAX_IN_FLIGHT, MAX_RATE, check_endpoint_name
 from lease.policy import (
     DEFAULT_POLICY,
@@ -32,6 +33,8 @@ from lease.worker import MAX_BATCH, MAX_QTY, check_identifier, check_job_id, par
 
 ACK_POLICIES = ("echo-id", "status")
 MAX_AGE_MS = 36_500 * AGE_UNITS["d"]  # a hundred years: far beyond any retention
+NEVER = endpoints.NEVER  # --disable-after never: the breaker never disables the endpoint
+MIN_DISABLE_AFTER_MS, MAX_DISABLE_AFTER_MS = AGE_UNITS["m"], 365 * AGE_UNITS["d"]
 
 
 def package_version() -> str:
@@ -184,6 +187,46 @@ def parse_age(text: str) -> int:
     if age_ms > MAX_AGE_MS:
         raise argparse.ArgumentTypeError(f"at most {MAX_AGE_MS // AGE_UNITS['d']}d, got {text}")
     return age_ms
+
+
+def _disable_after(text: str) -> int | str:
+    """--disable-after: how long an endpoint may fail, with no delivery in
+    between, before it is disabled: 1m..365d, or never."""
+    if text == "never":
+        return NEVER
+    try:
+        value = parse_age(text)
+    except argparse.ArgumentTypeError:
+        value = None
+    if value is None or not MIN_DISABLE_AFTER_MS <= value <= MAX_DISABLE_AFTER_MS:
+        raise argparse.ArgumentTypeError(
+            f"a duration of 1m..365d (3d, 12h, 90m) or never, got {text!r:.40}")
+    return value
+
+
+def parse_since(text: str) -> tuple[str, int]:
+    """--since: ("at", ms) for an ISO 8601 time (UTC unless it names an offset:
+    2026-12-04T17:00:00Z, 2026-12-04 19:00+02:00, 2026-12-04), or ("ago", ms)
+    for an age with its unit (2h, 30m: parse_age's, before now by the queue's
+    clock). A bare number is refused: milliseconds or a year?"""
+    if re.fullmatch(r"[0-9]{1,20}(d|h|m|s|ms)", text):
+        return "ago", parse_age(text)
+    from datetime import UTC, datetime
+
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        moment = None
+    if moment is None or not re.match(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text):
+        raise argparse.ArgumentTypeError(
+            f"an ISO 8601 time (2026-12-04T17:00:00Z; UTC without an offset) or an age "
+            f"before now (2h, 30m, 7d), got {text!r:.60}")
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    ms = int(moment.timestamp() * 1000)
+    if ms < 0:
+        raise argparse.ArgumentTypeError(f"a time after 1970, got {text!r:.60}")
+    return "at", ms
 
 
 def _reason(text: str) -> str:
@@ -501,6 +544,10 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                         "127.0.0.1 (:PORT or PORT alone), another address only when written "
                         "out (0.0.0.0:9100); port 0 picks a free one; the URL is printed on "
                         "stderr first (\"metrics: URL\"); a port it cannot bind is exit 2")
+    p.add_argument("--no-endpoint-label", dest="endpoint_label", action="store_false",
+                   help="the deliveries' metrics without their endpoint label: totals only, "
+                        "one series each however many endpoints (for a queue of very many "
+                        "endpoints; by default a series per endpoint served)")
 
 
 def _destination_arguments(p: argparse.ArgumentParser) -> None:
@@ -637,6 +684,21 @@ redrive, cancel); `run QUEUE` without --url sends them. An endpoint's cap
 Secrets and header values are read from files only, never shown."""
 
 
+RECOVER_HELP = """\
+send again an endpoint's deliveries that finished (done or dead) since TIME:
+after an outage in which the receiver lost what it had acknowledged, or one
+that sent them dead. Each is pending again as a new attempt with a fresh
+budget (--ttl; attempts from 0), with a redrive audit row (the note and the
+actor); a done one keeps its delivering attempt in its history.
+
+Without --confirm it is a dry run, nothing sent: how many, the first ids,
+a fingerprint of the set, and the command that confirms. With --confirm
+FINGERPRINT exactly the deliveries of that set are sent, and only if the set
+is still the one shown; otherwise nothing is sent (exit 1): run the dry run
+again. The receiver's inbox absorbs a delivery it already applied (the same
+id), so one it had kept is acknowledged again, not applied twice."""
+
+
 def _endpoint_commands(commands: Any) -> None:
     """``endpoint add|list|show|update|disable|enable|remove QUEUE ...``."""
     group = commands.add_parser("endpoint", help="add, list, show, change and remove a "
@@ -699,6 +761,25 @@ def _endpoint_commands(commands: Any) -> None:
                    help="cancel its pending deliveries with the removal (needs --note)")
     _audit_options(p)
 
+    p = action("recover", "send again its deliveries finished (done or dead) since a time: "
+               "a dry run, then --confirm", RECOVER_HELP)
+    p.add_argument("name", metavar="NAME", type=_endpoint_name, help="the endpoint")
+    p.add_argument("--since", metavar="TIME", type=parse_since, required=True,
+                   help="its deliveries finished since this time: ISO 8601 "
+                        "(2026-12-04T17:00:00Z; UTC when no offset is given), or an age "
+                        "before now by the queue's clock (2h, 30m, 7d)")
+    p.add_argument("--ttl", metavar="DURATION", type=parse_age, default=DEFAULT_POLICY.ttl_ms,
+                   help=f"each one's time to live from now: 3d, 12h, 30m or milliseconds "
+                        f"(default {duration(DEFAULT_POLICY.ttl_ms)})")
+    p.add_argument("--confirm", metavar="FINGERPRINT", default=None,
+                   help="send them: the fingerprint the dry run printed; refused, nothing "
+                        "sent, when the set is another one by then")
+    p.add_argument("--verbose", action="store_true",
+                   help=f"the dry run lists every id (by default the first {SHOW_EACH})")
+    p.add_argument("--json", action="store_true",
+                   help="what was found (and sent) as one JSON object")
+    _audit_options(p)
+
 
 def _audit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--note", metavar="NOTE", type=_note, default=None,
@@ -740,6 +821,11 @@ def _endpoint_options(p: argparse.ArgumentParser, *, adding: bool) -> None:
     p.add_argument("--insecure-plain-http", action="store_true", default=None,
                    help="allow a plain http URL to a host that is not loopback: anyone on "
                         "the path can read and change what crosses it")
+    p.add_argument("--disable-after", metavar="DURATION", type=_disable_after, default=None,
+                   help=f"disable it once it has failed this long with no delivery in between "
+                        f"(its circuit breaker's evidence; its deliveries then wait for "
+                        f"endpoint enable, none lost): 1m..365d (3d, 12h, 90m), or never"
+                        f"{' (default ' + duration(DISABLE_AFTER_MS) + ')' if adding else ''}")
     if adding:
         p.add_argument("--disabled", action="store_true",
                        help="add it disabled: its deliveries wait until it is enabled")

@@ -8,7 +8,7 @@ import json
 import sys
 from contextlib import closing
 
-from asyncworker.cli.endpoints import endpoint_stats_rows
+from asyncworker.cli.endpoints import circuit_lines, endpoint_stats_rows
 from asyncworker.cli.exits import EXIT_OK
 from asyncworker.cli.output import cell, event_cell, print_history, print_table, stats_rows
 from asyncworker.operations import (
@@ -43,6 +43,8 @@ def stats(args: argparse.Namespace) -> int:
     if endpoints:
         print()
         print_table(endpoint_stats_rows(endpoints))
+        for line in circuit_lines(endpoints):
+            print(line)
     return EXIT_OK
 
 

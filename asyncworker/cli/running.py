@@ -96,6 +96,9 @@ def _default_owner() -> str:
 
 def run(args: argparse.Namespace) -> int:
     policy = _retry_policy(args)
+    if args.url is not None and not args.endpoint_label:
+        raise UsageError("--no-endpoint-label goes without --url: it drops the endpoint label "
+                         "of the deliveries' metrics")
     if args.url is None:  # the deliveries to the queue's endpoints
         served = _served(args)
         send_timeout_ms = _send_timeout_ms(args, policy)
@@ -124,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         dispatcher = Dispatcher(args.queue, owner, **target, concurrency=args.concurrency,
                                 lease_ms=args.lease_ms, send_timeout_ms=send_timeout_ms,
                                 poll_interval=args.poll_ms / 1000, batch_size=args.batch_size,
-                                prefetch=args.prefetch, policy=policy)
+                                prefetch=args.prefetch, policy=policy,
+                                endpoint_label=args.endpoint_label)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     banner = (f"run: owner {owner}, queue {shown(args.queue)}, {sends_to}, concurrency "

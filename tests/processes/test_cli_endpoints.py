@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -106,7 +107,8 @@ def test_add_list_show_update_disable_enable_remove(q: Path, files: Path):
     assert (found["beta"]["types"], found["beta"]["enabled"]) == (["*"], False)
 
     table = ok("endpoint", "list", q).splitlines()
-    assert table[0].split() == ["name", "enabled", "url", "types", "limits", "signed", "headers"]
+    assert table[0].split() == ["name", "enabled", "circuit", "url", "types", "limits",
+                                "signed", "headers"]
     assert table[1].startswith("acme ") and "Authorization,X-Tenant" in table[1]
     assert table[2].startswith("beta ") and " no " in table[2] and "unsigned" in table[2]
     assert table[-1] == "2 endpoints"
@@ -129,7 +131,8 @@ def test_add_list_show_update_disable_enable_remove(q: Path, files: Path):
             acme["headers"], acme["enabled"]) == (None, None, 8, ["*"], [], True)
 
     text = ok("endpoint", "show", q, "acme")
-    assert "limits        at most 8 in flight" in text and "signed        signed with 2" in text
+    assert re.search(r"^limits +at most 8 in flight", text, re.M)
+    assert re.search(r"^signed +signed with 2", text, re.M)
     audit = json.loads(ok("endpoint", "show", q, "acme", "--json"))["audit"]
     assert [(a["action"], a["fields"], a["note"], a["actor"]) for a in audit] == [
         ("add", [], "new customer", "ops-ann"),
@@ -338,10 +341,13 @@ def test_stats_shows_each_endpoints_figures(q: Path):
         {"name": "beta", "enabled": False, "ready": 1, "in_flight": 0, "done": 0,
          "retried": 0, "dead": 0, "last_error": None, "last_success_ms": None}]
     table = ok("stats", q).split("\n\n")[1].splitlines()
-    assert table[0].split() == ["endpoint", "enabled", "ready", "in", "flight", "done",
-                                "retried", "dead", "last", "success", "last", "error"]
-    assert table[1].split() == ["acme", "yes", "2", "0", "0", "0", "0", "-", "-"]
-    assert table[2].split() == ["beta", "no", "1", "0", "0", "0", "0", "-", "-"]
+    assert table[0].split() == ["endpoint", "enabled", "circuit", "ready", "in", "flight",
+                                "done", "retried", "dead", "attempts", "saved", "last",
+                                "success", "last", "error"]
+    assert table[1].split() == ["acme", "yes", "closed", "2", "0", "0", "0", "0", "0", "-",
+                                "-"]
+    assert table[2].split() == ["beta", "no", "closed", "1", "0", "0", "0", "0", "0", "-",
+                                "-"]
 
 
 # ------------------------------------------------------------------ run
