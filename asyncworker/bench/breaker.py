@@ -352,7 +352,7 @@ def scenario_outage(target: Callable[[str], str], n: int = OUTAGE_N, down_s: flo
 
 def scenario_neighbours(target: Callable[[str], str], down_s: float = DEFAULT_NEIGHBOUR_DOWN_S,
                         warm_s: float = 3.0, pairs: int = 1, concurrency: int = 64,
-                        per_s: int = 900) -> dict:
+                        per_s: int = 2500) -> dict:
     """Three endpoints taking every message; ``pairs`` alternating runs,
     without an outage and with "down" refusing connections from ``warm_s``
     after its first request for ``down_s``; the healthy two's requests
