@@ -4,7 +4,8 @@ The SQLite scenarios (``asyncworker.bench.sqlite``), each in a fresh child
 process, then the CPU table (``asyncworker.bench.cpu``) and, with a store,
 the PostgreSQL table (``asyncworker.bench.postgres``). With ``endpoints``, the
 targets of endpoints as data instead (``asyncworker.bench.endpoints``), on
-the SQLite file and, with a store, on PostgreSQL. This module is the top
+the SQLite file and, with a store, on PostgreSQL, then the circuit
+breaker's (``asyncworker.bench.breaker``) on the SQLite file. This module is the top
 of the benchmarks: it imports the scenario modules, none of them imports it.
 """
 
@@ -44,11 +45,23 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
     ready deliveries; one row per store and scenario."""
     out = out or sys.stdout
     if endpoints:
+        from asyncworker.bench.breaker import print_breaker_table, run_breaker_scenarios
         from asyncworker.bench.endpoints import run_endpoint_bench
 
         found = run_endpoint_bench(full=full_size, quick=quick, store=store, out=out)
-        return [{"scenario": f"endpoints {name}", "store": label, **figures}
-                for label, results in found.items() for name, figures in results.items()]
+        measured = [{"scenario": f"endpoints {name}", "store": label, **figures}
+                    for label, results in found.items() for name, figures in results.items()]
+        if "SQLite file" in found:  # the breaker's, with the real dispatcher, on SQLite
+            breaker = run_breaker_scenarios(full=full_size, quick=quick)
+            out.write("\nThe circuit breaker, SQLite file, the real dispatcher and a receiver "
+                      "that goes down\n")
+            print_breaker_table(breaker, out)
+            measured += [{"scenario": f"breaker {name}", "store": "SQLite file", **figures}
+                         for name, figures in breaker.items()]
+        if store is not None:
+            out.write("PostgreSQL: the breaker's targets not measured (they run on the "
+                      "SQLite file)\n")
+        return measured
     if full_size:
         raise ValueError("--full-size sizes the endpoint benchmarks: give --endpoints too")
     size = (lambda full, small: small) if quick else (lambda full, small: full)
