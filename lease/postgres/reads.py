@@ -7,7 +7,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from lease.postgres.statements import BLOCKED_JOBS, BLOCKED_KEYS, FILTERS
+from lease.endpoints import key_of_line
+from lease.postgres.statements import BLOCKED_JOBS, BLOCKED_KEYS, FILTERS, KEY_OR_LINES
 from lease.rules import (
     DAY_MS,
     STATUSES,
@@ -77,8 +78,28 @@ def read_snapshot(conn: psycopg.Connection, now: int, *, keys: bool = True) -> d
 
 def job_filter(status: str | None, reason: str | None, id_prefix: str | None,
                after_seq: int | None, limit: int,
-               key: str | None = None) -> tuple[str, list[Any]]:
-    """The WHERE of list_jobs and its arguments, checked."""
+               key: str | None = None, *, endpoints: bool = True) -> tuple[str, list[Any]]:
+    """The WHERE of list_jobs and its arguments, checked; with endpoints, a
+    key matches a job's own key and every delivery's line of that key."""
     filters = list_filters(status, reason, id_prefix, after_seq, limit, key)
-    clauses = ["1 = 1", *(FILTERS[name] for name, _ in filters)]
-    return " AND ".join(clauses), [arg for _, args in filters for arg in args]
+    clauses = ["1 = 1"]
+    args: list[Any] = []
+    for name, values in filters:
+        if name == "key" and endpoints:
+            clauses.append(KEY_OR_LINES.replace("%(key)s", "%s"))
+            args += values * 2
+        else:
+            clauses.append(FILTERS[name])
+            args += values
+    return " AND ".join(clauses), args
+
+
+def job_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Jobs as a read shows them: a delivery's endpoint and message, the
+    event's type, and the event's own key (a delivery's line is the key per
+    endpoint). A row of a queue before endpoints is as it is."""
+    for row in rows:
+        if "endpoint" in row:
+            row["type"] = row.pop("event_type")
+            row["ordering_key"] = key_of_line(row["ordering_key"], row["endpoint"])
+    return rows

@@ -25,7 +25,7 @@ from lease.worker import (
 )
 
 SCHEMA = "lease"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 CHANNEL = "lease_jobs"  # NOTIFY'd when work becomes available
 
 # pg_advisory_xact_lock key of the migrations ("lease" in ASCII): two hosts
@@ -47,6 +47,16 @@ NOW = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # put it, out of the row, and does not write it again.
 TABLES = {1: {**TABLES_V1, "redrives": CONTRACT_COLUMNS["redrives"]}, 2: TABLES_V2,
            3: TABLES_V3}
+# Version 4: endpoints as data (lease.endpoints); a job of the queue's own has
+# NULL in the four new columns of jobs.
+TABLES[4] = {
+    **TABLES_V3,
+    "jobs": [*TABLES_V3["jobs"], "endpoint", "message", "event_type", "fair_rank"],
+    "endpoints": ["name", "url", "ack", "ca_file", "secrets", "headers", "types",
+                  "max_in_flight", "rate", "burst", "insecure_http", "enabled", "tokens",
+                  "refilled_ms", "next_rank", "created_ms", "updated_ms"],
+    "endpoint_audit": ["seq", "endpoint", "at_ms", "action", "fields", "note", "actor"],
+}
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -99,6 +109,44 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
   WHERE status IN ('pending', 'leased') AND held = 0""",
         "CREATE INDEX jobs_line ON lease.jobs (ordering_key, held, seq) WHERE "
         + LINE.format(a="jobs").replace("jobs.", ""),
+    ),
+    4: (
+        # NULL for a job of the queue's own; a delivery's endpoint, its message's
+        # id, the event's type (every job's, NULL when none) and its fair rank.
+        # Columns without a default: adding them rewrites no row.
+        "ALTER TABLE lease.jobs ADD COLUMN endpoint text",
+        "ALTER TABLE lease.jobs ADD COLUMN message text",
+        "ALTER TABLE lease.jobs ADD COLUMN event_type text",
+        "ALTER TABLE lease.jobs ADD COLUMN fair_rank bigint",
+        # secrets and headers are secrets: no read selects them but
+        # endpoint_configs, for the dispatcher that signs with them.
+        """CREATE TABLE lease.endpoints (name text PRIMARY KEY, url text NOT NULL,
+  ack text NOT NULL, ca_file text, secrets jsonb NOT NULL, headers jsonb NOT NULL,
+  types jsonb NOT NULL, max_in_flight bigint, rate double precision, burst bigint,
+  insecure_http boolean NOT NULL, enabled boolean NOT NULL,
+  tokens double precision NOT NULL, refilled_ms bigint NOT NULL,
+  next_rank bigint NOT NULL DEFAULT 0, created_ms bigint NOT NULL, updated_ms bigint NOT NULL)""",
+        # fields: the NAMES of the fields changed, never their values
+        """CREATE TABLE lease.endpoint_audit (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  endpoint text NOT NULL, at_ms bigint NOT NULL,
+  action text NOT NULL CHECK (action IN ('add', 'update', 'disable', 'enable', 'remove')),
+  fields jsonb NOT NULL, note text, actor text)""",
+        # The queue's own pick reads no delivery (an own claim never takes one).
+        "DROP INDEX lease.jobs_ready",
+        """CREATE INDEX jobs_ready ON lease.jobs (seq)
+  WHERE status IN ('pending', 'leased') AND held = 0 AND endpoint IS NULL""",
+        # The claim's windows, in fair order.
+        """CREATE INDEX jobs_fair ON lease.jobs (fair_rank, seq)
+  WHERE endpoint IS NOT NULL AND status IN ('pending', 'leased') AND held = 0""",
+        # An endpoint's live leases, counted inside the claim.
+        """CREATE INDEX jobs_in_flight ON lease.jobs (endpoint, lease_until)
+  WHERE status = 'leased' AND endpoint IS NOT NULL""",
+        # The ranks being served now: the virtual time of the intake.
+        """CREATE INDEX jobs_serving ON lease.jobs (fair_rank)
+  WHERE status = 'leased' AND endpoint IS NOT NULL""",
+        "CREATE INDEX jobs_by_message ON lease.jobs (message) WHERE message IS NOT NULL",
+        """CREATE INDEX jobs_by_endpoint ON lease.jobs (endpoint, status)
+  WHERE endpoint IS NOT NULL""",
     ),
 }
 

@@ -43,7 +43,7 @@ FROM doomed WHERE j.seq = doomed.seq"""),
 # pick says the rule itself, and such a row waits for the next claim's
 # quarantine instead of a lease as attempt max + 1 or one ending at once.
 PICK_AND_LEASE = """WITH picked AS (SELECT seq FROM lease.jobs
-  WHERE status IN ('pending', 'leased') AND held = 0
+  WHERE status IN ('pending', 'leased') AND held = 0 AND endpoint IS NULL
     AND ((status = 'pending' AND available_at <= %(now)s)
       OR (status = 'leased' AND lease_until <= %(now)s))
     AND attempts < max_attempts AND deadline > %(now)s
@@ -126,11 +126,13 @@ ON CONFLICT (name) DO UPDATE SET n = lease.tallies.n + excluded.n"""
 
 # Identity values follow the SELECT's order: seq is the order of intake.
 INSERT_NEW = """INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,
-  available_at, deadline, owner, lease_until, reason, body, digest, ordering_key, held)
+  available_at, deadline, owner, lease_until, reason, body, digest, ordering_key, held,
+  endpoint, message, event_type, fair_rank)
 SELECT id, qty, 'pending', 0, %s, 0, %s, %s, NULL, NULL, NULL, body, digest, key,
-  CASE WHEN key IS NULL THEN 0 ELSE 1 END
-FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[]) WITH ORDINALITY
-  AS u(id, qty, body, digest, key, ord)
+  CASE WHEN key IS NULL THEN 0 ELSE 1 END, endpoint, message, event_type, fair_rank
+FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[],
+  %s::text[], %s::text[], %s::bigint[]) WITH ORDINALITY
+  AS u(id, qty, body, digest, key, endpoint, message, event_type, fair_rank, ord)
 ORDER BY ord
 ON CONFLICT (id) DO NOTHING
 RETURNING id"""
@@ -158,11 +160,15 @@ CANCEL = """UPDATE lease.jobs SET status = 'dead', reason = 'cancelled', availab
 PRUNABLE = """SELECT seq, id FROM lease.jobs WHERE status = 'done' AND available_at < %s
 ORDER BY available_at, seq LIMIT %s FOR UPDATE SKIP LOCKED"""
 
+# A key filter: a job's own key, or a delivery's line of that key.
+KEY_OR_LINES = """(ordering_key = %(key)s::text
+  OR (endpoint IS NOT NULL AND ordering_key = %(key)s::text || ' ' || endpoint))"""
+
 DEAD = """SELECT d.*, (SELECT COALESCE(a.error, 'HTTP ' || a.http_status)
   FROM lease.attempts a WHERE a.id = d.id ORDER BY a.seq DESC LIMIT 1) AS last_error
 FROM (SELECT * FROM lease.jobs WHERE status = 'dead'
   AND (%(reason)s::text IS NULL OR reason = %(reason)s::text)
-  AND (%(key)s::text IS NULL OR ordering_key = %(key)s::text)
+  AND (%(key)s::text IS NULL OR {key})
   ORDER BY seq LIMIT %(limit)s::bigint) d
 ORDER BY d.seq"""
 
@@ -209,3 +215,134 @@ FROM lease.jobs h WHERE {_DEAD_FIRST} ORDER BY h.ordering_key LIMIT %(limit)s"""
 FILTERS = {"status": "status = %s", "reason": "reason = %s",
            "id_prefix": "substr(id, 1, %s) = %s", "after_seq": "seq > %s",
            "key": "ordering_key = %s"}
+
+
+# ------------------------------------------------------------------ endpoints
+
+# What an intake reads of the endpoints, locked in name order: the intakes of
+# a queue with endpoints write each endpoint's next rank, so they run one
+# after another (as every SQLite writer does), and a message's deliveries are
+# all written by one of them. Taken before any key's lock, always: a claim
+# takes endpoint locks only, and a finish only keys and rows.
+ENDPOINTS_FOR_INTAKE = """SELECT name, types, next_rank FROM lease.endpoints
+ORDER BY name FOR UPDATE"""
+
+# The intake's virtual time: the rank being served now, else the first waiting.
+VIRTUAL_TIME = """SELECT COALESCE(
+  (SELECT max(fair_rank) FROM lease.jobs WHERE status = 'leased' AND endpoint IS NOT NULL),
+  (SELECT min(fair_rank) FROM lease.jobs WHERE endpoint IS NOT NULL
+     AND status IN ('pending', 'leased') AND held = 0), 0)"""
+
+# A message's kept deliveries, the first one first: the content an intake of
+# the same id is compared with.
+MESSAGES = """SELECT DISTINCT ON (message) message, qty, digest, ordering_key, endpoint, event_type
+FROM lease.jobs WHERE message = ANY(%s::text[]) ORDER BY message, seq"""
+
+# The jobs of these ids, by id: an own job's content, or a delivery id taken.
+CONTENTS = """SELECT id, qty, digest, ordering_key, event_type, endpoint
+FROM lease.jobs WHERE id = ANY(%s::text[])"""
+
+NEXT_RANKS = """UPDATE lease.endpoints e SET next_rank = u.next_rank
+FROM unnest(%s::text[], %s::bigint[]) AS u(name, next_rank) WHERE e.name = u.name"""
+
+# One window of ready deliveries in fair order, after (rank, seq); the same
+# readiness as the pick (PICK_AND_LEASE), of the served endpoints. Read without
+# a lock: the lease below locks and re-checks each row.
+_READY = """status IN ('pending', 'leased') AND held = 0
+    AND ((status = 'pending' AND available_at <= %(now)s)
+      OR (status = 'leased' AND lease_until <= %(now)s))
+    AND attempts < max_attempts AND deadline > %(now)s"""
+WINDOW = f"""SELECT seq, endpoint, fair_rank FROM lease.jobs
+WHERE endpoint IS NOT NULL AND {_READY}
+  AND (%(all)s OR endpoint = ANY(%(names)s::text[]))
+  AND (fair_rank, seq) > (%(rank)s, %(seq)s)
+ORDER BY fair_rank, seq LIMIT %(window)s"""
+
+# The endpoints a claim judges. The ones with a cap or a rate are locked in
+# name order first (FOR UPDATE): every claim of them waits its turn, and the
+# count of live leases after the lock (READ COMMITTED: a new snapshot per
+# statement) includes every lease committed by the claims before it. A later
+# window's endpoints are locked SKIP LOCKED (a claim holding locks never waits
+# out of name order, so two claims never deadlock): one held by another claim
+# leases nothing in this one.
+_JUDGED = "name, enabled, max_in_flight, rate, burst, tokens, refilled_ms"
+LOCK_LIMITED = f"""SELECT {_JUDGED} FROM lease.endpoints
+WHERE name = ANY(%s::text[]) AND (max_in_flight IS NOT NULL OR rate IS NOT NULL)
+ORDER BY name FOR UPDATE"""
+LOCK_LIMITED_SKIP = LOCK_LIMITED + " SKIP LOCKED"
+UNLIMITED = f"""SELECT {_JUDGED} FROM lease.endpoints
+WHERE name = ANY(%s::text[]) AND max_in_flight IS NULL AND rate IS NULL"""
+LIVE = """SELECT endpoint, count(*) FROM lease.jobs
+WHERE status = 'leased' AND endpoint = ANY(%s::text[]) AND lease_until > %s
+GROUP BY endpoint"""
+
+# The picked deliveries leased as the pick leases (lease_ticket), each row
+# locked and its readiness checked again: one another claim took meanwhile
+# is skipped, and the claim leases fewer.
+LEASE_PICKED = f"""WITH picked AS (SELECT seq FROM lease.jobs
+  WHERE seq = ANY(%(seqs)s::bigint[]) AND endpoint IS NOT NULL AND {_READY}
+  FOR UPDATE SKIP LOCKED)
+UPDATE lease.jobs j SET status = 'leased', attempts = j.attempts + 1, token = j.token + 1,
+  owner = %(owner)s, lease_until = LEAST(%(now)s + %(lease_ms)s, j.deadline), reason = NULL
+FROM picked WHERE j.seq = picked.seq
+RETURNING j.seq, j.id, j.qty, j.token, j.attempts, j.lease_until, j.body, j.digest,
+  j.endpoint, j.message"""
+
+SPEND_TOKENS = """UPDATE lease.endpoints e SET tokens = u.tokens, refilled_ms = u.refilled_ms
+FROM unnest(%s::text[], %s::float8[], %s::bigint[]) AS u(name, tokens, refilled_ms)
+WHERE e.name = u.name"""
+
+ENDPOINT_COLUMNS = ("name, url, ack, ca_file, secrets, headers, types, max_in_flight, rate,"
+                    " burst, insecure_http, enabled")
+# What a read may show: never secrets, never headers (their names are taken
+# from the JSON in Python, the values dropped there and then).
+PUBLIC_COLUMNS = ("name, url, ack, ca_file, jsonb_array_length(secrets) AS secrets,"
+                  " ARRAY(SELECT h->>0 FROM jsonb_array_elements(headers) AS h) AS headers,"
+                  " types, max_in_flight, rate, burst, insecure_http, enabled,"
+                  " created_ms, updated_ms")
+
+ADD_ENDPOINT = """INSERT INTO lease.endpoints (name, url, ack, ca_file, secrets, headers, types,
+  max_in_flight, rate, burst, insecure_http, enabled, tokens, refilled_ms, next_rank,
+  created_ms, updated_ms)
+VALUES (%(name)s, %(url)s, %(ack)s, %(ca_file)s, %(secrets)s, %(headers)s, %(types)s,
+  %(max_in_flight)s, %(rate)s, %(burst)s, %(insecure_http)s, %(enabled)s, %(tokens)s,
+  %(now)s, 0, %(now)s, %(now)s)
+ON CONFLICT (name) DO NOTHING"""
+
+UPDATE_ENDPOINT = """UPDATE lease.endpoints SET url = %(url)s, ack = %(ack)s,
+  ca_file = %(ca_file)s, secrets = %(secrets)s, headers = %(headers)s, types = %(types)s,
+  max_in_flight = %(max_in_flight)s, rate = %(rate)s, burst = %(burst)s,
+  insecure_http = %(insecure_http)s, enabled = %(enabled)s, tokens = %(tokens)s,
+  refilled_ms = %(refilled_ms)s, updated_ms = %(now)s
+WHERE name = %(name)s"""
+
+AUDIT_ENDPOINT = """INSERT INTO lease.endpoint_audit (endpoint, at_ms, action, fields, note, actor)
+VALUES (%s, %s, %s, %s, %s, %s)"""
+
+# An endpoint's live deliveries, locked in seq order (the cancel path's order).
+LIVE_DELIVERIES = """SELECT seq, id, status, reason, token, ordering_key FROM lease.jobs
+WHERE endpoint = %s AND status IN ('pending', 'leased') ORDER BY seq FOR UPDATE"""
+
+ENDPOINT_STATS = """SELECT e.name,
+  count(j.seq) FILTER (WHERE j.status = 'pending') AS ready,
+  count(j.seq) FILTER (WHERE j.status = 'leased') AS in_flight,
+  count(j.seq) FILTER (WHERE j.status = 'done') AS done,
+  count(j.seq) FILTER (WHERE j.status = 'dead') AS dead,
+  max(j.available_at) FILTER (WHERE j.status = 'done') AS last_success_ms
+FROM lease.endpoints e LEFT JOIN lease.jobs j ON j.endpoint = e.name
+GROUP BY e.name ORDER BY e.name"""
+
+ENDPOINT_RETRIED = """SELECT j.endpoint, count(*) FROM lease.attempts a
+JOIN lease.jobs j ON j.id = a.id
+WHERE j.endpoint IS NOT NULL AND a.outcome = 'retry' GROUP BY j.endpoint"""
+
+# Each endpoint's latest attempt with an error or a non-2xx answer.
+ENDPOINT_LAST_ERROR = """SELECT DISTINCT ON (j.endpoint) j.endpoint, a.error, a.http_status,
+  a.ended_ms
+FROM lease.attempts a JOIN lease.jobs j ON j.id = a.id
+WHERE j.endpoint IS NOT NULL
+  AND (a.error IS NOT NULL OR (a.http_status IS NOT NULL AND a.http_status NOT BETWEEN 200 AND 299))
+ORDER BY j.endpoint, a.seq DESC"""
+
+ENDPOINT_AUDIT = """SELECT at_ms, endpoint, action, fields, note, actor FROM lease.endpoint_audit
+WHERE %(name)s::text IS NULL OR endpoint = %(name)s::text ORDER BY seq"""

@@ -13,6 +13,7 @@ import psycopg_pool
 from psycopg import pq
 from psycopg.rows import tuple_row
 
+from lease.endpoints import Endpoint, EndpointError, check_endpoint_name, check_served, key_of_line
 from lease.policy import (
     DEFAULT_POLICY,
     PRODUCT,
@@ -24,8 +25,29 @@ from lease.policy import (
     check_ordering_key,
     check_product_event,
 )
+from lease.postgres.endpoints import (
+    Fanout,
+    add,
+    audit,
+    claim_deliveries,
+    fan_out,
+    judge,
+    locked,
+    read_audit,
+    read_configs,
+    read_endpoints,
+    read_stats,
+    update,
+)
 from lease.postgres.listener import Listener
-from lease.postgres.reads import dicts, job_filter, read_counts, read_snapshot, read_stale_finishes
+from lease.postgres.reads import (
+    dicts,
+    job_filter,
+    job_rows,
+    read_counts,
+    read_snapshot,
+    read_stale_finishes,
+)
 from lease.postgres.schema import (
     CHANNEL,
     CONNECT_TIMEOUT_S,
@@ -48,6 +70,7 @@ from lease.postgres.statements import (
     AUDIT_REDRIVES,
     BLOCKED_HEADS,
     CANCEL,
+    CONTENTS,
     DEAD,
     DEMOTE,
     EXTEND_IF_STILL_LEASED,
@@ -56,6 +79,7 @@ from lease.postgres.statements import (
     HISTORY_ATTEMPTS,
     IDLE,
     INSERT_NEW,
+    KEY_OR_LINES,
     LIST_JOBS,
     LOCK_KEYS,
     LOCK_KEYS_OF,
@@ -75,13 +99,11 @@ from lease.rules import (
     cancel_decisions,
     check_finish_item,
     check_ids,
-    conflict,
     in_flight_refusals,
     kept_audits,
 )
 from lease.worker import (
     MAX_BATCH,
-    Conflict,
     Fault,
     NotAQueue,
     StoreError,
@@ -166,6 +188,7 @@ class PostgresStore:
                 check_tables(conn, self.name, version)
                 self._actors = "actor" in TABLES[version]["redrives"]
                 self._keys = "ordering_key" in TABLES[version]["jobs"]
+                self._endpoints = "endpoints" in TABLES[version]
         finally:
             conn.close()
 
@@ -260,8 +283,13 @@ class PostgresStore:
     # -- one attempt
 
     def claim_jobs(self, owner: str, lease_ms: int, limit: int = 1, *,
-                   now_ms: int | None = None, fault: Fault = None) -> Claimed:
+                   now_ms: int | None = None, fault: Fault = None,
+                   endpoints: str | tuple[str, ...] | None = None) -> Claimed:
+        """The queue's own jobs (``endpoints`` None), or deliveries to the
+        served endpoints, fairly, within their caps and buckets
+        (``lease.postgres.endpoints.claim_deliveries``)."""
         check_identifier("owner", owner)
+        served = check_served(endpoints)
         if now_ms is not None:
             check_now(now_ms)
         check_int("lease_ms", lease_ms, 1, PRODUCT.max_lease_ms)
@@ -275,12 +303,17 @@ class PostgresStore:
                 moves = [(reason, conn.execute(statement, args))
                          for reason, statement in QUARANTINE]
                 self._before_pick(pipeline)
-                picked = conn.execute(PICK_AND_LEASE, args)
+                picked = conn.execute(PICK_AND_LEASE, args) if served is None else None
             for reason, cursor in moves:
                 moved[reason] += cursor.rowcount
-            leased = [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
-                              "attempt": attempt, "lease_until": until}, body, digest)
-                      for _, job_id, qty, token, attempt, until, body, digest in sorted(picked)]
+            if picked is not None:
+                leased = [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
+                                  "attempt": attempt, "lease_until": until}, body, digest)
+                          for _, job_id, qty, token, attempt, until, body, digest
+                          in sorted(picked)]
+            else:
+                assert served is not None
+                leased = claim_deliveries(conn, served, owner, lease_ms, limit, now)
             if leased:
                 call_fault(fault, "after-claim")
         if leased:
@@ -396,20 +429,34 @@ class PostgresStore:
             conn.execute(LOCK_KEYS_OF, (sorted(set(job_ids)),))
             rows = _lock(conn, "seq, id, status, reason, token, ordering_key", job_ids)
             results, audits = cancel_decisions(rows, job_ids)
-            if audits:
-                conn.execute(AUDIT_CANCELS, (now, note, actor, *_columns(
-                    [(job_id, token, was) for _, job_id, token, was in audits])))
-                call_fault(fault, "after-audit")
-                conn.execute(CANCEL, (now, [seq for seq, _, _, _ in audits]))
-                # a line whose first was cancelled: the next one goes
-                lines = sorted({rows[job_id]["ordering_key"] for _, job_id, _, _ in audits
-                                if rows[job_id]["ordering_key"] is not None})
-                if lines:
-                    conn.execute(PROMOTE, {"keys": lines})
-                call_fault(fault, "after-cancel")
+            self._cancel_audited(conn, rows, audits, now, note, actor, fault)
         if audits:
             call_fault(fault, "after-commit")
         return results
+
+    def _cancel_locked(self, conn: psycopg.Connection, rows: dict[str, dict[str, Any]],
+                       job_ids: list, now: int, note: str, actor: str | None) -> int:
+        """Inside a transaction holding these rows and their keys: the cancel
+        path, audited; how many were cancelled."""
+        _, audits = cancel_decisions(rows, job_ids)
+        self._cancel_audited(conn, rows, audits, now, note, actor, None)
+        return len(audits)
+
+    def _cancel_audited(self, conn: psycopg.Connection, rows: dict[str, dict[str, Any]],
+                        audits: list, now: int, note: str, actor: str | None,
+                        fault: Fault) -> None:
+        if not audits:
+            return
+        conn.execute(AUDIT_CANCELS, (now, note, actor, *_columns(
+            [(job_id, token, was) for _, job_id, token, was in audits])))
+        call_fault(fault, "after-audit")
+        conn.execute(CANCEL, (now, [seq for seq, _, _, _ in audits]))
+        # a line whose first was cancelled: the next one goes
+        lines = sorted({rows[job_id]["ordering_key"] for _, job_id, _, _ in audits
+                        if rows[job_id]["ordering_key"] is not None})
+        if lines:
+            conn.execute(PROMOTE, {"keys": lines})
+        call_fault(fault, "after-cancel")
 
     def prune_done(self, finished_before_ms: int, limit: int = MAX_BATCH) -> int:
         """``lease.sqlite.prune_done``: up to ``limit`` done jobs finished before
@@ -480,7 +527,7 @@ class PostgresStore:
             }
         if not found:
             return None
-        return {"job": found[0], **history}
+        return {"job": job_rows(found)[0], **history}
 
     def dead_jobs(self, reason: str | None = None, limit: int | None = None, *,
                   key: str | None = None) -> list[dict[str, Any]]:
@@ -493,29 +540,122 @@ class PostgresStore:
         if key is not None:
             check_ordering_key(key, "key")
         with self._tx(read_only=True) as conn:
-            return dicts(conn, DEAD, {"reason": reason, "key": key, "limit": limit})
+            return job_rows(dicts(conn, DEAD.format(
+                key=KEY_OR_LINES if self._endpoints else "ordering_key = %(key)s::text"),
+                {"reason": reason, "key": key, "limit": limit}))
 
     def jobs_with_status(self, status: str) -> list[dict[str, Any]]:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r:.40}")
         with self._tx(read_only=True) as conn:
-            return dicts(conn, "SELECT * FROM lease.jobs WHERE status = %s ORDER BY seq",
-                          (status,))
+            return job_rows(dicts(
+                conn, "SELECT * FROM lease.jobs WHERE status = %s ORDER BY seq", (status,)))
 
     def list_jobs(self, *, status: str | None = None, reason: str | None = None,
                   id_prefix: str | None = None, after_seq: int | None = None,
                   limit: int = 50, key: str | None = None) -> list[dict[str, Any]]:
         """reads.list_jobs of SQLite: one page of whole rows in seq order after
         ``after_seq``, filtered, a dead row with its last error."""
-        where, args = job_filter(status, reason, id_prefix, after_seq, limit, key)
+        where, args = job_filter(status, reason, id_prefix, after_seq, limit, key,
+                                 endpoints=self._endpoints)
         # the filter's own checks and clauses, in this driver's placeholders
         sql = LIST_JOBS.format(where=where)
         with self._tx(read_only=True) as conn:
-            return dicts(conn, sql, [*args, limit])
+            return job_rows(dicts(conn, sql, [*args, limit]))
 
     def stale_finishes(self) -> int:
         with self._tx(read_only=True) as conn:
             return read_stale_finishes(conn)
+
+    # -- endpoints (lease.postgres.endpoints): each change one transaction with its audit row
+
+    def add_endpoint(self, endpoint: Endpoint, *, note: str | None = None,
+                     actor: str | None = None, now_ms: int | None = None) -> None:
+        if not isinstance(endpoint, Endpoint):
+            raise ValueError(f"endpoint must be an Endpoint, got {type(endpoint).__name__}")
+        self._check_change(note, actor, now_ms)
+        with self._tx() as conn:
+            add(conn, endpoint, self._now_in(conn, now_ms), note, actor)
+
+    def update_endpoint(self, name: str, changes: dict[str, Any], *, note: str | None = None,
+                        actor: str | None = None, now_ms: int | None = None) -> Endpoint:
+        check_endpoint_name(name)
+        if not isinstance(changes, dict):
+            raise ValueError(f"changes must be a dict, got {type(changes).__name__}")
+        self._check_change(note, actor, now_ms)
+        with self._tx() as conn:
+            changed = update(conn, name, changes, self._now_in(conn, now_ms), note, actor)
+            if changes.get("enabled") is True:  # its waiting deliveries may go now
+                conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+            return changed
+
+    def remove_endpoint(self, name: str, *, cancel_live: bool = False,
+                        note: str | None = None, actor: str | None = None,
+                        now_ms: int | None = None) -> int:
+        """The endpoint's row locked first, then its deliveries' keys and rows
+        (the order of every lock here); each pending delivery cancelled as
+        ``cancel_jobs`` cancels, with its audit row."""
+        check_endpoint_name(name)
+        if type(cancel_live) is not bool:
+            raise ValueError(f"cancel_live must be a bool, got {cancel_live!r:.40}")
+        self._check_change(note, actor, now_ms)
+        with self._tx() as conn:
+            now = self._now_in(conn, now_ms)
+            locked(conn, name)
+            live = [job_id for (job_id,) in conn.execute(
+                "SELECT id FROM lease.jobs WHERE endpoint = %s AND status IN"
+                " ('pending', 'leased') ORDER BY seq", (name,))]
+            if live and not cancel_live:
+                raise EndpointError(f"endpoint {name!r} has {len(live)} live deliveries: "
+                                    "cancel them first, or remove it with cancel_live")
+            cancelled = 0
+            if live:
+                conn.execute(LOCK_KEYS_OF, (sorted(set(live)),))
+                rows = _lock(conn, "seq, id, status, reason, token, ordering_key", live)
+                leased = sum(1 for row in rows.values() if row["status"] == "leased")
+                if leased:
+                    raise EndpointError(f"endpoint {name!r} has {leased} deliveries being "
+                                        "sent: remove it when they have finished")
+                cancelled = self._cancel_locked(conn, rows, list(rows), now,
+                                                note or f"endpoint {name} removed", actor)
+            conn.execute("DELETE FROM lease.endpoints WHERE name = %s", (name,))
+            audit(conn, name, now, "remove", [], note, actor)
+        return cancelled
+
+    def _check_change(self, note: str | None, actor: str | None, now_ms: int | None) -> None:
+        if note is not None:
+            check_note(note)
+        check_actor(actor)
+        if now_ms is not None:
+            check_now(now_ms)
+
+    def endpoint_configs(self, names: tuple[str, ...] | None = None) -> list[Endpoint]:
+        if names is not None:
+            names = tuple(check_endpoint_name(name) for name in names)
+        if not self._endpoints:
+            return []
+        with self._tx(read_only=True) as conn:
+            return read_configs(conn, names)
+
+    def endpoints(self) -> list[dict[str, Any]]:
+        if not self._endpoints:
+            return []
+        with self._tx(read_only=True) as conn:
+            return read_endpoints(conn)
+
+    def endpoint_stats(self) -> list[dict[str, Any]]:
+        if not self._endpoints:
+            return []
+        with self._tx(snapshot=True) as conn:
+            return read_stats(conn)
+
+    def endpoint_audit(self, name: str | None = None) -> list[dict[str, Any]]:
+        if name is not None:
+            check_endpoint_name(name)
+        if not self._endpoints:
+            return []
+        with self._tx(read_only=True) as conn:
+            return read_audit(conn, name)
 
 
 def enqueue_in(conn: psycopg.Connection, events: Iterable[object],
@@ -574,14 +714,19 @@ def _intake(conn: Any, events: Iterable[object], available_at: int, policy: Retr
     read, checked and inserted in chunks, never held whole; the wake-up."""
     stream = iter(events)
     results: list = []
+    fan = Fanout.of(conn)  # the endpoints, locked; None: none, each event one job
     while True:
         chunk = [check_product_event(event) for event in itertools.islice(stream, INTAKE_CHUNK)]
         if not chunk:
             break
-        for result in _insert(conn, chunk, available_at, policy):
+        written = _insert(conn, chunk, available_at, policy) if fan is None \
+            else fan_out(conn, chunk, available_at, policy, fan)
+        for result in written:
             results.append(result)
             if on_progress is not None and len(results) % 1000 == 0:
                 on_progress(len(results))
+    if fan is not None:
+        fan.save(conn)
     if any(result is True for result in results):
         conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
     return results
@@ -605,7 +750,8 @@ def _insert(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
     if new:
         inserted = {job_id for (job_id,) in conn.execute(INSERT_NEW, (
             policy.max_attempts, available_at, available_at + policy.ttl_ms,
-            *_columns([(i.id, i.qty, i.body, i.digest, i.key) for i in new.values()])))}
+            *_columns([(i.id, i.qty, i.body, i.digest, i.key, None, None, i.type, None)
+                       for i in new.values()])))}
         # another intake committed one of these ids meanwhile: judge by its row
         kept.update(_contents(conn, [job_id for job_id in new if job_id not in inserted]))
     results: list = []
@@ -614,9 +760,9 @@ def _insert(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
         if first is intake and intake.id in inserted:
             results.append(True)
         else:
-            qty, digest, key = kept.get(intake.id) or (
-                first.qty, first.digest, first.key)  # type: ignore[union-attr]
-            results.append(_judge(intake, qty, digest, key))
+            qty, digest, key, kind = kept.get(intake.id) or (
+                first.qty, first.digest, first.key, first.type)  # type: ignore[union-attr]
+            results.append(judge(intake, qty, digest, key, kind))
     lines = sorted({key for key in (new[job_id].key for job_id in inserted) if key is not None})
     if lines:
         conn.execute(PROMOTE, {"keys": lines})
@@ -626,17 +772,8 @@ def _insert(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
 def _contents(conn: Any, ids: list[str]) -> dict[str, tuple]:
     if not ids:
         return {}
-    return {job_id: (qty, digest, key) for job_id, qty, digest, key in conn.execute(
-        "SELECT id, qty, digest, ordering_key FROM lease.jobs WHERE id = ANY(%s::text[])",
-        (ids,))}
-
-
-def _judge(intake: Intake, qty: int, digest: str | None,
-           key: str | None) -> bool | Conflict:
-    """A known id: False for the content it has, else lease.sqlite's Conflict."""
-    if (qty, digest, key) == (intake.qty, intake.digest, intake.key):
-        return False
-    return conflict(intake, qty, digest, key)
+    return {job_id: (qty, digest, key_of_line(line, endpoint), kind)
+            for job_id, qty, digest, line, kind, endpoint in conn.execute(CONTENTS, (ids,))}
 
 
 def _marker(ticket: dict) -> dict[str, Any]:

@@ -1,0 +1,347 @@
+"""The PostgreSQL driver's endpoints (``lease.endpoints``): the intake's
+fan-out, the claim of deliveries, the operator's changes and the reads.
+
+The rules are ``lease.endpoints``'s; what is here is how the rows are locked.
+An endpoint's row is the lock of its caps: a claim locks the rows of the
+endpoints with a cap or a rate (FOR UPDATE, in name order) before it counts
+their live leases and reads their buckets, so at READ COMMITTED (each
+statement a new snapshot) it counts the leases of every claim before it, and
+none after it can count before it commits. Lock order, everywhere: endpoint
+rows (by name), then the keys' advisory locks, then job rows (by seq).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from lease.endpoints import (
+    ALL,
+    EDITABLE,
+    Endpoint,
+    EndpointError,
+    allowance,
+    claim_window,
+    delivery_id,
+    fair_pick,
+    fair_rank,
+    key_of_line,
+    line_key,
+    refill,
+    subscribes,
+)
+from lease.policy import Intake, RetryPolicy
+from lease.postgres.reads import dicts
+from lease.postgres.statements import (
+    ADD_ENDPOINT,
+    AUDIT_ENDPOINT,
+    CONTENTS,
+    ENDPOINT_AUDIT,
+    ENDPOINT_COLUMNS,
+    ENDPOINT_LAST_ERROR,
+    ENDPOINT_RETRIED,
+    ENDPOINT_STATS,
+    ENDPOINTS_FOR_INTAKE,
+    INSERT_NEW,
+    LEASE_PICKED,
+    LIVE,
+    LOCK_KEYS,
+    LOCK_LIMITED,
+    LOCK_LIMITED_SKIP,
+    MESSAGES,
+    NEXT_RANKS,
+    PROMOTE,
+    PUBLIC_COLUMNS,
+    SPEND_TOKENS,
+    UNLIMITED,
+    UPDATE_ENDPOINT,
+    VIRTUAL_TIME,
+    WINDOW,
+)
+from lease.records import Leased
+from lease.rules import conflict
+from lease.worker import Busy, Conflict
+
+MAX_WINDOWS = 4  # windows a claim reads before it settles for fewer than its limit
+
+
+def columns(rows: list[tuple]) -> list[list]:
+    """Rows as columns, for a statement over unnest(...)."""
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+# ------------------------------------------------------------------ intake
+
+
+@dataclass
+class Fanout:
+    """An intake's endpoints (locked for the transaction), their next ranks
+    as the intake moves them, and the virtual time, read once."""
+
+    subscriptions: list[tuple[str, tuple[str, ...]]]
+    next_rank: dict[str, int]
+    virtual_time: int
+    touched: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, conn: Any) -> Fanout | None:
+        """None for a queue without endpoints: today's intake exactly."""
+        found = conn.execute(ENDPOINTS_FOR_INTAKE).fetchall()
+        if not found:
+            return None
+        row = conn.execute(VIRTUAL_TIME).fetchone()
+        return cls([(name, tuple(types)) for name, types, _ in found],
+                   {name: rank for name, _, rank in found}, int(row[0]))
+
+    def rank(self, name: str) -> int:
+        rank = fair_rank(self.next_rank[name], self.virtual_time)
+        self.next_rank[name] = rank + 1
+        self.touched.add(name)
+        return rank
+
+    def save(self, conn: Any) -> None:
+        if self.touched:
+            names = sorted(self.touched)
+            conn.execute(NEXT_RANKS, (names, [self.next_rank[name] for name in names]))
+
+
+def fan_out(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPolicy,
+            fan: Fanout) -> list:
+    """Inside the intake: each event a message, per event True (its
+    deliveries written, one per subscribed endpoint, maybe none), False (the
+    message is kept with this content) or its Conflict. A delivery id too
+    long is a ValueError: the whole intake refused, like any bad event."""
+    plans = []
+    for intake in chunk:
+        names = [name for name, types in fan.subscriptions if subscribes(types, intake.type)]
+        plans.append((intake, names, [delivery_id(intake.id, name) for name in names]))
+    lines = sorted({line for intake, names, _ in plans for name in names
+                    if (line := line_key(intake.key, name)) is not None})
+    if lines:
+        conn.execute(LOCK_KEYS, (lines,))
+    kept = {message: (qty, digest, key_of_line(line, endpoint), kind)
+            for message, qty, digest, line, endpoint, kind
+            in conn.execute(MESSAGES, (sorted({intake.id for intake in chunk}),))}
+    taken = {job_id for job_id, *_ in conn.execute(
+        CONTENTS, (sorted({d for _, _, ids in plans for d in ids}),))}
+    results: list = []
+    rows: list[tuple] = []
+    for intake, names, ids in plans:
+        first = kept.get(intake.id)
+        if first is not None:
+            results.append(judge(intake, *first))
+            continue
+        clash = next((d for d in ids if d in taken), None)
+        if clash is not None:
+            results.append(Conflict(f"job {clash!r} exists: the delivery of event "
+                                    f"{intake.id!r} to its endpoint cannot take that id"))
+            continue
+        kept[intake.id] = (intake.qty, intake.digest, intake.key, intake.type)
+        for name, job_id in zip(names, ids, strict=True):
+            rows.append((job_id, intake.qty, intake.body, intake.digest,
+                         line_key(intake.key, name), name, intake.id, intake.type,
+                         fan.rank(name)))
+        results.append(True)
+    if rows:
+        inserted = conn.execute(INSERT_NEW, (
+            policy.max_attempts, available_at, available_at + policy.ttl_ms,
+            *columns(rows))).fetchall()
+        if len(inserted) != len(rows):
+            # a job of the queue's own written by an intake that began before
+            # the first endpoint was added: judged again from the start
+            raise Busy("an intake of the same ids committed meanwhile: try again")
+        new_lines = sorted({row[4] for row in rows if row[4] is not None})
+        if new_lines:
+            conn.execute(PROMOTE, {"keys": new_lines})
+    return results
+
+
+def judge(intake: Intake, qty: int, digest: str | None, key: str | None,
+          kind: str | None) -> bool | Conflict:
+    """A known id: False for the content it has (its type too), else the
+    product's Conflict."""
+    if (qty, digest, key, kind) == (intake.qty, intake.digest, intake.key, intake.type):
+        return False
+    return conflict(intake, qty, digest, key)
+
+
+# ------------------------------------------------------------------ the claim
+
+
+def claim_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], owner: str,
+                     lease_ms: int, limit: int, now: int) -> list[Leased]:
+    """Inside a claim, after the quarantine: up to ``limit`` ready deliveries
+    to the served endpoints, picked fairly within each endpoint's allowance,
+    leased; each rate endpoint's bucket spent by what it leased."""
+    args: dict[str, Any] = {
+        "now": now, "all": served == ALL, "names": [] if served == ALL else list(served),
+        "window": claim_window(limit), "rank": -(2**63), "seq": 0}
+    judged: dict[str, dict[str, Any]] = {}
+    allowances: dict[str, int] = {}
+    picked: list[int] = []
+    for window in range(MAX_WINDOWS):
+        rows = conn.execute(WINDOW, args).fetchall()
+        new = sorted({endpoint for _, endpoint, _ in rows} - set(judged))
+        if new:
+            found = _judge_endpoints(conn, new, now, wait=window == 0)
+            judged.update(found)
+            allowances.update({name: found[name]["allowance"] if name in found else 0
+                               for name in new})
+        picked += fair_pick(((seq, endpoint) for seq, endpoint, _ in rows), allowances,
+                            limit - len(picked))
+        if len(picked) == limit or len(rows) < args["window"]:
+            break
+        args["seq"], args["rank"] = rows[-1][0], rows[-1][2]
+    if not picked:
+        return []
+    leased = conn.execute(LEASE_PICKED, {"seqs": picked, "now": now, "owner": owner,
+                                         "lease_ms": lease_ms}).fetchall()
+    _spend(conn, judged, leased, now)
+    order = {seq: n for n, seq in enumerate(picked)}
+    return [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
+                    "attempt": attempt, "lease_until": until}, body, digest, endpoint, message)
+            for _, job_id, qty, token, attempt, until, body, digest, endpoint, message
+            in sorted(leased, key=lambda row: order[row[0]])]
+
+
+def _judge_endpoints(conn: psycopg.Connection, names: list[str], now: int,
+                     wait: bool) -> dict[str, dict[str, Any]]:
+    """These endpoints' rows, the limited ones locked, with their allowance
+    (and the bucket's level at ``now``). ``wait`` False: a limited endpoint
+    another claim holds is left out (no allowance in this claim)."""
+    limited = dicts(conn, LOCK_LIMITED if wait else LOCK_LIMITED_SKIP, (names,))
+    locked = {row["name"] for row in limited}
+    rows = limited + [row for row in dicts(conn, UNLIMITED, (names,))
+                      if row["name"] not in locked]
+    capped = sorted(row["name"] for row in limited if row["max_in_flight"] is not None)
+    live: dict[str, int] = dict(conn.execute(LIVE, (capped, now)).fetchall()) if capped else {}
+    found = {}
+    for row in rows:
+        tokens = None if row["rate"] is None else refill(
+            row["tokens"], row["refilled_ms"], now, row["rate"], row["burst"])
+        row["level"] = tokens
+        row["allowance"] = allowance(row, live.get(row["name"], 0), tokens)
+        found[row["name"]] = row
+    return found
+
+
+def _spend(conn: psycopg.Connection, judged: dict[str, dict[str, Any]], leased: list,
+           now: int) -> None:
+    """Each rate endpoint's bucket: its level now, less one token a lease."""
+    spent: dict[str, int] = {}
+    for row in leased:
+        spent[row[8]] = spent.get(row[8], 0) + 1
+    buckets = sorted((name, judged[name]["level"] - k, now) for name, k in spent.items()
+                     if judged[name]["level"] is not None)
+    if buckets:
+        conn.execute(SPEND_TOKENS, columns(buckets))
+
+
+# ------------------------------------------------------------------ the operator
+
+
+def endpoint_of(row: dict[str, Any]) -> Endpoint:
+    """The Endpoint a row holds, secrets and all (checked again: it was when written)."""
+    return Endpoint(
+        row["name"], row["url"], ack=row["ack"], ca_file=row["ca_file"],
+        secrets=tuple(row["secrets"]), headers=tuple(tuple(pair) for pair in row["headers"]),
+        types=tuple(row["types"]), max_in_flight=row["max_in_flight"], rate=row["rate"],
+        burst=row["burst"], insecure_http=row["insecure_http"], enabled=row["enabled"])
+
+
+def _fields(endpoint: Endpoint) -> dict[str, Any]:
+    return {"name": endpoint.name, "url": endpoint.url, "ack": endpoint.ack,
+            "ca_file": endpoint.ca_file, "secrets": Jsonb(list(endpoint.secrets)),
+            "headers": Jsonb([list(pair) for pair in endpoint.headers]),
+            "types": Jsonb(list(endpoint.types)), "max_in_flight": endpoint.max_in_flight,
+            "rate": endpoint.rate, "burst": endpoint.burst,
+            "insecure_http": endpoint.insecure_http, "enabled": endpoint.enabled}
+
+
+def audit(conn: psycopg.Connection, name: str, now: int, action: str, fields: Iterable[str],
+          note: str | None, actor: str | None) -> None:
+    conn.execute(AUDIT_ENDPOINT, (name, now, action, Jsonb(list(fields)), note, actor))
+
+
+def add(conn: psycopg.Connection, endpoint: Endpoint, now: int, note: str | None,
+        actor: str | None) -> None:
+    tokens = 0.0 if endpoint.burst is None else float(endpoint.burst)  # a full bucket
+    if conn.execute(ADD_ENDPOINT, {**_fields(endpoint), "tokens": tokens, "now": now}
+                    ).rowcount != 1:
+        raise EndpointError(f"endpoint {endpoint.name!r} exists")
+    audit(conn, endpoint.name, now, "add", [], note, actor)
+
+
+def locked(conn: psycopg.Connection, name: str) -> dict[str, Any]:
+    rows = dicts(conn, f"SELECT {ENDPOINT_COLUMNS}, tokens, refilled_ms FROM lease.endpoints"
+                       " WHERE name = %s FOR UPDATE", (name,))
+    if not rows:
+        raise EndpointError(f"no endpoint {name!r}")
+    return rows[0]
+
+
+def update(conn: psycopg.Connection, name: str, changes: dict[str, Any], now: int,
+           note: str | None, actor: str | None) -> Endpoint:
+    row = locked(conn, name)
+    old = endpoint_of(row)
+    try:
+        new = old.changed(**changes)
+    except EndpointError:
+        raise
+    except ValueError as exc:  # the checks never echo a secret or a header's value
+        raise EndpointError(str(exc)) from None
+    fields = [name for name in EDITABLE if getattr(old, name) != getattr(new, name)]
+    tokens, refilled = row["tokens"], row["refilled_ms"]
+    if (new.rate, new.burst) != (old.rate, old.burst):
+        # the bucket as it stands now, within the new burst (a new rate: full)
+        level = None if old.rate is None or old.burst is None else refill(
+            tokens, refilled, now, old.rate, old.burst)
+        tokens = 0.0 if new.burst is None else float(
+            new.burst if level is None else min(level, new.burst))
+        refilled = now
+    conn.execute(UPDATE_ENDPOINT, {**_fields(new), "tokens": tokens, "refilled_ms": refilled,
+                                   "now": now})
+    action = ("enable" if new.enabled else "disable") if fields == ["enabled"] else "update"
+    audit(conn, name, now, action, fields, note, actor)
+    return new
+
+
+def public(row: dict[str, Any]) -> dict[str, Any]:
+    """A read's endpoint: Endpoint.public()'s fields, from PUBLIC_COLUMNS."""
+    return {**row, "headers": list(row["headers"]), "types": list(row["types"])}
+
+
+def read_endpoints(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    return [public(row) for row in dicts(
+        conn, f"SELECT {PUBLIC_COLUMNS} FROM lease.endpoints ORDER BY name")]
+
+
+def read_configs(conn: psycopg.Connection, names: tuple[str, ...] | None) -> list[Endpoint]:
+    rows = dicts(conn, f"SELECT {ENDPOINT_COLUMNS} FROM lease.endpoints"
+                       " WHERE %(names)s::text[] IS NULL OR name = ANY(%(names)s::text[])"
+                       " ORDER BY name", {"names": None if names is None else list(names)})
+    return [endpoint_of(row) for row in rows]
+
+
+def read_stats(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    retried: dict[str, int] = dict(conn.execute(ENDPOINT_RETRIED).fetchall())
+    errors = {endpoint: {"error": error, "http_status": status, "at_ms": at}
+              for endpoint, error, status, at in conn.execute(ENDPOINT_LAST_ERROR)}
+    counts = {row["name"]: row for row in dicts(conn, ENDPOINT_STATS)}
+    return [{**endpoint, "ready": counts[endpoint["name"]]["ready"],
+             "in_flight": counts[endpoint["name"]]["in_flight"],
+             "done": counts[endpoint["name"]]["done"],
+             "dead": counts[endpoint["name"]]["dead"],
+             "retried": retried.get(endpoint["name"], 0),
+             "last_error": errors.get(endpoint["name"]),
+             "last_success_ms": counts[endpoint["name"]]["last_success_ms"]}
+            for endpoint in read_endpoints(conn)]
+
+
+def read_audit(conn: psycopg.Connection, name: str | None) -> list[dict[str, Any]]:
+    return [{**row, "fields": list(row["fields"])}
+            for row in dicts(conn, ENDPOINT_AUDIT, {"name": name})]

@@ -1,0 +1,357 @@
+"""Endpoints as data on PostgreSQL: what only many writers on one real server
+can prove (caps and buckets held across connections claiming at once), the
+migration of a version-3 queue, the fair claim, and secrets kept out of every
+read. The rules both stores share are the conformance suite's."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from lease.endpoints import Endpoint, EndpointError
+from lease.postgres import SCHEMA_VERSION, PostgresStore
+from lease.postgres.schema import MIGRATIONS
+from lease.records import Attempt, Conflict, Leased
+from tests.support.queues import T0
+from tests.support.waiting import WAIT_S
+
+LEASE_MS = 600_000  # longer than any test: no lease here ends by itself
+SECRET = "whsec_" + "c2VjcmV0LXNpZ25pbmcta2V5LTEyMzQ1Njc4OTA="
+HEADER_VALUE = "Bearer very-private-token-4711"
+
+
+class ManualClock:
+    """The stores' clock: the value the test last set, shared by every store."""
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def admin(postgres_url: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def make_store(postgres_url: str) -> Iterator[Callable[..., PostgresStore]]:
+    """PostgresStores on the test's database (other connections, other
+    "hosts"), all closed after it; the first one creates the queue."""
+    opened: list[PostgresStore] = []
+
+    def make(**options: Any) -> PostgresStore:
+        store = PostgresStore(postgres_url, create=True, **options)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+def endpoint(name: str, **fields: Any) -> Endpoint:
+    return Endpoint(name, f"https://{name.lower()}.example/hook", **fields)
+
+
+def ids(leased: list[Leased]) -> list[str]:
+    return [job.ticket["id"] for job in leased]
+
+
+def finish_all(store: PostgresStore, leased: list[Leased], now: int = T0) -> None:
+    if leased:
+        results = store.finish_jobs([(job.ticket, "ok", 0, Attempt(now, 1)) for job in leased],
+                                    now_ms=now)
+        assert results == [("done", None)] * len(leased)
+
+
+def run_threads(count: int, work: Callable[[int], None]) -> None:
+    """``work(n)`` on ``count`` threads started at once; what any raised, raised."""
+    barrier = threading.Barrier(count)
+    errors: list[BaseException] = []
+
+    def run(n: int) -> None:
+        try:
+            barrier.wait(WAIT_S)
+            work(n)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT_S * 6)
+        assert not thread.is_alive(), "a claiming thread did not finish"
+    if errors:
+        raise errors[0]
+
+
+def live_leases(admin: psycopg.Connection, name: str) -> int:
+    row = admin.execute("SELECT count(*) FROM lease.jobs WHERE endpoint = %s"
+                        " AND status = 'leased'", (name,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+# ------------------------------------------------------------------ the migration
+
+
+def test_a_version_3_queue_migrates_and_its_jobs_keep_working(
+        postgres_url: str, admin: psycopg.Connection) -> None:
+    with admin.transaction():  # the queue as the version-3 code made it, with its jobs
+        admin.execute("CREATE SCHEMA lease")
+        admin.execute("CREATE TABLE lease.schema_migrations (version integer PRIMARY KEY,"
+                      " applied_at timestamptz NOT NULL DEFAULT now())")
+        for version in (1, 2, 3):
+            for statement in MIGRATIONS[version]:
+                admin.execute(statement)
+            admin.execute("INSERT INTO lease.schema_migrations (version) VALUES (%s)",
+                          (version,))
+        admin.execute("INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,"
+                      " available_at, deadline, ordering_key, held) VALUES"
+                      " ('old', 1, 'pending', 0, 3, 0, %s, %s, 'k', 0)", (T0, T0 + 60_000))
+    with PostgresStore(postgres_url, read_only=True) as looking:  # read as it is
+        assert looking.schema_version() == 3
+        assert [job["id"] for job in looking.list_jobs(key="k")] == ["old"]
+        assert looking.endpoints() == [] and looking.endpoint_stats() == []
+    with PostgresStore(postgres_url) as store:
+        assert store.schema_version() == SCHEMA_VERSION == 4
+        [old] = store.list_jobs()
+        assert (old["endpoint"], old["message"], old["type"], old["ordering_key"]) == (
+            None, None, None, "k")
+        assert store.enqueue_events([{"id": "new", "qty": 1, "key": "k"}], now_ms=T0) == [True]
+        assert store.claim_jobs("w", 1000, 10, now_ms=T0, endpoints="*").leased == []
+        claimed = store.claim_jobs("w", 1000, 10, now_ms=T0)  # run --url's claim
+        assert ids(claimed.leased) == ["old"]  # "new" waits behind it in its key's line
+        assert [(job.endpoint, job.message) for job in claimed.leased] == [(None, None)]
+        finish_all(store, claimed.leased)
+        [new] = store.claim_jobs("w", 1000, 10, now_ms=T0).leased
+        assert new.event == {"id": "new", "qty": 1} and new.endpoint is None
+    tables = {t for (t,) in admin.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'lease'")}
+    assert {"endpoints", "endpoint_audit"} <= tables
+    assert [v for (v,) in admin.execute(
+        "SELECT version FROM lease.schema_migrations ORDER BY version")] == [1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------ own jobs and deliveries
+
+
+def test_an_own_claim_never_takes_a_delivery_nor_an_endpoint_claim_an_own_job(
+        make_store: Callable[..., PostgresStore]) -> None:
+    store = make_store()
+    assert store.enqueue_events([{"id": "own", "qty": 1}], now_ms=T0) == [True]
+    store.add_endpoint(endpoint("A"), now_ms=T0)
+    store.add_endpoint(endpoint("B", types=("paid",)), now_ms=T0)
+    assert store.enqueue_events([{"id": "m1", "qty": 2, "type": "paid"},
+                                 {"id": "m2", "qty": 3}], now_ms=T0) == [True, True]
+    assert sorted(job["id"] for job in store.list_jobs()) == ["m1@A", "m1@B", "m2@A", "own"]
+    own = store.claim_jobs("w", LEASE_MS, 10, now_ms=T0)
+    assert ids(own.leased) == ["own"]
+    deliveries = store.claim_jobs("w", LEASE_MS, 10, now_ms=T0, endpoints="*")
+    assert sorted(ids(deliveries.leased)) == ["m1@A", "m1@B", "m2@A"]
+    assert {(job.endpoint, job.message, job.event["id"]) for job in deliveries.leased} == {
+        ("A", "m1", "m1"), ("B", "m1", "m1"), ("A", "m2", "m2")}
+    assert store.claim_jobs("w", LEASE_MS, 10, now_ms=T0).leased == []
+    assert store.claim_jobs("w", LEASE_MS, 10, now_ms=T0, endpoints=("B",)).leased == []
+
+
+def test_a_message_is_judged_whole_at_intake(make_store: Callable[..., PostgresStore]) -> None:
+    store = make_store()
+    assert store.enqueue_events([{"id": "x@A", "body": {}}], now_ms=T0) == [True]
+    store.add_endpoint(endpoint("A"), now_ms=T0)
+    store.add_endpoint(endpoint("B", types=("paid",)), now_ms=T0)
+    results = store.enqueue_events([
+        {"id": "m", "qty": 1, "type": "paid", "key": "k"},
+        {"id": "m", "qty": 1, "type": "paid", "key": "k"},  # the same: a duplicate
+        {"id": "m", "qty": 1, "type": "refund", "key": "k"},  # another type: a conflict
+        {"id": "x", "qty": 1},  # its delivery's id is a job of the queue's own
+        {"id": "lonely", "qty": 1, "type": "refund"},  # no subscriber of B's; A takes all
+    ], now_ms=T0)
+    assert results[:2] == [True, False] and results[4] is True
+    assert isinstance(results[2], Conflict) and isinstance(results[3], Conflict)
+    assert store.enqueue_events([{"id": "m", "qty": 1, "type": "paid", "key": "k"}],
+                                now_ms=T0) == [False]
+    rows = {job["id"]: job for job in store.list_jobs()}
+    assert sorted(rows) == ["lonely@A", "m@A", "m@B", "x@A"]
+    assert (rows["m@B"]["ordering_key"], rows["m@B"]["type"], rows["m@B"]["message"]) == (
+        "k", "paid", "m")
+    assert sorted(job["id"] for job in store.list_jobs(key="k")) == ["m@A", "m@B"]
+    with pytest.raises(ValueError, match="too long"):
+        store.enqueue_events([{"id": "y" * 255, "body": {}}], now_ms=T0)
+
+
+# ------------------------------------------------------------------ caps across connections
+
+
+def test_the_cap_holds_across_connections_claiming_at_once(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
+    cap, threads = 3, 8
+    first = make_store()
+    first.add_endpoint(endpoint("A", max_in_flight=cap), now_ms=T0)
+    first.add_endpoint(endpoint("B"), now_ms=T0)
+    first.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(60)], now_ms=T0)
+    stores = [make_store() for _ in range(threads)]
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:  # committed states, as another connection sees them
+        with psycopg.connect(admin.info.dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                seen.append(live_leases(conn, "A"))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(6):  # rounds: claims at once, never finished, then all finished
+            leased: list[list[Leased]] = [[] for _ in range(threads)]
+
+            def claim(n: int, leased: list[list[Leased]] = leased) -> None:
+                for _ in range(4):
+                    leased[n] += stores[n].claim_jobs(f"w{n}", LEASE_MS, 2, now_ms=T0,
+                                                      endpoints=("A",)).leased
+
+            run_threads(threads, claim)
+            taken = [job for jobs in leased for job in jobs]
+            # no lease ended and none was finished: every claim's leases are live
+            assert len(taken) == live_leases(admin, "A") == cap
+            finish_all(first, taken)
+    finally:
+        stop.set()
+        watcher.join(WAIT_S)
+    assert seen and max(seen) == cap
+    assert first.counts()["done"] == 6 * cap
+
+
+def test_the_bucket_is_never_overspent_by_claims_at_once(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
+    clock = ManualClock(T0)
+    threads = 8
+    first = make_store(clock=clock)
+    first.add_endpoint(endpoint("A", rate=4.0, burst=6))  # a full bucket: 6 tokens
+    first.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(200)])
+    stores = [make_store(clock=clock) for _ in range(threads)]
+    expected = [6, 4, 2, 6]  # the burst, then what 1 s, 0.5 s and 5 s (capped) refill
+    for step, tokens in zip([0, 1000, 500, 5000], expected, strict=True):
+        clock.now += step
+        leased: list[list[Leased]] = [[] for _ in range(threads)]
+
+        def claim(n: int, leased: list[list[Leased]] = leased) -> None:
+            for _ in range(3):
+                leased[n] += stores[n].claim_jobs(f"w{n}", LEASE_MS, 2,
+                                                  endpoints="*").leased
+
+        run_threads(threads, claim)
+        taken = [job for jobs in leased for job in jobs]
+        assert len(taken) == tokens
+        level = admin.execute("SELECT tokens FROM lease.endpoints WHERE name = 'A'").fetchone()
+        assert level is not None and 0 <= level[0] < 1
+        finish_all(first, taken, clock.now)
+
+
+# ------------------------------------------------------------------ fairness
+
+
+def test_a_small_endpoint_is_served_beside_a_large_backlog(
+        make_store: Callable[..., PostgresStore]) -> None:
+    store = make_store()
+    store.add_endpoint(endpoint("A", types=("a",)), now_ms=T0)
+    store.add_endpoint(endpoint("B", types=("b",)), now_ms=T0)
+    assert all(store.enqueue_events([{"id": f"a{n}", "qty": 1, "type": "a"}
+                                     for n in range(1000)], now_ms=T0))
+    assert all(store.enqueue_events([{"id": f"b{n}", "qty": 1, "type": "b"}
+                                     for n in range(10)], now_ms=T0))
+    served_b: list[int] = []
+    for claim in range(5):
+        leased = store.claim_jobs("w", LEASE_MS, 8, now_ms=T0, endpoints="*").leased
+        assert len(leased) == 8
+        served_b += [claim] * sum(1 for job in leased if job.endpoint == "B")
+        finish_all(store, leased)
+    assert served_b[:1] == [0] and len(served_b) == 10 and served_b[-1] <= 2
+
+
+def test_a_disabled_endpoint_waits_and_the_others_go_on(
+        make_store: Callable[..., PostgresStore]) -> None:
+    store = make_store()
+    store.add_endpoint(endpoint("A"), now_ms=T0)
+    store.add_endpoint(endpoint("B"), now_ms=T0)
+    store.update_endpoint("A", {"enabled": False}, note="paused", actor="ops", now_ms=T0)
+    store.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(3)], now_ms=T0)
+    leased = store.claim_jobs("w", LEASE_MS, 10, now_ms=T0, endpoints="*").leased
+    assert sorted(ids(leased)) == ["m0@B", "m1@B", "m2@B"]
+    store.update_endpoint("A", {"enabled": True}, now_ms=T0)
+    leased = store.claim_jobs("w", LEASE_MS, 10, now_ms=T0, endpoints="*").leased
+    assert sorted(ids(leased)) == ["m0@A", "m1@A", "m2@A"]
+    assert [(row["action"], row["fields"]) for row in store.endpoint_audit("A")] == [
+        ("add", []), ("disable", ["enabled"]), ("enable", ["enabled"])]
+
+
+# ------------------------------------------------------------------ the operator
+
+
+def test_removal_refuses_live_deliveries_or_cancels_the_pending_ones(
+        make_store: Callable[..., PostgresStore]) -> None:
+    store = make_store()
+    store.add_endpoint(endpoint("A"), now_ms=T0)
+    store.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(3)], now_ms=T0)
+    with pytest.raises(EndpointError, match="3 live deliveries"):
+        store.remove_endpoint("A", now_ms=T0)
+    [one] = store.claim_jobs("w", LEASE_MS, 1, now_ms=T0, endpoints="*").leased
+    with pytest.raises(EndpointError, match="being sent"):
+        store.remove_endpoint("A", cancel_live=True, now_ms=T0)
+    assert store.counts() == {"pending": 2, "leased": 1, "done": 0, "dead": 0}
+    finish_all(store, [one])
+    assert store.remove_endpoint("A", cancel_live=True, note="gone", actor="ops",
+                                 now_ms=T0) == 2
+    assert store.endpoints() == []
+    history = store.job_history("m1@A")
+    assert history is not None and [(c["note"], c["actor"]) for c in history["cancels"]] == [
+        ("gone", "ops")]
+    assert [row["action"] for row in store.endpoint_audit()] == ["add", "remove"]
+    with pytest.raises(EndpointError, match="no endpoint"):
+        store.update_endpoint("A", {"url": "https://a.example/other"}, now_ms=T0)
+
+
+def test_secrets_and_header_values_are_in_no_read_error_or_audit_row(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
+    store = make_store()
+    hooked = endpoint("A", secrets=(SECRET,), headers=(("Authorization", HEADER_VALUE),))
+    store.add_endpoint(hooked, note="new customer", actor="ops", now_ms=T0)
+    store.enqueue_events([{"id": "m", "qty": 1}], now_ms=T0)
+    [job] = store.claim_jobs("w", LEASE_MS, 1, now_ms=T0, endpoints="*").leased
+    store.finish_jobs([(job.ticket, "retry", 0, Attempt(T0, 1, 503, "HTTP 503"))], now_ms=T0)
+    store.update_endpoint("A", {"headers": (("Authorization", HEADER_VALUE + "2"),)},
+                          now_ms=T0)
+    errors = []
+    for changes in ({"headers": (("Authorization", HEADER_VALUE + "\n"),)},
+                    {"headers": (("Host", HEADER_VALUE),)},
+                    {"secrets": (SECRET[:-3],)}):
+        with pytest.raises(ValueError) as refused:
+            store.update_endpoint("A", changes, now_ms=T0)
+        errors.append(str(refused.value))
+    with pytest.raises(EndpointError) as taken:
+        store.add_endpoint(hooked, now_ms=T0)
+    errors.append(str(taken.value))
+    reads = [store.endpoints(), store.endpoint_stats(), store.endpoint_audit(),
+             store.list_jobs(), store.job_history("m@A"), store.snapshot(now_ms=T0),
+             errors, repr(store.endpoint_configs()[0])]
+    text = json.dumps(reads, default=str)
+    for secret in (SECRET, SECRET[6:], HEADER_VALUE, "very-private"):
+        assert secret not in text
+    [shown] = store.endpoints()
+    assert (shown["secrets"], shown["headers"]) == (1, ["Authorization"])
+    [stats] = store.endpoint_stats()
+    assert (stats["ready"], stats["retried"], stats["last_error"]) == (
+        1, 1, {"error": "HTTP 503", "http_status": 503, "at_ms": T0})
+    assert [row["fields"] for row in store.endpoint_audit("A")] == [[], ["headers"]]
+    [config] = store.endpoint_configs(("A",))  # the dispatcher's, secrets and all
+    assert config.secrets == (SECRET,)
+    assert config.headers == (("Authorization", HEADER_VALUE + "2"),)
