@@ -12,7 +12,7 @@ rows (by name), then the keys' advisory locks, then job rows (by seq).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,10 +173,12 @@ def judge(intake: Intake, qty: int, digest: str | None, key: str | None,
 
 
 def claim_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], owner: str,
-                     lease_ms: int, limit: int, now: int) -> list[Leased]:
+                     lease_ms: int, limit: int, now: int,
+                     before_lease: Callable[[], None] = lambda: None) -> list[Leased]:
     """Inside a claim, after the quarantine: up to ``limit`` ready deliveries
     to the served endpoints, picked fairly within each endpoint's allowance,
-    leased; each rate endpoint's bucket spent by what it leased."""
+    leased; each rate endpoint's bucket spent by what it leased.
+    ``before_lease``: the store's test seam, once the allowances are judged."""
     args: dict[str, Any] = {
         "now": now, "all": served == ALL, "names": [] if served == ALL else list(served),
         "window": claim_window(limit), "rank": -(2**63), "seq": 0}
@@ -196,6 +198,7 @@ def claim_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], ow
         if len(picked) == limit or len(rows) < args["window"]:
             break
         args["seq"], args["rank"] = rows[-1][0], rows[-1][2]
+    before_lease()
     if not picked:
         return []
     leased = conn.execute(LEASE_PICKED, {"seqs": picked, "now": now, "owner": owner,

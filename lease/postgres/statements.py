@@ -319,10 +319,6 @@ WHERE name = %(name)s"""
 AUDIT_ENDPOINT = """INSERT INTO lease.endpoint_audit (endpoint, at_ms, action, fields, note, actor)
 VALUES (%s, %s, %s, %s, %s, %s)"""
 
-# An endpoint's live deliveries, locked in seq order (the cancel path's order).
-LIVE_DELIVERIES = """SELECT seq, id, status, reason, token, ordering_key FROM lease.jobs
-WHERE endpoint = %s AND status IN ('pending', 'leased') ORDER BY seq FOR UPDATE"""
-
 ENDPOINT_STATS = """SELECT e.name,
   count(j.seq) FILTER (WHERE j.status = 'pending') AS ready,
   count(j.seq) FILTER (WHERE j.status = 'leased') AS in_flight,

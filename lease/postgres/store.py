@@ -313,7 +313,8 @@ class PostgresStore:
                           in sorted(picked)]
             else:
                 assert served is not None
-                leased = claim_deliveries(conn, served, owner, lease_ms, limit, now)
+                leased = claim_deliveries(conn, served, owner, lease_ms, limit, now,
+                                          self._before_lease)
             if leased:
                 call_fault(fault, "after-claim")
         if leased:
@@ -326,6 +327,11 @@ class PostgresStore:
         transaction's lock, which made the quarantine skip a row, can end
         before the pick reads; a test's subclass syncs the pipeline here and
         ends one, to prove the pick's own rule."""
+
+    def _before_lease(self) -> None:
+        """Inside a claim of deliveries, its endpoints judged (the limited
+        ones locked), before its lease: nothing. A test's subclass waits here,
+        to prove that another claim of those endpoints waits for this one."""
 
     def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: int | None = None,
                      fault: Fault = None) -> dict | bool:

@@ -18,7 +18,7 @@ from lease.postgres import SCHEMA_VERSION, PostgresStore
 from lease.postgres.schema import MIGRATIONS
 from lease.records import Attempt, Conflict, Leased
 from tests.support.queues import T0
-from tests.support.waiting import WAIT_S
+from tests.support.waiting import WAIT_S, wait_until
 
 LEASE_MS = 600_000  # longer than any test: no lease here ends by itself
 SECRET = "whsec_" + "c2VjcmV0LXNpZ25pbmcta2V5LTEyMzQ1Njc4OTA="
@@ -255,6 +255,60 @@ def test_the_bucket_is_never_overspent_by_claims_at_once(
         level = admin.execute("SELECT tokens FROM lease.endpoints WHERE name = 'A'").fetchone()
         assert level is not None and 0 <= level[0] < 1
         finish_all(first, taken, clock.now)
+
+
+class PausedClaims(PostgresStore):
+    """A store whose claims of deliveries stop, their endpoints judged and
+    locked, until the test lets them go."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **options)
+        self.judged = threading.Event()
+        self.go = threading.Event()
+
+    def _before_lease(self) -> None:
+        self.judged.set()
+        assert self.go.wait(WAIT_S), "the test never let the claim go"
+
+
+def lock_waiters(admin: psycopg.Connection) -> int:
+    row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND wait_event_type = 'Lock'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_claim_of_a_capped_endpoint_waits_for_the_one_judging_it(
+        postgres_url: str, make_store: Callable[..., PostgresStore],
+        admin: psycopg.Connection) -> None:
+    first = make_store()
+    first.add_endpoint(endpoint("A", max_in_flight=3), now_ms=T0)
+    first.add_endpoint(endpoint("B"), now_ms=T0)
+    first.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(10)], now_ms=T0)
+    with PausedClaims(postgres_url) as paused:
+        results: dict[str, list[Leased]] = {}
+
+        def claim(name: str, store: PostgresStore, served: tuple[str, ...]) -> threading.Thread:
+            def run() -> None:
+                results[name] = store.claim_jobs(name, LEASE_MS, 3, now_ms=T0,
+                                                 endpoints=served).leased
+            thread = threading.Thread(target=run)
+            thread.start()
+            return thread
+
+        held = claim("x", paused, ("A",))
+        assert paused.judged.wait(WAIT_S)  # x holds A's row, its 3 leases not yet written
+        # B has no cap: its claim locks nothing and goes through at once
+        assert len(first.claim_jobs("z", LEASE_MS, 3, now_ms=T0, endpoints=("B",)).leased) == 3
+        waiting = claim("y", first, ("A", "B"))
+        wait_until(lambda: lock_waiters(admin) == 1, "the second claim waits for A's row")
+        paused.go.set()
+        for thread in (held, waiting):
+            thread.join(WAIT_S)
+    assert ids(results["x"]) == ["m0@A", "m1@A", "m2@A"]
+    # A's cap was spent by x, counted after x committed: y took B's only
+    assert ids(results["y"]) == ["m3@B", "m4@B", "m5@B"]
+    assert live_leases(admin, "A") == 3
 
 
 # ------------------------------------------------------------------ fairness
