@@ -277,7 +277,7 @@ def check_served(endpoints: object) -> str | tuple[str, ...] | None:
     """What a claim takes: None (the queue's own jobs, as before endpoints),
     ``"*"`` (deliveries to every endpoint) or endpoint names."""
     if endpoints is None or endpoints == ALL:
-        return endpoints  # type: ignore[return-value]
+        return endpoints
     if isinstance(endpoints, str) or not isinstance(endpoints, (list, tuple)) or not endpoints:
         raise ValueError("endpoints must be None, '*' or a non-empty list of endpoint names")
     return tuple(sorted({check_endpoint_name(name) for name in endpoints}))

@@ -35,6 +35,10 @@ __all__ = [
     "TABLES_V1",
     "TABLES_V2",
     "TABLES_V3",
+    "TABLES_V4",
+    "TABLES_PG4",
+    "ENDPOINT_TABLES",
+    "DELIVERY_COLUMNS",
     "cancel_decisions",
     "check_finish_item",
     "check_ids",
@@ -49,7 +53,7 @@ DAY_MS = 86_400_000  # "the last day" of the figures that count recent changes
 MAX_PAGE = 1000  # the most jobs one list_jobs page holds
 
 # The product's tables and their columns, in order (SQLite's version 4).
-TABLES = {
+TABLES_V4 = {
     "jobs": ["seq", "id", "qty", "status", "attempts", "max_attempts", "token",
              "available_at", "deadline", "owner", "lease_until", "reason", "body", "digest",
              "done_by", "done_started_ms", "done_latency_ms", "done_http_status",
@@ -61,9 +65,19 @@ TABLES = {
     "tallies": ["name", "n"],
     "bodies": ["seq", "body"],
 }
+# Endpoints (lease.endpoints): SQLite's version 5, PostgreSQL's version 4.
+ENDPOINT_TABLES = {
+    "endpoints": ["name", "url", "ack", "ca_file", "secrets", "headers", "types",
+                  "max_in_flight", "rate", "burst", "insecure_http", "enabled", "tokens",
+                  "refilled_ms", "next_rank", "created_ms", "updated_ms"],
+    "endpoint_audit": ["seq", "endpoint", "at_ms", "action", "fields", "note", "actor"],
+}
+DELIVERY_COLUMNS = ["endpoint", "message", "event_type", "fair_rank"]
+TABLES = {**TABLES_V4, "jobs": TABLES_V4["jobs"] + DELIVERY_COLUMNS, **ENDPOINT_TABLES}
 # PostgreSQL's versions have these tables (its jobs keep their bodies)
-TABLES_V3 = {name: columns for name, columns in TABLES.items() if name != "bodies"}
-TABLES_V2 = {**TABLES_V3, "jobs": TABLES["jobs"][:-2]}
+TABLES_PG4 = {name: columns for name, columns in TABLES.items() if name != "bodies"}
+TABLES_V3 = {name: columns for name, columns in TABLES_V4.items() if name != "bodies"}
+TABLES_V2 = {**TABLES_V3, "jobs": TABLES_V4["jobs"][:-2]}
 TABLES_V1 = {  # version 1: a version-1 PostgreSQL database has these
     "jobs": ["seq", "id", "qty", "status", "attempts", "max_attempts", "token",
              "available_at", "deadline", "owner", "lease_until", "reason", "body", "digest",
@@ -79,16 +93,18 @@ TABLES_V1 = {  # version 1: a version-1 PostgreSQL database has these
 
 
 def conflict(intake: Intake, qty: int, digest: str | None,
-              key: str | None = None) -> Conflict:
+              key: str | None = None, event_type: str | None = None) -> Conflict:
     """The intake's refusal of an id kept with other content, in every store's words."""
     return Conflict(f"job {intake.id!r} exists with other content "
-                    f"({_content(qty, digest, key)}, not "
-                    f"{_content(intake.qty, intake.digest, intake.key)})")
+                    f"({_content(qty, digest, key, event_type)}, not "
+                    f"{_content(intake.qty, intake.digest, intake.key, intake.type)})")
 
 
-def _content(qty: int, digest: str | None, key: str | None) -> str:
+def _content(qty: int, digest: str | None, key: str | None, event_type: str | None) -> str:
     text = f"qty {qty}" if digest is None else f"body sha256 {digest[:12]}..."
-    return text if key is None else f"{text}, key {key!r:.40}"
+    if key is not None:
+        text = f"{text}, key {key!r:.40}"
+    return text if event_type is None else f"{text}, type {event_type!r:.40}"
 
 
 def in_flight_refusals(rows: Mapping[str, Mapping], firsts: Mapping[str, Mapping],

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lease.clock import wall_clock_ms
+from lease.endpoints import Endpoint, check_served, key_of_line
 from lease.policy import (
     DEFAULT_POLICY,
     PRODUCT,
@@ -32,7 +33,8 @@ from lease.rules import (
     in_flight_refusals,
     kept_audits,
 )
-from lease.sqlite import batch
+from lease.sqlite import batch, endpoints
+from lease.sqlite.endpoints import Fanout, pick_deliveries, spend_tokens
 from lease.sqlite.errors import store_errors
 from lease.sqlite.schema import SCHEMA_VERSION, migrate_here
 from lease.sqlite.statements import (
@@ -139,20 +141,23 @@ def _intake(con: sqlite3.Connection | sqlite3.Cursor, events: Iterable[object],
     """Inside a transaction: each event checked and inserted, then each key
     that got a job given its first in line; per event True, False or Conflict."""
     results: list = []
-    keys: set[str] = set()
+    lines: set[str] = set()
+    fanout = Fanout.of(con)
     for event in events:
         intake = check_product_event(event)
         try:
-            new = _insert(con, intake, now_ms, available_at, policy)
+            new = _insert(con, intake, now_ms, available_at, policy) if fanout is None \
+                else fanout.insert(con, intake, available_at, policy)
         except Conflict as conflict:
             results.append(conflict)
         else:
-            results.append(new)
-            if new and intake.key is not None:
-                keys.add(intake.key)
+            results.append(new is not None)
+            lines.update(new or ())
         if on_progress is not None and len(results) % 1000 == 0:
             on_progress(len(results))
-    _promote(con, keys)
+    if fanout is not None:
+        fanout.write_ranks(con)
+    _promote(con, lines)
     return results
 
 
@@ -215,25 +220,29 @@ def enqueue_in(
 
 
 def _insert(con: sqlite3.Connection | sqlite3.Cursor, intake: Intake, now_ms: int,
-            available_at: int, policy: RetryPolicy) -> bool:
-    """Inside a transaction: a new pending job (True), or the duplicate kept
-    (False). A keyed job is held until ``_promote`` finds it first in line."""
+            available_at: int, policy: RetryPolicy) -> list[str] | None:
+    """Inside a transaction: a new pending job of the queue's own (its
+    ordering line, if it has one), or None for the duplicate kept. A keyed
+    job is held until ``_promote`` finds it first in line."""
     row = con.execute(CONTENT_OF,
                       (intake.id,)).fetchone()
     if row is not None:
-        if (row[0], row[1], row[2]) != (intake.qty, intake.digest, intake.key):
-            raise conflict(intake, row[0], row[1], row[2])
-        return False
+        qty, digest, line, event_type, endpoint = row
+        key = key_of_line(line, endpoint)
+        if (qty, digest, key, event_type) != (intake.qty, intake.digest, intake.key,
+                                              intake.type):
+            raise conflict(intake, qty, digest, key, event_type)
+        return None
     con.execute(
         INSERT_JOB,
         (intake.id, intake.qty, policy.max_attempts, available_at,
          available_at + policy.ttl_ms, intake.digest, intake.key,
-         0 if intake.key is None else 1),
+         0 if intake.key is None else 1, intake.type),
     )
     if intake.body is not None:
         con.execute(INSERT_BODY,
                     (intake.body,))
-    return True
+    return [] if intake.key is None else [intake.key]
 
 
 # ------------------------------------------------------------------ ordered keys
@@ -277,31 +286,43 @@ def claim_jobs(
     lease_ms: int,
     limit: int = 1,
     fault: Fault = None,
+    endpoints: str | tuple[str, ...] | None = None,
 ) -> tuple[list, dict]:
     """The contract's claim transaction with the product's lease range: up to
     ``limit`` Leased jobs (ticket and body), and the quarantine's moves by
-    reason ({"deadline": n, "exhausted": m})."""
+    reason ({"deadline": n, "exhausted": m}). ``endpoints`` None: the
+    queue's own jobs; "*" or names: deliveries, fairly, within each
+    endpoint's cap and bucket (lease.endpoints)."""
     check_connection(con)
     check_identifier("owner", owner)
     check_now(now_ms)
     check_int("lease_ms", lease_ms, 1, PRODUCT.max_lease_ms)
     check_int("limit", limit, 1, MAX_BATCH)
     check_fault(fault)
+    served = check_served(endpoints)
+    buckets: dict[str, float] = {}
     with immediate(con):
         moved = quarantine(con, now_ms)
-        rows = [dict(zip(PICK_READY_NAMES, row, strict=True)) for row in batch.BATCH.read(
-            con, PICK_READY_NAMES, PICK_READY, {"now": now_ms, "limit": limit})]
+        if served is None:
+            rows = [dict(zip(PICK_READY_NAMES, row, strict=True)) for row in batch.BATCH.read(
+                con, PICK_READY_NAMES, PICK_READY, {"now": now_ms, "limit": limit})]
+        else:
+            rows, buckets = pick_deliveries(con, served, now_ms, limit)
         tickets = [lease_ticket(row, owner, now_ms, lease_ms) for row in rows]
         if tickets:
             batch.BATCH.update(con, LEASE_FIXED, LEASE_NAMES,
                                [(t["attempt"], t["token"], owner, t["lease_until"], row["seq"])
                                 for row, t in zip(rows, tickets, strict=True)])
+            if buckets:
+                spend_tokens(con, rows, buckets, now_ms)
             call_fault(fault, "after-claim")
     if tickets:
         call_fault(fault, "after-commit")
-    return [Leased(ticket, row["body"], row["digest"])
+    if served is None:
+        return [Leased(ticket, row["body"], row["digest"])
+                for row, ticket in zip(rows, tickets, strict=True)], moved
+    return [Leased(ticket, row["body"], row["digest"], row["endpoint"], row["message"])
             for row, ticket in zip(rows, tickets, strict=True)], moved
-
 
 
 def extend_lease(
@@ -524,23 +545,72 @@ def cancel_jobs(
     check_actor(actor)
     check_fault(fault)
     with immediate(con):
-        rows = _rows_by_id(con, job_ids)
-        results, audits = cancel_decisions(rows, job_ids)
-        if audits:
-            con.executemany(
-                AUDIT_CANCELS,
-                [(job_id, token, now_ms, note, was, actor) for _, job_id, token, was in audits])
-            call_fault(fault, "after-audit")
-            con.executemany(
-                CANCEL,
-                [(now_ms, seq) for seq, _, _, _ in audits])
-            # a line whose first was cancelled: the next one goes
-            _promote(con, {rows[job_id]["ordering_key"] for _, job_id, _, _ in audits
-                           if rows[job_id]["ordering_key"] is not None})
-            call_fault(fault, "after-cancel")
+        results, audits = _cancel(con, job_ids, now_ms, note, actor, fault)
     if audits:
         call_fault(fault, "after-commit")
     return results
+
+
+def _cancel(con: sqlite3.Connection, job_ids: list, now_ms: int, note: str,
+            actor: str | None, fault: Fault = None) -> tuple[list, list]:
+    """Inside a write transaction: the cancels, each with its audit row."""
+    rows = _rows_by_id(con, job_ids)
+    results, audits = cancel_decisions(rows, job_ids)
+    if audits:
+        con.executemany(
+            AUDIT_CANCELS,
+            [(job_id, token, now_ms, note, was, actor) for _, job_id, token, was in audits])
+        call_fault(fault, "after-audit")
+        con.executemany(
+            CANCEL,
+            [(now_ms, seq) for seq, _, _, _ in audits])
+        # a line whose first was cancelled: the next one goes
+        _promote(con, {rows[job_id]["ordering_key"] for _, job_id, _, _ in audits
+                       if rows[job_id]["ordering_key"] is not None})
+        call_fault(fault, "after-cancel")
+    return results, audits
+
+
+# ------------------------------------------------------------------ endpoints
+
+
+def add_endpoint(con: sqlite3.Connection, endpoint: Endpoint, now_ms: int,
+                 note: str | None = None, actor: str | None = None) -> None:
+    check_connection(con)
+    check_now(now_ms)
+    with immediate(con):
+        migrate_here(con)
+        endpoints.add_endpoint(con, endpoint, now_ms, note, actor)
+
+
+def update_endpoint(con: sqlite3.Connection, name: str, changes: dict, now_ms: int,
+                    note: str | None = None, actor: str | None = None) -> Endpoint:
+    check_connection(con)
+    check_now(now_ms)
+    with immediate(con):
+        return endpoints.update_endpoint(con, name, changes, now_ms, note, actor)
+
+
+def remove_endpoint(con: sqlite3.Connection, name: str, now_ms: int, *,
+                    cancel_live: bool = False, note: str | None = None,
+                    actor: str | None = None) -> int:
+    """Remove an endpoint (lease.store.Store.remove_endpoint); how many of its
+    deliveries were cancelled, in the same transaction."""
+    check_connection(con)
+    check_now(now_ms)
+    if type(cancel_live) is not bool:
+        raise ValueError(f"cancel_live must be a bool, got {cancel_live!r:.40}")
+    if note is not None:
+        check_note(note)
+    check_actor(actor)
+    with immediate(con):
+        endpoints.endpoint_configs(con, (name,))  # EndpointError when unknown
+        ids = endpoints.refuse_removal(name, endpoints.live_deliveries(con, name), cancel_live)
+        for start in range(0, len(ids), MAX_BATCH):
+            _cancel(con, ids[start:start + MAX_BATCH], now_ms,
+                    note or f"endpoint {name} removed", actor)
+        endpoints.remove_endpoint(con, name, now_ms, note, actor)
+    return len(ids)
 
 
 def prune_done(

@@ -8,6 +8,7 @@ redrives.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -15,8 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lease.endpoints import Endpoint, check_endpoint_name, key_of_line
 from lease.policy import PRODUCT, check_ordering_key
 from lease.rules import DAY_MS, STATUSES, list_filters
+from lease.sqlite import endpoints
 from lease.worker import (
     NotAQueue,
     check_identifier,
@@ -157,7 +160,12 @@ def blocked_heads(con: sqlite3.Connection, limit: int) -> list[dict[str, Any]]:
     and how many pending jobs wait behind it."""
     if "held" not in _columns(con, "jobs"):
         return []
-    return _dicts(con, BLOCKED_HEADS.format(limit=int(limit)))
+    columns = _columns(con, "jobs")
+    rows = _dicts(con, BLOCKED_HEADS.format(
+        limit=int(limit), endpoint=", h.endpoint" if "endpoint" in columns else ""))
+    for row in rows:
+        row.setdefault("endpoint", None)
+    return rows
 
 
 def snapshot(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
@@ -234,7 +242,8 @@ JOIN jobs w ON w.ordering_key = h.ordering_key AND w.held = 1 AND w.status = 'pe
 WHERE {_DEAD_FIRST}"""
 
 
-BLOCKED_HEADS = f"""SELECT h.ordering_key AS key, h.id, h.reason, (SELECT COUNT(*) FROM jobs w
+BLOCKED_HEADS = f"""SELECT h.ordering_key AS key{{endpoint}}, h.id, h.reason,
+  (SELECT COUNT(*) FROM jobs w
   WHERE w.ordering_key = h.ordering_key AND w.held = 1 AND w.status = 'pending') AS waiting
 FROM jobs h WHERE {_DEAD_FIRST} ORDER BY h.ordering_key LIMIT {{limit}}"""
 
@@ -322,8 +331,8 @@ def dead_jobs(con: sqlite3.Connection, reason: str | None = None,
         sql += " AND reason = ?"
         args.append(reason)
     if key is not None:
-        sql += " AND ordering_key = ?"
-        args.append(key)
+        sql += f" AND {KEY_MATCH}"
+        args += key_args(key)
     sql += " ORDER BY seq"
     if limit is not None:
         sql += " LIMIT ?"
@@ -355,8 +364,16 @@ FROM ({sql}) d ORDER BY d.seq"""
 
 
 # list_jobs's conditions, by the name lease.rules.list_filters gives each
+# A key matches a job's own and every delivery's line of it ("key endpoint").
+KEY_MATCH = "(ordering_key = ? OR (ordering_key > ? AND ordering_key < ?))"
 _FILTERS = {"status": "status = ?", "reason": "reason = ?", "id_prefix": "substr(id, 1, ?) = ?",
-            "after_seq": "seq > ?", "key": "ordering_key = ?"}
+            "after_seq": "seq > ?", "key": KEY_MATCH}
+
+
+def key_args(key: str) -> list[str]:
+    """KEY_MATCH's arguments: the key, and the bounds of its lines
+    (' ' is below every visible character, '!' the first above it)."""
+    return [key, key + " ", key + "!"]
 
 
 def _job_filter(status: str | None, reason: str | None, id_prefix: str | None,
@@ -365,7 +382,8 @@ def _job_filter(status: str | None, reason: str | None, id_prefix: str | None,
     """The WHERE of list_jobs and its arguments, checked."""
     filters = list_filters(status, reason, id_prefix, after_seq, limit, key)
     clauses = ["1 = 1", *(_FILTERS[name] for name, _ in filters)]
-    return " AND ".join(clauses), [arg for _, args in filters for arg in args]
+    return " AND ".join(clauses), [arg for name, args in filters
+                                   for arg in (key_args(*args) if name == "key" else args)]
 
 
 def jobs_with_status(con: sqlite3.Connection, status: str) -> list[dict[str, Any]]:
@@ -405,4 +423,82 @@ def _has_table(con: sqlite3.Connection, name: str) -> bool:
 def _dicts(con: sqlite3.Connection, sql: str, args: Any = ()) -> list[dict[str, Any]]:
     cursor = con.execute(sql, args)
     names = [column[0] for column in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    if "endpoint" in names:
+        for row in rows:  # a delivery's line shown as its event's own key
+            for name in ("ordering_key", "key"):
+                if row.get(name) is not None:
+                    row[name] = key_of_line(row[name], row["endpoint"])
+    return rows
+
+
+# ------------------------------------------------------------------ endpoints
+
+
+def endpoint_configs(con: sqlite3.Connection, names: tuple[str, ...] | None
+                     ) -> list[Endpoint]:
+    if not _has_table(con, "endpoints"):
+        return []
+    return endpoints.endpoint_configs(con, names)
+
+
+def endpoints_of(con: sqlite3.Connection) -> list[dict[str, Any]]:
+    if not _has_table(con, "endpoints"):
+        return []
+    return endpoints.public_endpoints(con)
+
+
+def endpoint_audit(con: sqlite3.Connection, name: str | None) -> list[dict[str, Any]]:
+    if name is not None:
+        check_endpoint_name(name)
+    if not _has_table(con, "endpoint_audit"):
+        return []
+    sql = "SELECT at_ms, endpoint, action, fields, note, actor FROM endpoint_audit"
+    rows = _dicts(con, sql + (" WHERE endpoint = ? ORDER BY seq" if name else " ORDER BY seq"),
+                  (name,) if name else ())
+    for row in rows:
+        row["fields"] = json.loads(row["fields"])
+    return rows
+
+
+# Per endpoint: its deliveries by status, its retries, its last failed attempt
+# and its last delivery (a done job's available_at is when it finished).
+_BY_ENDPOINT = ("SELECT endpoint, status, COUNT(*) FROM jobs INDEXED BY jobs_by_endpoint"
+                " WHERE endpoint IS NOT NULL GROUP BY endpoint, status")
+_RETRIED = ("SELECT j.endpoint, COUNT(*) FROM attempts a JOIN jobs j ON j.id = a.id"
+            " WHERE j.endpoint IS NOT NULL AND a.outcome = 'retry' GROUP BY j.endpoint")
+_LAST_ERROR = ("SELECT j.endpoint, MAX(a.seq), a.error, a.http_status, a.ended_ms"
+               " FROM attempts a JOIN jobs j ON j.id = a.id WHERE j.endpoint IS NOT NULL"
+               " AND (a.error IS NOT NULL OR a.http_status NOT BETWEEN 200 AND 299)"
+               " GROUP BY j.endpoint")
+_LAST_SUCCESS = ("SELECT endpoint, MAX(available_at) FROM jobs INDEXED BY jobs_by_endpoint"
+                 " WHERE endpoint IS NOT NULL AND status = 'done' GROUP BY endpoint")
+
+
+def endpoint_stats(con: sqlite3.Connection) -> list[dict[str, Any]]:
+    """Per endpoint (lease.store.Store.endpoint_stats), read in one transaction."""
+    if not _has_table(con, "endpoints"):
+        return []
+    con.execute("BEGIN")
+    try:
+        found = endpoints.public_endpoints(con)
+        by_status: dict[str, dict[str, int]] = {}
+        for name, status, n in con.execute(_BY_ENDPOINT):
+            by_status.setdefault(name, {})[status] = n
+        retried = dict(con.execute(_RETRIED).fetchall())
+        errors = {name: {"error": error, "http_status": status, "at_ms": at}
+                  for name, _, error, status, at in con.execute(_LAST_ERROR)}
+        success = dict(con.execute(_LAST_SUCCESS).fetchall())
+    finally:
+        con.execute("COMMIT")
+    return [{**row, **endpoint_figures(by_status.get(row["name"], {}),
+                                      retried.get(row["name"], 0), errors.get(row["name"]),
+                                      success.get(row["name"]))} for row in found]
+
+
+def endpoint_figures(by_status: dict[str, int], retried: int,
+                     last_error: dict[str, Any] | None,
+                     last_success_ms: int | None) -> dict[str, Any]:
+    return {"ready": by_status.get("pending", 0), "in_flight": by_status.get("leased", 0),
+            "done": by_status.get("done", 0), "dead": by_status.get("dead", 0),
+            "retried": retried, "last_error": last_error, "last_success_ms": last_success_ms}

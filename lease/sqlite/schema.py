@@ -7,7 +7,7 @@ import sqlite3
 
 from lease.rules import TABLES
 from lease.sqlite.reads import BODIES_SINCE
-from lease.sqlite.statements import LINE
+from lease.sqlite.statements import FAIR_READY, LINE, OWN_READY
 from lease.worker import (
     CONTRACT_SCHEMA,
     NotAQueue,
@@ -21,7 +21,8 @@ from lease.worker import (
     open_queue,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
+ENDPOINTS_SINCE = 5  # the version that knows endpoints (lease.endpoints)
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -83,6 +84,34 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "DROP INDEX jobs_ready",
         "CREATE INDEX jobs_claimable ON jobs(seq)"
         " WHERE status IN ('pending', 'leased') AND held = 0",
+    ),
+    ENDPOINTS_SINCE: (
+        # Endpoints as data (lease.endpoints). A job of the queue's own has
+        # NULL in all four; a delivery names its endpoint and its message.
+        "ALTER TABLE jobs ADD COLUMN endpoint TEXT",
+        "ALTER TABLE jobs ADD COLUMN message TEXT",
+        "ALTER TABLE jobs ADD COLUMN event_type TEXT",
+        "ALTER TABLE jobs ADD COLUMN fair_rank INTEGER",
+        """CREATE TABLE endpoints (name TEXT PRIMARY KEY, url TEXT NOT NULL, ack TEXT NOT NULL,
+  ca_file TEXT, secrets TEXT NOT NULL, headers TEXT NOT NULL, types TEXT NOT NULL,
+  max_in_flight INTEGER, rate REAL, burst INTEGER, insecure_http INTEGER NOT NULL,
+  enabled INTEGER NOT NULL, tokens REAL NOT NULL, refilled_ms INTEGER NOT NULL,
+  next_rank INTEGER NOT NULL, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL)""",
+        """CREATE TABLE endpoint_audit (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  endpoint TEXT NOT NULL, at_ms INTEGER NOT NULL, action TEXT NOT NULL, fields TEXT NOT NULL,
+  note TEXT, actor TEXT)""",
+        # jobs_claimable under another name again, now for the queue's own
+        # jobs only: an older dispatcher (INDEXED BY jobs_claimable) would
+        # send deliveries to its own --url; its claims now fail whole instead.
+        "DROP INDEX jobs_claimable",
+        f"CREATE INDEX jobs_own ON jobs(seq) WHERE {OWN_READY}",
+        f"CREATE INDEX jobs_fair ON jobs(fair_rank, seq) WHERE {FAIR_READY}",
+        "CREATE INDEX jobs_in_flight ON jobs(endpoint, lease_until)"
+        " WHERE status = 'leased' AND endpoint IS NOT NULL",
+        "CREATE INDEX jobs_serving ON jobs(fair_rank)"
+        " WHERE status = 'leased' AND endpoint IS NOT NULL",
+        "CREATE INDEX jobs_by_message ON jobs(message) WHERE message IS NOT NULL",
+        "CREATE INDEX jobs_by_endpoint ON jobs(endpoint, status) WHERE endpoint IS NOT NULL",
     ),
 }
 

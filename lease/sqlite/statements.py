@@ -45,16 +45,75 @@ WHERE ordering_key = ? AND held = 0 AND {LINE}"""
 # read costs, and a done job's evidence is no claim's business. A picked
 # job's body is one probe of its table, made for the rows returned only (the
 # index gives the order: no join to sort again).
+OWN_READY = "endpoint IS NULL AND status IN ('pending', 'leased') AND held = 0"
+FAIR_READY = "endpoint IS NOT NULL AND status IN ('pending', 'leased') AND held = 0"
+_DUE = ("((status = 'pending' AND available_at <= :now)"
+        " OR (status = 'leased' AND lease_until <= :now))")
 PICK_READY_NAMES = (*PICK_NAMES, "digest", "body")
 PICK_READY = f"""
 SELECT {', '.join(PICK_NAMES)}, digest,
   (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body
-FROM jobs INDEXED BY jobs_claimable
-WHERE status IN ('pending', 'leased') AND held = 0
-  AND ((status = 'pending' AND available_at <= :now)
-    OR (status = 'leased' AND lease_until <= :now))
+FROM jobs INDEXED BY jobs_own
+WHERE {OWN_READY} AND {_DUE}
 ORDER BY seq LIMIT :limit
 """
+
+# ------------------------------------------------------------------ endpoints
+# A claim of deliveries reads windows of due rows in fair order (rank, seq),
+# after the last row of the window before (keyset), then leases the ones its
+# endpoints allow (lease.endpoints.fair_pick): a delivery's body is read for
+# the rows leased only.
+FAIR_WINDOW = f"""
+SELECT seq, endpoint, fair_rank FROM jobs INDEXED BY jobs_fair
+WHERE {FAIR_READY} AND {_DUE} AND (fair_rank, seq) > (:rank, :seq)
+ORDER BY fair_rank, seq LIMIT :limit
+"""
+PICK_FAIR_NAMES = (*PICK_READY_NAMES, "endpoint", "message")
+PICK_FAIR = f"""
+SELECT {', '.join(PICK_NAMES)}, digest,
+  (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body, endpoint, message
+FROM jobs WHERE seq IN ({{marks}}) ORDER BY fair_rank, seq
+"""
+# Live leases of the endpoints named: a lease past its end is no send in flight.
+LIVE_LEASES = """SELECT endpoint, COUNT(*) FROM jobs INDEXED BY jobs_in_flight
+WHERE status = 'leased' AND endpoint IS NOT NULL AND endpoint IN ({marks})
+  AND lease_until > ? GROUP BY endpoint"""
+ENDPOINT_LIMITS = """SELECT name, enabled, max_in_flight, rate, burst, tokens, refilled_ms
+FROM endpoints WHERE name IN ({marks})"""
+SPEND_TOKENS = "UPDATE endpoints SET tokens = ?, refilled_ms = ? WHERE name = ?"
+# The queue's virtual time: the rank being served now (the largest leased),
+# else the first in line, else 0. Two probes of partial indexes.
+VIRTUAL_TIME = f"""SELECT COALESCE(
+  (SELECT MAX(fair_rank) FROM jobs INDEXED BY jobs_serving
+     WHERE status = 'leased' AND endpoint IS NOT NULL),
+  (SELECT fair_rank FROM jobs INDEXED BY jobs_fair WHERE {FAIR_READY}
+     ORDER BY fair_rank, seq LIMIT 1), 0)"""
+SUBSCRIBERS = "SELECT name, types, next_rank FROM endpoints ORDER BY name"
+MESSAGE_CONTENT = ("SELECT qty, digest, ordering_key, event_type, endpoint FROM jobs"
+                   " INDEXED BY jobs_by_message WHERE message = ? LIMIT 1")
+INSERT_DELIVERY = ("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
+    " available_at, deadline, owner, lease_until, reason, digest, ordering_key, held,"
+    " endpoint, message, event_type, fair_rank)"
+    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?, ?, ?, ?)")
+NEXT_RANK = "UPDATE endpoints SET next_rank = ? WHERE name = ?"
+ENDPOINT_COLUMNS = ("name", "url", "ack", "ca_file", "secrets", "headers", "types",
+                    "max_in_flight", "rate", "burst", "insecure_http", "enabled",
+                    "created_ms", "updated_ms")
+ENDPOINT_ROWS = f"SELECT {', '.join(ENDPOINT_COLUMNS)} FROM endpoints ORDER BY name"
+ENDPOINT_ROW = f"SELECT {', '.join(ENDPOINT_COLUMNS)} FROM endpoints WHERE name = ?"
+INSERT_ENDPOINT = ("INSERT INTO endpoints (name, url, ack, ca_file, secrets, headers, types,"
+    " max_in_flight, rate, burst, insecure_http, enabled, tokens, refilled_ms, next_rank,"
+    " created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)")
+UPDATE_ENDPOINT = ("UPDATE endpoints SET url = ?, ack = ?, ca_file = ?, secrets = ?,"
+    " headers = ?, types = ?, max_in_flight = ?, rate = ?, burst = ?, insecure_http = ?,"
+    " enabled = ?, updated_ms = ? WHERE name = ?")
+# A new rate starts with a full bucket, as a new endpoint does.
+RESET_BUCKET = "UPDATE endpoints SET tokens = ?, refilled_ms = ? WHERE name = ?"
+DELETE_ENDPOINT = "DELETE FROM endpoints WHERE name = ?"
+AUDIT_ENDPOINT = ("INSERT INTO endpoint_audit (endpoint, at_ms, action, fields, note, actor)"
+                  " VALUES (?, ?, ?, ?, ?, ?)")
+LIVE_DELIVERIES = ("SELECT id, status FROM jobs INDEXED BY jobs_by_endpoint"
+                   " WHERE endpoint = ? AND status IN ('pending', 'leased') ORDER BY seq")
 
 
 # Whether any key has a line at all: one probe of jobs_line. With none, no
@@ -77,10 +136,10 @@ FINISH_FIXED = "owner = NULL, lease_until = NULL"
 FINISH_NAMES = ("status", "reason", "available_at")
 
 # The intake, the evidence, the operator and retention.
-CONTENT_OF = "SELECT qty, digest, ordering_key FROM jobs WHERE id = ?"
+CONTENT_OF = "SELECT qty, digest, ordering_key, event_type, endpoint FROM jobs WHERE id = ?"
 INSERT_JOB = ("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
-    " deadline, owner, lease_until, reason, digest, ordering_key, held)"
-    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?)")
+    " deadline, owner, lease_until, reason, digest, ordering_key, held, event_type)"
+    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?)")
 INSERT_BODY = "INSERT INTO bodies (seq, body) VALUES (last_insert_rowid(), ?)"
 RECORD_ATTEMPTS = ("INSERT INTO attempts (seq, id, token, attempt, owner, started_ms, ended_ms,"
     " outcome, result, reason, http_status, error, latency_ms)"

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lease.clock import wall_clock_ms
+from lease.endpoints import Endpoint
 from lease.policy import (
     DEFAULT_POLICY,
     RetryPolicy,
@@ -14,7 +15,7 @@ from lease.policy import (
 from lease.records import (
     Claimed,
 )
-from lease.sqlite import reads
+from lease.sqlite import jobs, reads
 from lease.sqlite.errors import store_errors
 from lease.sqlite.jobs import (
     cancel_jobs,
@@ -141,10 +142,12 @@ class SQLiteStore:
                                   on_conflict=on_conflict)
 
     def claim_jobs(self, owner: str, lease_ms: int, limit: int = 1, *,
-                   now_ms: int | None = None, fault: Fault = None) -> Claimed:
+                   now_ms: int | None = None, fault: Fault = None,
+                   endpoints: str | tuple[str, ...] | None = None) -> Claimed:
         now = self._now(now_ms)
         with store_errors():
-            leased, moved = claim_jobs(self.connection, owner, now, lease_ms, limit, fault)
+            leased, moved = claim_jobs(self.connection, owner, now, lease_ms, limit, fault,
+                                       endpoints)
         return Claimed(leased, moved, now)
 
     def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: int | None = None,
@@ -218,3 +221,38 @@ class SQLiteStore:
     def stale_finishes(self) -> int:
         with store_errors():
             return stale_finishes(self.connection)
+
+    # -- endpoints
+    def add_endpoint(self, endpoint: Endpoint, *, note: str | None = None,
+                     actor: str | None = None, now_ms: int | None = None) -> None:
+        with store_errors():
+            jobs.add_endpoint(self.connection, endpoint, self._now(now_ms), note, actor)
+
+    def update_endpoint(self, name: str, changes: dict[str, Any], *, note: str | None = None,
+                        actor: str | None = None, now_ms: int | None = None) -> Endpoint:
+        with store_errors():
+            return jobs.update_endpoint(self.connection, name, changes, self._now(now_ms),
+                                        note, actor)
+
+    def remove_endpoint(self, name: str, *, cancel_live: bool = False,
+                        note: str | None = None, actor: str | None = None,
+                        now_ms: int | None = None) -> int:
+        with store_errors():
+            return jobs.remove_endpoint(self.connection, name, self._now(now_ms),
+                                        cancel_live=cancel_live, note=note, actor=actor)
+
+    def endpoint_configs(self, names: tuple[str, ...] | None = None) -> list[Endpoint]:
+        with store_errors():
+            return reads.endpoint_configs(self.connection, names)
+
+    def endpoints(self) -> list[dict[str, Any]]:
+        with store_errors():
+            return reads.endpoints_of(self.connection)
+
+    def endpoint_stats(self) -> list[dict[str, Any]]:
+        with store_errors():
+            return reads.endpoint_stats(self.connection)
+
+    def endpoint_audit(self, name: str | None = None) -> list[dict[str, Any]]:
+        with store_errors():
+            return reads.endpoint_audit(self.connection, name)

@@ -61,7 +61,8 @@ class StoreModel(Model):
         self.enqueue(job_id, qty, available_at, policy.ttl_ms, policy.max_attempts)
         self.jobs[job_id].update(body=text, digest=digest, done_by=None, done_started_ms=None,
                                  done_latency_ms=None, done_http_status=None,
-                                 ordering_key=None, held=0)  # unkeyed: never held
+                                 ordering_key=None, held=0,  # unkeyed: never held
+                                 endpoint=None, message=None, event_type=None, fair_rank=None)
         return True
 
     def record(self, ticket: dict, outcome: str | None, result: object, now: int,

@@ -112,8 +112,8 @@ def test_idle_is_nothing_claimable_now_or_later_and_names_the_dead_heads(store):
     finish(store, tickets["m-1"], "retry", T0 + 1, delay=60_000)
     finish(store, tickets["o-1"], "ok", T0 + 1)
     assert not store.is_idle()  # m-1 waits out its retry delay: claimable later
-    assert store.blocked_heads() == [{"key": "k", "id": "k-1", "reason": "permanent",
-                                      "waiting": 2}]
+    assert store.blocked_heads() == [{"key": "k", "endpoint": None, "id": "k-1",
+                                      "reason": "permanent", "waiting": 2}]
     finish(store, claim_tickets(store, T0 + 70_000)["m-1"], "ok", T0 + 70_001)
     assert store.is_idle() and not store.is_drained()  # only k-2 and k-3 left, behind k-1
     assert store.blocked_heads(1) == store.blocked_heads()

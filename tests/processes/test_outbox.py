@@ -129,6 +129,27 @@ def test_the_job_commits_with_the_services_row(shop):
     other.close()
 
 
+def test_every_delivery_of_a_message_commits_or_rolls_back_with_the_services_row(tmp_path,
+                                                                                 shop):
+    from lease.endpoints import Endpoint
+    path = tmp_path / "shop.db"
+    with SQLiteStore(path) as store:
+        for name in ("crm", "billing", "audit"):
+            store.add_endpoint(Endpoint(name, "http://127.0.0.1:9/events",
+                                        types=("*",) if name == "audit" else ("order.paid",)))
+    shop.execute("BEGIN")
+    shop.execute("INSERT INTO orders (id) VALUES ('o-1')")
+    assert sqlite.enqueue_in(shop, [{**event("o-1"), "type": "order.paid"}], now_ms=T0) == [
+        True]
+    shop.execute("ROLLBACK")
+    assert job_ids(shop) == [] and orders(shop) == []
+    shop.execute("BEGIN")
+    shop.execute("INSERT INTO orders (id) VALUES ('o-1')")
+    sqlite.enqueue_in(shop, [{**event("o-1"), "type": "order.paid"}, event("o-2")], now_ms=T0)
+    shop.execute("COMMIT")
+    assert sorted(job_ids(shop)) == ["o-1@audit", "o-1@billing", "o-1@crm", "o-2@audit"]
+
+
 def test_a_rolled_back_service_transaction_leaves_no_job(shop):
     shop.execute("BEGIN")
     shop.execute("INSERT INTO orders (id) VALUES ('o-1')")

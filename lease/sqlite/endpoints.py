@@ -1,0 +1,329 @@
+"""The SQLite driver's endpoints: the fan-out at intake, the fair claim of
+deliveries under each endpoint's cap and bucket, and the operator's changes.
+The rules are ``lease.endpoints``'s; this module reads and writes rows."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable
+from typing import Any
+
+from lease.endpoints import (
+    ALL,
+    Endpoint,
+    EndpointError,
+    allowance,
+    check_endpoint_name,
+    claim_window,
+    delivery_id,
+    fair_pick,
+    fair_rank,
+    key_of_line,
+    line_key,
+    refill,
+    subscribes,
+)
+from lease.policy import Intake, RetryPolicy, check_actor, check_note
+from lease.rules import conflict
+from lease.sqlite.statements import (
+    AUDIT_ENDPOINT,
+    CONTENT_OF,
+    DELETE_ENDPOINT,
+    ENDPOINT_COLUMNS,
+    ENDPOINT_LIMITS,
+    ENDPOINT_ROW,
+    ENDPOINT_ROWS,
+    FAIR_WINDOW,
+    INSERT_BODY,
+    INSERT_DELIVERY,
+    INSERT_ENDPOINT,
+    LIVE_DELIVERIES,
+    LIVE_LEASES,
+    MESSAGE_CONTENT,
+    NEXT_RANK,
+    PICK_FAIR,
+    PICK_FAIR_NAMES,
+    RESET_BUCKET,
+    SPEND_TOKENS,
+    SUBSCRIBERS,
+    UPDATE_ENDPOINT,
+    VIRTUAL_TIME,
+)
+from lease.worker import Conflict, select_rows
+
+# How many windows of due deliveries one claim reads at most: endpoints at
+# their cap in front cannot make a claim read the whole line.
+MAX_WINDOWS = 4
+
+# ------------------------------------------------------------------ intake
+
+
+class Fanout:
+    """One intake transaction's view of the endpoints: who subscribes to what,
+    and the rank each one's next delivery gets. None when the queue has no
+    endpoint: its events are jobs of its own, as before endpoints."""
+
+    def __init__(self, rows: list, virtual_time: int) -> None:
+        self.subscriptions = [(name, tuple(json.loads(types))) for name, types, _ in rows]
+        self.next_rank = {name: rank for name, _, rank in rows}
+        self.virtual_time = virtual_time
+        self.touched: set[str] = set()
+
+    @classmethod
+    def of(cls, con: sqlite3.Connection | sqlite3.Cursor) -> Fanout | None:
+        rows = con.execute(SUBSCRIBERS).fetchall()
+        if not rows:
+            return None
+        return cls(rows, int(con.execute(VIRTUAL_TIME).fetchone()[0]))
+
+    def insert(self, con: sqlite3.Connection | sqlite3.Cursor, intake: Intake,
+               available_at: int, policy: RetryPolicy) -> list[str] | None:
+        """A message's deliveries, one per endpoint subscribed to its type:
+        their ordering lines (None: the message is a duplicate, untouched).
+        Conflict when its id is kept with other content."""
+        kept = con.execute(MESSAGE_CONTENT, (intake.id,)).fetchone()
+        if kept is not None:
+            qty, digest, line, event_type, endpoint = kept
+            key = key_of_line(line, endpoint)
+            if (qty, digest, key, event_type) != (intake.qty, intake.digest, intake.key,
+                                                  intake.type):
+                raise conflict(intake, qty, digest, key, event_type)
+            return None
+        names = [name for name, types in self.subscriptions if subscribes(types, intake.type)]
+        ids = [delivery_id(intake.id, name) for name in names]
+        for job_id in ids:
+            if con.execute(CONTENT_OF, (job_id,)).fetchone() is not None:
+                raise Conflict(f"job {job_id!r} exists: event {intake.id!r} cannot fan out to "
+                               f"an id the queue's own job has")
+        lines = []
+        for name, job_id in zip(names, ids, strict=True):
+            rank = fair_rank(self.next_rank[name], self.virtual_time)
+            self.next_rank[name] = rank + 1
+            self.touched.add(name)
+            line = line_key(intake.key, name)
+            con.execute(INSERT_DELIVERY, (
+                job_id, intake.qty, policy.max_attempts, available_at,
+                available_at + policy.ttl_ms, intake.digest, line, 0 if line is None else 1,
+                name, intake.id, intake.type, rank))
+            if intake.body is not None:
+                con.execute(INSERT_BODY, (intake.body,))
+            if line is not None:
+                lines.append(line)
+        return lines
+
+    def write_ranks(self, con: sqlite3.Connection | sqlite3.Cursor) -> None:
+        con.executemany(NEXT_RANK, [(self.next_rank[name], name)
+                                    for name in sorted(self.touched)])
+
+
+# ------------------------------------------------------------------ the claim
+
+
+def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_ms: int,
+                    limit: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Inside the claim's transaction: the due deliveries to lease, in fair
+    order, each endpoint's within its allowance; and the bucket levels to
+    write back, before the tokens the leases spend."""
+    window = claim_window(limit)
+    only, names = _served_filter(served)
+    sql = FAIR_WINDOW.replace("AND (fair_rank", f"{only} AND (fair_rank")
+    allowances: dict[str, int] = {}
+    buckets: dict[str, float] = {}
+    picked: list[int] = []
+    after = {"rank": -1, "seq": 0}
+    for _ in range(MAX_WINDOWS):
+        rows = con.execute(sql, {**names, **after, "now": now_ms, "limit": window}).fetchall()
+        if not rows:
+            break
+        after = {"rank": rows[-1][2], "seq": rows[-1][0]}
+        # judged a slice at a time: with many endpoints in line, a claim
+        # judges about as many as it leases, not the whole window's
+        for start in range(0, len(rows), limit):
+            part = rows[start:start + limit]
+            fresh = sorted({endpoint for _, endpoint, _ in part} - allowances.keys())
+            if fresh:
+                _judge_endpoints(con, fresh, now_ms, allowances, buckets)
+            picked += fair_pick(((seq, endpoint) for seq, endpoint, _ in part), allowances,
+                                limit - len(picked))
+            if len(picked) == limit:
+                break
+        if len(picked) == limit or len(rows) < window:
+            break
+    if not picked:
+        return [], {}
+    marks = ", ".join("?" * len(picked))
+    rows = [dict(zip(PICK_FAIR_NAMES, row, strict=True))
+            for row in con.execute(PICK_FAIR.format(marks=marks), picked)]
+    return rows, buckets
+
+
+def _served_filter(served: str | tuple[str, ...]) -> tuple[str, dict[str, str]]:
+    """The window's narrowing to the endpoints a claim serves (none for all)."""
+    if served == ALL:
+        return "", {}
+    names = {f"e{index}": name for index, name in enumerate(served)}
+    return f"AND endpoint IN ({', '.join(':' + key for key in names)})", names
+
+
+def _judge_endpoints(con: sqlite3.Connection, names: list[str], now_ms: int,
+                     allowances: dict[str, int], buckets: dict[str, float]) -> None:
+    """Each endpoint's allowance for this claim (lease.endpoints.allowance),
+    and the level of each bucket now."""
+    marks = ", ".join("?" * len(names))
+    live = dict(con.execute(LIVE_LEASES.format(marks=marks), (*names, now_ms)).fetchall())
+    for row in select_rows(con, ENDPOINT_LIMITS.format(marks=marks), names):
+        tokens = None
+        if row["rate"] is not None:
+            tokens = refill(row["tokens"], row["refilled_ms"], now_ms, row["rate"], row["burst"])
+            buckets[row["name"]] = tokens
+        allowances[row["name"]] = allowance(row, live.get(row["name"], 0), tokens)
+
+
+def spend_tokens(con: sqlite3.Connection, rows: list[dict[str, Any]],
+                 buckets: dict[str, float], now_ms: int) -> None:
+    """Inside the claim's transaction: one token of its bucket per lease."""
+    spent: dict[str, int] = {}
+    for row in rows:
+        if row["endpoint"] in buckets:
+            spent[row["endpoint"]] = spent.get(row["endpoint"], 0) + 1
+    con.executemany(SPEND_TOKENS, [(buckets[name] - n, now_ms, name)
+                                   for name, n in sorted(spent.items())])
+
+
+# ------------------------------------------------------------------ the operator
+
+
+def add_endpoint(con: sqlite3.Connection, endpoint: Endpoint, now_ms: int,
+                 note: str | None, actor: str | None) -> None:
+    """Inside a write transaction: a new endpoint, its bucket full, audited."""
+    _check_audit(endpoint, note, actor)
+    if con.execute(ENDPOINT_ROW, (endpoint.name,)).fetchone() is not None:
+        raise EndpointError(f"endpoint {endpoint.name!r} exists")
+    con.execute(INSERT_ENDPOINT, (*_endpoint_values(endpoint), _full(endpoint), now_ms,
+                                  now_ms, now_ms))
+    _audit(con, endpoint.name, now_ms, "add", [], note, actor)
+
+
+def update_endpoint(con: sqlite3.Connection, name: str, changes: dict[str, Any], now_ms: int,
+                    note: str | None, actor: str | None) -> Endpoint:
+    """Inside a write transaction: the endpoint changed, checked whole, audited
+    by the names of the fields changed; a new rate starts with a full bucket."""
+    if type(changes) is not dict or not changes:
+        raise ValueError("changes must be a non-empty dict of an endpoint's fields")
+    before = _endpoint(con, name)
+    after = before.changed(**changes)
+    _check_audit(after, note, actor)
+    values = _endpoint_values(after)
+    con.execute(UPDATE_ENDPOINT, (*values[1:], now_ms, name))
+    if (after.rate, after.burst) != (before.rate, before.burst):
+        con.execute(RESET_BUCKET, (_full(after), now_ms, name))
+    action = "update"
+    if set(changes) == {"enabled"}:
+        action = "enable" if after.enabled else "disable"
+    _audit(con, name, now_ms, action, sorted(changes), note, actor)
+    return after
+
+
+def live_deliveries(con: sqlite3.Connection, name: str) -> list[tuple[str, str]]:
+    """(id, status) of an endpoint's deliveries still to be sent."""
+    return con.execute(LIVE_DELIVERIES, (name,)).fetchall()
+
+
+def refuse_removal(name: str, live: list[tuple[str, str]], cancel_live: bool) -> list[str]:
+    """Pure: the ids a removal cancels, or EndpointError when it cannot be."""
+    leased = sum(1 for _, status in live if status == "leased")
+    if live and not cancel_live:
+        raise EndpointError(
+            f"endpoint {name!r} has {len(live)} deliveries still to send ({leased} leased): "
+            f"cancel them with the removal (cancel_live, --cancel-deliveries), or remove it "
+            f"once they are delivered")
+    if leased:
+        raise EndpointError(f"endpoint {name!r} has {leased} deliveries on the wire now "
+                            f"(leased): remove it once their leases end")
+    return [job_id for job_id, _ in live]
+
+
+def remove_endpoint(con: sqlite3.Connection, name: str, now_ms: int, note: str | None,
+                    actor: str | None) -> None:
+    """Inside a write transaction, its live deliveries cancelled already."""
+    _endpoint(con, name)
+    con.execute(DELETE_ENDPOINT, (name,))
+    _audit(con, name, now_ms, "remove", [], note, actor)
+
+
+def endpoint_configs(con: sqlite3.Connection, names: Iterable[str] | None) -> list[Endpoint]:
+    """The endpoints as the dispatcher needs them, secrets included."""
+    rows = [dict(zip(ENDPOINT_COLUMNS, row, strict=True))
+            for row in con.execute(ENDPOINT_ROWS)]
+    if names is not None:
+        wanted = {check_endpoint_name(name) for name in names}
+        unknown = wanted - {row["name"] for row in rows}
+        if unknown:
+            raise EndpointError(f"no endpoint named {', '.join(sorted(unknown))}")
+        rows = [row for row in rows if row["name"] in wanted]
+    return [_configured(row) for row in rows]
+
+
+def public_endpoints(con: sqlite3.Connection) -> list[dict[str, Any]]:
+    """Every endpoint as a read may show it: no secret, no header value."""
+    return [public_row(dict(zip(ENDPOINT_COLUMNS, row, strict=True)))
+            for row in con.execute(ENDPOINT_ROWS)]
+
+
+def public_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": row["name"], "url": row["url"], "ack": row["ack"], "ca_file": row["ca_file"],
+        "secrets": len(json.loads(row["secrets"])),
+        "headers": [header for header, _ in json.loads(row["headers"])],
+        "types": json.loads(row["types"]), "max_in_flight": row["max_in_flight"],
+        "rate": row["rate"], "burst": row["burst"],
+        "insecure_http": bool(row["insecure_http"]), "enabled": bool(row["enabled"]),
+        "created_ms": row["created_ms"], "updated_ms": row["updated_ms"],
+    }
+
+
+def _endpoint(con: sqlite3.Connection, name: str) -> Endpoint:
+    check_endpoint_name(name)
+    row = con.execute(ENDPOINT_ROW, (name,)).fetchone()
+    if row is None:
+        raise EndpointError(f"no endpoint named {name!r}")
+    return _configured(dict(zip(ENDPOINT_COLUMNS, row, strict=True)))
+
+
+def _configured(row: dict[str, Any]) -> Endpoint:
+    try:
+        return Endpoint(
+            row["name"], row["url"], ack=row["ack"], ca_file=row["ca_file"],
+            secrets=tuple(json.loads(row["secrets"])),
+            headers=tuple(tuple(pair) for pair in json.loads(row["headers"])),
+            types=tuple(json.loads(row["types"])), max_in_flight=row["max_in_flight"],
+            rate=row["rate"], burst=row["burst"], insecure_http=bool(row["insecure_http"]),
+            enabled=bool(row["enabled"]))
+    except ValueError as exc:  # a CA file gone since: say which endpoint
+        raise EndpointError(f"endpoint {row['name']!r}: {exc}") from None
+
+
+def _endpoint_values(endpoint: Endpoint) -> tuple:
+    """The endpoint's columns in INSERT_ENDPOINT's order, up to ``enabled``."""
+    return (endpoint.name, endpoint.url, endpoint.ack, endpoint.ca_file,
+            json.dumps(list(endpoint.secrets)), json.dumps([list(p) for p in endpoint.headers]),
+            json.dumps(list(endpoint.types)), endpoint.max_in_flight, endpoint.rate,
+            endpoint.burst, int(endpoint.insecure_http), int(endpoint.enabled))
+
+
+def _full(endpoint: Endpoint) -> float:
+    return float(endpoint.burst or 0)
+
+
+def _check_audit(endpoint: Endpoint, note: str | None, actor: str | None) -> None:
+    if not isinstance(endpoint, Endpoint):
+        raise ValueError(f"endpoint must be an Endpoint, got {type(endpoint).__name__}")
+    if note is not None:
+        check_note(note)
+    check_actor(actor)
+
+
+def _audit(con: sqlite3.Connection, name: str, now_ms: int, action: str, fields: list[str],
+           note: str | None, actor: str | None) -> None:
+    con.execute(AUDIT_ENDPOINT, (name, now_ms, action, json.dumps(fields), note, actor))
