@@ -21,7 +21,6 @@ from psycopg.types.json import Jsonb
 
 from lease.endpoints import (
     ALL,
-    EDITABLE,
     Endpoint,
     EndpointError,
     allowance,
@@ -137,8 +136,8 @@ def fan_out(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
             continue
         clash = next((d for d in ids if d in taken), None)
         if clash is not None:
-            results.append(Conflict(f"job {clash!r} exists: the delivery of event "
-                                    f"{intake.id!r} to its endpoint cannot take that id"))
+            results.append(Conflict(f"job {clash!r} exists: event {intake.id!r} cannot fan "
+                                    f"out to an id the queue's own job has"))
             continue
         kept[intake.id] = (intake.qty, intake.digest, intake.key, intake.type)
         for name, job_id in zip(names, ids, strict=True):
@@ -166,7 +165,7 @@ def judge(intake: Intake, qty: int, digest: str | None, key: str | None,
     product's Conflict."""
     if (qty, digest, key, kind) == (intake.qty, intake.digest, intake.key, intake.type):
         return False
-    return conflict(intake, qty, digest, key)
+    return conflict(intake, qty, digest, key, kind)
 
 
 # ------------------------------------------------------------------ the claim
@@ -185,16 +184,22 @@ def claim_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], ow
     judged: dict[str, dict[str, Any]] = {}
     allowances: dict[str, int] = {}
     picked: list[int] = []
-    for window in range(MAX_WINDOWS):
+    for _ in range(MAX_WINDOWS):
         rows = conn.execute(WINDOW, args).fetchall()
-        new = sorted({endpoint for _, endpoint, _ in rows} - set(judged))
-        if new:
-            found = _judge_endpoints(conn, new, now, wait=window == 0)
-            judged.update(found)
-            allowances.update({name: found[name]["allowance"] if name in found else 0
-                               for name in new})
-        picked += fair_pick(((seq, endpoint) for seq, endpoint, _ in rows), allowances,
-                            limit - len(picked))
+        # judged a slice at a time (as the SQLite driver does): with many
+        # endpoints in line, a claim locks about as many as it leases
+        for start in range(0, len(rows), limit):
+            part = rows[start:start + limit]
+            new = sorted({endpoint for _, endpoint, _ in part} - set(judged))
+            if new:
+                found = _judge_endpoints(conn, new, now, wait=not judged)
+                judged.update(found)
+                allowances.update({name: found[name]["allowance"] if name in found else 0
+                                   for name in new})
+            picked += fair_pick(((seq, endpoint) for seq, endpoint, _ in part), allowances,
+                                limit - len(picked))
+            if len(picked) == limit:
+                break
         if len(picked) == limit or len(rows) < args["window"]:
             break
         args["seq"], args["rank"] = rows[-1][0], rows[-1][2]
@@ -249,11 +254,15 @@ def _spend(conn: psycopg.Connection, judged: dict[str, dict[str, Any]], leased: 
 
 def endpoint_of(row: dict[str, Any]) -> Endpoint:
     """The Endpoint a row holds, secrets and all (checked again: it was when written)."""
-    return Endpoint(
-        row["name"], row["url"], ack=row["ack"], ca_file=row["ca_file"],
-        secrets=tuple(row["secrets"]), headers=tuple(tuple(pair) for pair in row["headers"]),
-        types=tuple(row["types"]), max_in_flight=row["max_in_flight"], rate=row["rate"],
-        burst=row["burst"], insecure_http=row["insecure_http"], enabled=row["enabled"])
+    try:
+        return Endpoint(
+            row["name"], row["url"], ack=row["ack"], ca_file=row["ca_file"],
+            secrets=tuple(row["secrets"]),
+            headers=tuple(tuple(pair) for pair in row["headers"]), types=tuple(row["types"]),
+            max_in_flight=row["max_in_flight"], rate=row["rate"], burst=row["burst"],
+            insecure_http=row["insecure_http"], enabled=row["enabled"])
+    except ValueError as exc:  # a CA file gone since: say which endpoint
+        raise EndpointError(f"endpoint {row['name']!r}: {exc}") from None
 
 
 def _fields(endpoint: Endpoint) -> dict[str, Any]:
@@ -272,8 +281,7 @@ def audit(conn: psycopg.Connection, name: str, now: int, action: str, fields: It
 
 def add(conn: psycopg.Connection, endpoint: Endpoint, now: int, note: str | None,
         actor: str | None) -> None:
-    tokens = 0.0 if endpoint.burst is None else float(endpoint.burst)  # a full bucket
-    if conn.execute(ADD_ENDPOINT, {**_fields(endpoint), "tokens": tokens, "now": now}
+    if conn.execute(ADD_ENDPOINT, {**_fields(endpoint), "tokens": _full(endpoint), "now": now}
                     ).rowcount != 1:
         raise EndpointError(f"endpoint {endpoint.name!r} exists")
     audit(conn, endpoint.name, now, "add", [], note, actor)
@@ -283,7 +291,7 @@ def locked(conn: psycopg.Connection, name: str) -> dict[str, Any]:
     rows = dicts(conn, f"SELECT {ENDPOINT_COLUMNS}, tokens, refilled_ms FROM lease.endpoints"
                        " WHERE name = %s FOR UPDATE", (name,))
     if not rows:
-        raise EndpointError(f"no endpoint {name!r}")
+        raise EndpointError(f"no endpoint named {name!r}")
     return rows[0]
 
 
@@ -291,26 +299,21 @@ def update(conn: psycopg.Connection, name: str, changes: dict[str, Any], now: in
            note: str | None, actor: str | None) -> Endpoint:
     row = locked(conn, name)
     old = endpoint_of(row)
-    try:
-        new = old.changed(**changes)
-    except EndpointError:
-        raise
-    except ValueError as exc:  # the checks never echo a secret or a header's value
-        raise EndpointError(str(exc)) from None
-    fields = [name for name in EDITABLE if getattr(old, name) != getattr(new, name)]
+    new = old.changed(**changes)  # its checks never echo a secret or a header's value
     tokens, refilled = row["tokens"], row["refilled_ms"]
     if (new.rate, new.burst) != (old.rate, old.burst):
-        # the bucket as it stands now, within the new burst (a new rate: full)
-        level = None if old.rate is None or old.burst is None else refill(
-            tokens, refilled, now, old.rate, old.burst)
-        tokens = 0.0 if new.burst is None else float(
-            new.burst if level is None else min(level, new.burst))
-        refilled = now
+        tokens, refilled = _full(new), now  # a new rate starts with a full bucket
     conn.execute(UPDATE_ENDPOINT, {**_fields(new), "tokens": tokens, "refilled_ms": refilled,
                                    "now": now})
-    action = ("enable" if new.enabled else "disable") if fields == ["enabled"] else "update"
-    audit(conn, name, now, action, fields, note, actor)
+    action = "update"
+    if set(changes) == {"enabled"}:
+        action = "enable" if new.enabled else "disable"
+    audit(conn, name, now, action, sorted(changes), note, actor)
     return new
+
+
+def _full(endpoint: Endpoint) -> float:
+    return float(endpoint.burst or 0)
 
 
 def public(row: dict[str, Any]) -> dict[str, Any]:
@@ -327,6 +330,9 @@ def read_configs(conn: psycopg.Connection, names: tuple[str, ...] | None) -> lis
     rows = dicts(conn, f"SELECT {ENDPOINT_COLUMNS} FROM lease.endpoints"
                        " WHERE %(names)s::text[] IS NULL OR name = ANY(%(names)s::text[])"
                        " ORDER BY name", {"names": None if names is None else list(names)})
+    unknown = set(names or ()) - {row["name"] for row in rows}
+    if unknown:
+        raise EndpointError(f"no endpoint named {', '.join(sorted(unknown))}")
     return [endpoint_of(row) for row in rows]
 
 

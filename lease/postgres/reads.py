@@ -95,11 +95,12 @@ def job_filter(status: str | None, reason: str | None, id_prefix: str | None,
 
 
 def job_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Jobs as a read shows them: a delivery's endpoint and message, the
-    event's type, and the event's own key (a delivery's line is the key per
-    endpoint). A row of a queue before endpoints is as it is."""
+    """Rows as a read shows them: a delivery's line as its event's own key
+    (the line is the key per endpoint). A row of a queue before endpoints
+    is as it is."""
     for row in rows:
         if "endpoint" in row:
-            row["type"] = row.pop("event_type")
-            row["ordering_key"] = key_of_line(row["ordering_key"], row["endpoint"])
+            for name in ("ordering_key", "key"):
+                if row.get(name) is not None:
+                    row[name] = key_of_line(row[name], row["endpoint"])
     return rows

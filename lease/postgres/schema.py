@@ -13,6 +13,7 @@ from psycopg import errors
 
 from lease.postgres.statements import LINE
 from lease.rules import (
+    TABLES_PG4,
     TABLES_V1,
     TABLES_V2,
     TABLES_V3,
@@ -45,18 +46,10 @@ NOW = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # column for column. SQLite's version 4 moved the bodies to a table of their
 # own; PostgreSQL needs no such move: an UPDATE keeps a large body where TOAST
 # put it, out of the row, and does not write it again.
-TABLES = {1: {**TABLES_V1, "redrives": CONTRACT_COLUMNS["redrives"]}, 2: TABLES_V2,
-           3: TABLES_V3}
 # Version 4: endpoints as data (lease.endpoints); a job of the queue's own has
 # NULL in the four new columns of jobs.
-TABLES[4] = {
-    **TABLES_V3,
-    "jobs": [*TABLES_V3["jobs"], "endpoint", "message", "event_type", "fair_rank"],
-    "endpoints": ["name", "url", "ack", "ca_file", "secrets", "headers", "types",
-                  "max_in_flight", "rate", "burst", "insecure_http", "enabled", "tokens",
-                  "refilled_ms", "next_rank", "created_ms", "updated_ms"],
-    "endpoint_audit": ["seq", "endpoint", "at_ms", "action", "fields", "note", "actor"],
-}
+TABLES = {1: {**TABLES_V1, "redrives": CONTRACT_COLUMNS["redrives"]}, 2: TABLES_V2,
+          3: TABLES_V3, 4: TABLES_PG4}
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (

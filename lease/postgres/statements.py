@@ -206,10 +206,11 @@ JOIN lease.jobs w ON w.ordering_key = h.ordering_key AND w.held = 1 AND w.status
   AND w.ordering_key IS NOT NULL AND (w.status IN ('pending', 'leased')
     OR (w.status = 'dead' AND w.reason <> 'cancelled'))
 WHERE {_DEAD_FIRST}"""
-BLOCKED_HEADS = f"""SELECT h.ordering_key AS key, h.id, h.reason,
+BLOCKED_HEADS = f"""SELECT h.ordering_key AS key{{endpoint}}, h.id, h.reason,
   (SELECT count(*) FROM lease.jobs w
   WHERE w.ordering_key = h.ordering_key AND w.held = 1 AND w.status = 'pending') AS waiting
 FROM lease.jobs h WHERE {_DEAD_FIRST} ORDER BY h.ordering_key LIMIT %(limit)s"""
+# (a delivery's key is its line: the head's endpoint tells them apart)
 
 # list_jobs's conditions, by the name lease.rules.list_filters gives each
 FILTERS = {"status": "status = %s", "reason": "reason = %s",

@@ -505,8 +505,12 @@ class PostgresStore:
         check_int("limit", limit, 1, MAX_BATCH)
         if not self._keys:
             return []
+        sql = BLOCKED_HEADS.format(endpoint=", h.endpoint" if self._endpoints else "")
         with self._tx(read_only=True) as conn:
-            return dicts(conn, BLOCKED_HEADS, {"limit": limit})
+            rows = job_rows(dicts(conn, sql, {"limit": limit}))
+        for row in rows:
+            row.setdefault("endpoint", None)
+        return rows
 
     def snapshot(self, now_ms: int | None = None) -> dict[str, Any]:
         """What reads.snapshot of SQLite gives for a product queue, read in one
@@ -586,8 +590,8 @@ class PostgresStore:
     def update_endpoint(self, name: str, changes: dict[str, Any], *, note: str | None = None,
                         actor: str | None = None, now_ms: int | None = None) -> Endpoint:
         check_endpoint_name(name)
-        if not isinstance(changes, dict):
-            raise ValueError(f"changes must be a dict, got {type(changes).__name__}")
+        if type(changes) is not dict or not changes:
+            raise ValueError("changes must be a non-empty dict of an endpoint's fields")
         self._check_change(note, actor, now_ms)
         with self._tx() as conn:
             changed = update(conn, name, changes, self._now_in(conn, now_ms), note, actor)
@@ -611,18 +615,15 @@ class PostgresStore:
             live = [job_id for (job_id,) in conn.execute(
                 "SELECT id FROM lease.jobs WHERE endpoint = %s AND status IN"
                 " ('pending', 'leased') ORDER BY seq", (name,))]
-            if live and not cancel_live:
-                raise EndpointError(f"endpoint {name!r} has {len(live)} live deliveries: "
-                                    "cancel them first, or remove it with cancel_live")
             cancelled = 0
-            if live:
+            if live:  # their keys, then their rows (a claim may have leased one since)
                 conn.execute(LOCK_KEYS_OF, (sorted(set(live)),))
                 rows = _lock(conn, "seq, id, status, reason, token, ordering_key", live)
-                leased = sum(1 for row in rows.values() if row["status"] == "leased")
-                if leased:
-                    raise EndpointError(f"endpoint {name!r} has {leased} deliveries being "
-                                        "sent: remove it when they have finished")
-                cancelled = self._cancel_locked(conn, rows, list(rows), now,
+                live = [job_id for job_id in live if rows[job_id]["status"] in
+                        ("pending", "leased")]
+                _refuse_removal(name, [rows[job_id]["status"] for job_id in live],
+                                cancel_live)
+                cancelled = self._cancel_locked(conn, rows, live, now,
                                                 note or f"endpoint {name} removed", actor)
             conn.execute("DELETE FROM lease.endpoints WHERE name = %s", (name,))
             audit(conn, name, now, "remove", [], note, actor)
@@ -662,6 +663,20 @@ class PostgresStore:
             return []
         with self._tx(read_only=True) as conn:
             return read_audit(conn, name)
+
+
+def _refuse_removal(name: str, statuses: list[str], cancel_live: bool) -> None:
+    """EndpointError when an endpoint with these live deliveries cannot go
+    (the SQLite driver's words)."""
+    leased = statuses.count("leased")
+    if statuses and not cancel_live:
+        raise EndpointError(
+            f"endpoint {name!r} has {len(statuses)} deliveries still to send ({leased} "
+            f"leased): cancel them with the removal (cancel_live, --cancel-deliveries), or "
+            f"remove it once they are delivered")
+    if leased:
+        raise EndpointError(f"endpoint {name!r} has {leased} deliveries on the wire now "
+                            f"(leased): remove it once their leases end")
 
 
 def enqueue_in(conn: psycopg.Connection, events: Iterable[object],
