@@ -16,6 +16,7 @@ import pytest
 from lease.endpoints import Endpoint, EndpointError
 from lease.postgres import SCHEMA_VERSION, PostgresStore
 from lease.postgres.schema import MIGRATIONS
+from lease.postgres.statements import LIVE, VIRTUAL_TIME, WINDOW
 from lease.records import Attempt, Conflict, Leased
 from tests.support.queues import T0
 from tests.support.waiting import WAIT_S, wait_until
@@ -309,6 +310,49 @@ def test_a_claim_of_a_capped_endpoint_waits_for_the_one_judging_it(
     # A's cap was spent by x, counted after x committed: y took B's only
     assert ids(results["y"]) == ["m3@B", "m4@B", "m5@B"]
     assert live_leases(admin, "A") == 3
+
+
+def plan(admin: psycopg.Connection, statement: str, args: Any) -> dict:
+    """EXPLAIN ANALYZE of a statement, run and rolled back."""
+    with admin.transaction(force_rollback=True):
+        row = admin.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}",
+                            args).fetchone()
+    assert row is not None
+    found = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    return dict(found[0]["Plan"])
+
+
+def nodes(node: dict) -> Iterator[dict]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from nodes(child)
+
+
+# the partial indexes of live rows (none holds a done row)
+PARTIAL = {"jobs_fair", "jobs_live", "jobs_in_flight", "jobs_serving", "jobs_leased_until"}
+
+
+def test_the_claim_of_deliveries_reads_partial_indexes_however_many_are_done(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
+    store = make_store()
+    store.add_endpoint(endpoint("A", max_in_flight=5), now_ms=T0)
+    store.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(20)], now_ms=T0)
+    admin.execute("""INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,
+  available_at, deadline, endpoint, message, fair_rank)
+  SELECT 'd' || g || '@A', 1, 'done', 1, 3, 1, %s, %s, 'A', 'd' || g, g
+  FROM generate_series(1, 100000) g""", (T0, T0 + 60_000))
+    admin.execute("ANALYZE lease.jobs")
+    window = plan(admin, WINDOW, {"now": T0, "all": True, "names": [], "rank": -1, "seq": 0,
+                                  "window": 256})
+    live = plan(admin, LIVE, (["A"], T0))
+    virtual = plan(admin, VIRTUAL_TIME, ())
+    for top in (window, live, virtual):
+        kinds = {n["Node Type"] for n in nodes(top)}
+        indexes = {n["Index Name"] for n in nodes(top) if "Index Name" in n}
+        assert "Seq Scan" not in kinds and indexes and indexes <= PARTIAL, top
+        # a few pages of the live rows, not the 100,000 done ones
+        assert top["Shared Hit Blocks"] + top.get("Shared Read Blocks", 0) <= 50, top
+    assert len(store.claim_jobs("w", LEASE_MS, 10, now_ms=T0, endpoints="*").leased) == 5
 
 
 # ------------------------------------------------------------------ fairness
