@@ -28,6 +28,7 @@ from lease.worker import (
 SCHEMA = "lease"
 SCHEMA_VERSION = 4
 CHANNEL = "lease_jobs"  # NOTIFY'd when work becomes available
+SECRET_TABLES = ("endpoints",)  # rows a server's error message must not show
 
 # pg_advisory_xact_lock key of the migrations ("lease" in ASCII): two hosts
 # opening a new database at once wait for each other and migrate it once.
@@ -175,7 +176,15 @@ def _store_error(exc: psycopg.Error, name: str) -> StoreError:
     # AdminShutdown and a statement cancelled by a timeout.
     if isinstance(exc, psycopg.OperationalError):
         return Busy(f"PostgreSQL queue {name}: connection lost: {_one_line(exc)}")
-    return StoreError(f"PostgreSQL queue {name}: {_one_line(exc)}")
+    return StoreError(f"PostgreSQL queue {name}: {_without_secrets(exc)}")
+
+
+def _without_secrets(exc: psycopg.Error) -> str:
+    """The server's message; of an endpoint's row, without its DETAIL: a
+    "Failing row contains (...)" there would show its secrets and headers."""
+    if exc.diag.table_name in SECRET_TABLES:
+        return _one_line(exc.diag.message_primary or type(exc).__name__)
+    return _one_line(exc)
 
 
 @contextmanager
@@ -186,7 +195,7 @@ def mapped(name: str) -> Iterator[None]:
         raise _store_error(exc, name) from exc
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: BaseException | str) -> str:
     """A server's message on one line (libpq adds hints on lines of their own)."""
     return " ".join(str(exc).split())
 

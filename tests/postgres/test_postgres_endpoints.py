@@ -17,7 +17,7 @@ from lease.endpoints import Endpoint, EndpointError
 from lease.postgres import SCHEMA_VERSION, PostgresStore
 from lease.postgres.schema import MIGRATIONS
 from lease.postgres.statements import LIVE, VIRTUAL_TIME, WINDOW
-from lease.records import Attempt, Conflict, Leased
+from lease.records import Attempt, Conflict, Leased, StoreError
 from tests.support.queues import T0
 from tests.support.waiting import WAIT_S, wait_until
 
@@ -438,6 +438,12 @@ def test_secrets_and_header_values_are_in_no_read_error_or_audit_row(
     with pytest.raises(EndpointError) as taken:
         store.add_endpoint(hooked, now_ms=T0)
     errors.append(str(taken.value))
+    # a row the server refuses: its message would show the row, secrets and all
+    admin.execute("ALTER TABLE lease.endpoints ADD CONSTRAINT short CHECK (length(url) < 30)")
+    with pytest.raises(StoreError, match="violates check constraint") as refused_row:
+        store.add_endpoint(endpoint("Bee-long-name-endpoint", secrets=(SECRET,),
+                                    headers=(("Authorization", HEADER_VALUE),)), now_ms=T0)
+    errors.append(str(refused_row.value))
     reads = [store.endpoints(), store.endpoint_stats(), store.endpoint_audit(),
              store.list_jobs(), store.job_history("m@A"), store.snapshot(now_ms=T0),
              errors, repr(store.endpoint_configs()[0])]
