@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from lease.endpoints import Endpoint, EndpointError
-from lease.postgres import SCHEMA_VERSION, PostgresStore
+from lease.postgres import SCHEMA_VERSION, PostgresStore, enqueue_in
 from lease.postgres.schema import MIGRATIONS
 from lease.postgres.statements import LIVE, VIRTUAL_TIME, WINDOW
 from lease.records import Attempt, Conflict, Leased, StoreError
@@ -188,6 +188,27 @@ def test_a_message_is_judged_whole_at_intake(make_store: Callable[..., PostgresS
     assert sorted(job["id"] for job in store.list_jobs(key="k")) == ["m@A", "m@B"]
     with pytest.raises(ValueError, match="too long"):
         store.enqueue_events([{"id": "y" * 255, "body": {}}], now_ms=T0)
+
+
+def test_every_delivery_of_a_message_commits_or_rolls_back_with_the_services_row(
+        make_store: Callable[..., PostgresStore], postgres_url: str) -> None:
+    store = make_store()
+    for name in ("audit", "billing", "crm"):
+        store.add_endpoint(endpoint(name, types=("*",) if name == "audit" else ("order.paid",)),
+                           now_ms=T0)
+    with psycopg.connect(postgres_url) as shop:
+        shop.execute("CREATE TABLE orders (id text PRIMARY KEY)")
+        shop.commit()
+        paid = {"id": "o-1", "qty": 1, "type": "order.paid"}
+        shop.execute("INSERT INTO orders VALUES ('o-1')")
+        assert enqueue_in(shop, [paid], now_ms=T0) == [True]
+        shop.rollback()
+        assert store.list_jobs() == []
+        shop.execute("INSERT INTO orders VALUES ('o-1')")
+        assert enqueue_in(shop, [paid, {"id": "o-2", "qty": 1}], now_ms=T0) == [True, True]
+        shop.commit()
+    assert sorted(job["id"] for job in store.list_jobs()) == [
+        "o-1@audit", "o-1@billing", "o-1@crm", "o-2@audit"]
 
 
 # ------------------------------------------------------------------ caps across connections
