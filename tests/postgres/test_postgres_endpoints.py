@@ -376,6 +376,33 @@ def test_the_claim_of_deliveries_reads_partial_indexes_however_many_are_done(
     assert len(store.claim_jobs("w", LEASE_MS, 10, now_ms=T0, endpoints="*").leased) == 5
 
 
+def test_a_claim_of_a_rate_endpoint_reads_the_bucket_the_one_before_it_spent(
+        postgres_url: str, make_store: Callable[..., PostgresStore],
+        admin: psycopg.Connection) -> None:
+    clock = ManualClock(T0)
+    first = make_store(clock=clock)
+    first.add_endpoint(endpoint("A", rate=2.0, burst=4))
+    first.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(10)])
+    with PausedClaims(postgres_url, clock=clock) as paused:
+        results: dict[str, list[Leased]] = {}
+
+        def run(name: str, store: PostgresStore) -> None:
+            results[name] = store.claim_jobs(name, LEASE_MS, 10, endpoints="*").leased
+
+        held = threading.Thread(target=run, args=("x", paused))
+        held.start()
+        assert paused.judged.wait(WAIT_S)  # x read a full bucket: 4 tokens
+        waiting = threading.Thread(target=run, args=("y", first))
+        waiting.start()
+        wait_until(lambda: lock_waiters(admin) == 1, "the second claim waits for A's row")
+        paused.go.set()
+        for thread in (held, waiting):
+            thread.join(WAIT_S)
+    assert (len(results["x"]), len(results["y"])) == (4, 0)
+    clock.now += 500  # one more token
+    assert len(first.claim_jobs("z", LEASE_MS, 10, endpoints="*").leased) == 1
+
+
 # ------------------------------------------------------------------ fairness
 
 
