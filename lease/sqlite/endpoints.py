@@ -22,7 +22,6 @@ from lease.endpoints import (
     key_of_line,
     line_key,
     refill,
-    subscribes,
 )
 from lease.policy import Intake, RetryPolicy, check_actor, check_note
 from lease.rules import conflict
@@ -65,7 +64,14 @@ class Fanout:
     endpoint: its events are jobs of its own, as before endpoints."""
 
     def __init__(self, rows: list, virtual_time: int) -> None:
-        self.subscriptions = [(name, tuple(json.loads(types))) for name, types, _ in rows]
+        # by type: an intake of many events to many endpoints costs one
+        # look-up an event, not one test per endpoint
+        self.every: list[str] = []
+        self.by_type: dict[str, list[str]] = {}
+        for name, types, _ in rows:
+            for event_type in json.loads(types):
+                (self.every if event_type == ALL else self.by_type.setdefault(
+                    event_type, [])).append(name)
         self.next_rank = {name: rank for name, _, rank in rows}
         self.virtual_time = virtual_time
         self.touched: set[str] = set()
@@ -90,7 +96,8 @@ class Fanout:
                                                   intake.type):
                 raise conflict(intake, qty, digest, key, event_type)
             return None
-        names = [name for name, types in self.subscriptions if subscribes(types, intake.type)]
+        names = sorted(self.every + self.by_type.get(intake.type, [])) \
+            if intake.type is not None else self.every
         ids = [delivery_id(intake.id, name) for name in names]
         for job_id in ids:
             if con.execute(CONTENT_OF, (job_id,)).fetchone() is not None:
