@@ -31,7 +31,6 @@ from lease.endpoints import (
     key_of_line,
     line_key,
     refill,
-    subscribes,
 )
 from lease.policy import Intake, RetryPolicy
 from lease.postgres.reads import dicts
@@ -81,7 +80,8 @@ class Fanout:
     """An intake's endpoints (locked for the transaction), their next ranks
     as the intake moves them, and the virtual time, read once."""
 
-    subscriptions: list[tuple[str, tuple[str, ...]]]
+    every: list[str]  # the endpoints subscribed to every type
+    by_type: dict[str, list[str]]  # the others, by the types they take
     next_rank: dict[str, int]
     virtual_time: int
     touched: set[str] = field(default_factory=set)
@@ -93,8 +93,20 @@ class Fanout:
         if not found:
             return None
         row = conn.execute(VIRTUAL_TIME).fetchone()
-        return cls([(name, tuple(types)) for name, types, _ in found],
-                   {name: rank for name, _, rank in found}, int(row[0]))
+        every: list[str] = []
+        by_type: dict[str, list[str]] = {}
+        for name, types, _ in found:
+            for event_type in types:
+                (every if event_type == ALL else by_type.setdefault(event_type, [])
+                 ).append(name)
+        return cls(every, by_type, {name: rank for name, _, rank in found}, int(row[0]))
+
+    def subscribers(self, event_type: str | None) -> list[str]:
+        """The endpoints an event of this type goes to, by name: one look-up
+        an event, however many endpoints (lease.endpoints.subscribes)."""
+        if event_type is None:
+            return self.every
+        return sorted(self.every + self.by_type.get(event_type, []))
 
     def rank(self, name: str) -> int:
         rank = fair_rank(self.next_rank[name], self.virtual_time)
@@ -116,7 +128,7 @@ def fan_out(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
     long is a ValueError: the whole intake refused, like any bad event."""
     plans = []
     for intake in chunk:
-        names = [name for name, types in fan.subscriptions if subscribes(types, intake.type)]
+        names = fan.subscribers(intake.type)
         plans.append((intake, names, [delivery_id(intake.id, name) for name in names]))
     lines = sorted({line for intake, names, _ in plans for name in names
                     if (line := line_key(intake.key, name)) is not None})
