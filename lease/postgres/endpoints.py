@@ -7,12 +7,18 @@ endpoints with a cap or a rate (FOR UPDATE, in name order) before it counts
 their live leases and reads their buckets, so at READ COMMITTED (each
 statement a new snapshot) it counts the leases of every claim before it, and
 none after it can count before it commits. Lock order, everywhere: endpoint
-rows (by name), then the keys' advisory locks, then job rows (by seq).
+rows (by name), then the keys' advisory locks, then job rows (by seq); a
+claim takes its endpoints' locks before its quarantine locks any row.
+
+An intake into a queue with endpoints locks every endpoint's row (it moves
+their next ranks): such intakes run one after another, and a claim of a
+limited endpoint waits for the intake in flight to commit (with
+``enqueue_in``, for the service's transaction: keep it short).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,13 +189,14 @@ def judge(intake: Intake, qty: int, digest: str | None, key: str | None,
 # ------------------------------------------------------------------ the claim
 
 
-def claim_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], owner: str,
-                     lease_ms: int, limit: int, now: int,
-                     before_lease: Callable[[], None] = lambda: None) -> list[Leased]:
-    """Inside a claim, after the quarantine: up to ``limit`` ready deliveries
-    to the served endpoints, picked fairly within each endpoint's allowance,
-    leased; each rate endpoint's bucket spent by what it leased.
-    ``before_lease``: the store's test seam, once the allowances are judged."""
+def pick_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], limit: int,
+                    now: int) -> tuple[list[int], dict[str, dict[str, Any]]]:
+    """Inside a claim, before it locks any job's row: the seqs of up to
+    ``limit`` ready deliveries to the served endpoints, picked fairly within
+    each endpoint's allowance, and the endpoints judged (the limited ones
+    locked till the claim commits). No row the quarantine moves is ready
+    (the readiness asks attempts < max_attempts and deadline > now), so
+    picking first picks what picking after it would."""
     args: dict[str, Any] = {
         "now": now, "all": served == ALL, "names": [] if served == ALL else list(served),
         "window": claim_window(limit), "rank": -(2**63), "seq": 0}
@@ -215,7 +222,15 @@ def claim_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], ow
         if len(picked) == limit or len(rows) < args["window"]:
             break
         args["seq"], args["rank"] = rows[-1][0], rows[-1][2]
-    before_lease()
+    return picked, judged
+
+
+def lease_deliveries(conn: psycopg.Connection, picked: list[int],
+                     judged: dict[str, dict[str, Any]], owner: str, lease_ms: int,
+                     now: int) -> list[Leased]:
+    """The picked deliveries leased (those another claim took meanwhile
+    skipped), in fair order; each rate endpoint's bucket spent by what it
+    leased."""
     if not picked:
         return []
     leased = conn.execute(LEASE_PICKED, {"seqs": picked, "now": now, "owner": owner,

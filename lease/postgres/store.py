@@ -29,10 +29,11 @@ from lease.postgres.endpoints import (
     Fanout,
     add,
     audit,
-    claim_deliveries,
     fan_out,
     judge,
+    lease_deliveries,
     locked,
+    pick_deliveries,
     read_audit,
     read_configs,
     read_endpoints,
@@ -287,7 +288,7 @@ class PostgresStore:
                    endpoints: str | tuple[str, ...] | None = None) -> Claimed:
         """The queue's own jobs (``endpoints`` None), or deliveries to the
         served endpoints, fairly, within their caps and buckets
-        (``lease.postgres.endpoints.claim_deliveries``)."""
+        (``lease.postgres.endpoints.pick_deliveries``)."""
         check_identifier("owner", owner)
         served = check_served(endpoints)
         if now_ms is not None:
@@ -299,11 +300,15 @@ class PostgresStore:
             now = self._now_in(conn, now_ms)
             moved = {"deadline": 0, "exhausted": 0}
             args = {"now": now, "limit": limit, "owner": owner, "lease_ms": lease_ms}
+            # Deliveries: the endpoints' locks first, before the quarantine
+            # locks a job's row, so a claim never waits for an endpoint while
+            # it holds a row a finish or an intake may be waiting for.
+            chosen = None if served is None else pick_deliveries(conn, served, limit, now)
             with conn.pipeline() as pipeline:
                 moves = [(reason, conn.execute(statement, args))
                          for reason, statement in QUARANTINE]
                 self._before_pick(pipeline)
-                picked = conn.execute(PICK_AND_LEASE, args) if served is None else None
+                picked = conn.execute(PICK_AND_LEASE, args) if chosen is None else None
             for reason, cursor in moves:
                 moved[reason] += cursor.rowcount
             if picked is not None:
@@ -312,9 +317,9 @@ class PostgresStore:
                           for _, job_id, qty, token, attempt, until, body, digest
                           in sorted(picked)]
             else:
-                assert served is not None
-                leased = claim_deliveries(conn, served, owner, lease_ms, limit, now,
-                                          self._before_lease)
+                assert chosen is not None
+                self._before_lease()
+                leased = lease_deliveries(conn, *chosen, owner, lease_ms, now)
             if leased:
                 call_fault(fault, "after-claim")
         if leased:
