@@ -34,10 +34,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from lease.breaker import DAY_MS, DISABLE_AFTER_MS
 from lease.http import ACK_POLICIES, Destination
-from lease.policy import check_event_type
+from lease.policy import PRODUCT, check_event_type
 from lease.signing import parse_secret
-from lease.worker import check_identifier, check_int
+from lease.worker import check_identifier, check_int, check_job_id
 
 __all__ = [
     "ALL",
@@ -162,6 +163,7 @@ class Endpoint:
     burst: int | None = None
     insecure_http: bool = False
     enabled: bool = True
+    disable_after_ms: int | None = DISABLE_AFTER_MS
     destination: Destination = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -188,6 +190,8 @@ class Endpoint:
             check_int("burst", self.burst, 1, MAX_BURST)
         if type(self.enabled) is not bool:
             raise ValueError(f"enabled must be a bool, got {self.enabled!r:.40}")
+        if self.disable_after_ms is not None:
+            check_int("disable_after_ms", self.disable_after_ms, 60_000, 365 * DAY_MS)
         # the destination checks of every sender: https verified, plain http
         # to loopback, elsewhere only with insecure_http spelled out
         set_(self, "destination", Destination(
@@ -203,15 +207,7 @@ class Endpoint:
 
     def changed(self, **changes: Any) -> Endpoint:
         """This endpoint with ``changes`` (field names), checked again whole."""
-        unknown = set(changes) - set(EDITABLE)
-        if unknown:
-            raise ValueError(f"cannot change {', '.join(sorted(unknown))} of an endpoint "
-                             f"(these can: {', '.join(EDITABLE)})")
-        if "rate" in changes and changes["rate"] is None:
-            changes.setdefault("burst", None)
-        elif "rate" in changes and "burst" not in changes:
-            changes["burst"] = None  # recomputed from the new rate
-        return replace(self, **changes)
+        return replace(self, **changed_fields(changes))
 
     def public(self) -> dict[str, Any]:
         """What a read may show: no secret, no header value (their names only)."""
@@ -220,12 +216,25 @@ class Endpoint:
             "secrets": len(self.secrets), "headers": [name for name, _ in self.headers],
             "types": list(self.types), "max_in_flight": self.max_in_flight,
             "rate": self.rate, "burst": self.burst, "insecure_http": self.insecure_http,
-            "enabled": self.enabled,
+            "enabled": self.enabled, "disable_after_ms": self.disable_after_ms,
         }
 
 
+def changed_fields(changes: dict[str, Any]) -> dict[str, Any]:
+    """An update's fields, checked by name: a new rate without a burst gets
+    the burst of that rate, and no rate takes its burst with it."""
+    unknown = set(changes) - set(EDITABLE)
+    if unknown:
+        raise ValueError(f"cannot change {', '.join(sorted(unknown))} of an endpoint "
+                         f"(these can: {', '.join(EDITABLE)})")
+    changes = dict(changes)
+    if "rate" in changes and "burst" not in changes:
+        changes["burst"] = None  # none with no rate, recomputed from a new one
+    return changes
+
+
 EDITABLE = ("url", "ack", "ca_file", "secrets", "headers", "types", "max_in_flight",
-            "rate", "burst", "insecure_http", "enabled")
+            "rate", "burst", "insecure_http", "enabled", "disable_after_ms")
 
 
 # ------------------------------------------------------------------ intake
@@ -290,16 +299,20 @@ def refill(tokens: float, refilled_ms: int, now_ms: int, rate: float, burst: int
     return min(float(burst), tokens + max(0, now_ms - refilled_ms) * rate / 1000.0)
 
 
-def allowance(endpoint: Mapping[str, Any], live: int, tokens: float | None) -> int:
+def allowance(endpoint: Mapping[str, Any], live: int, tokens: float | None,
+              breaker_room: int | None = None) -> int:
     """How many deliveries of an endpoint one claim may lease: none while it
-    is disabled; under its cap (less its live leases) and within its bucket."""
+    is disabled; under its cap (less its live leases), within its bucket, and
+    within what its circuit breaker lets (``lease.breaker.claim_room``)."""
     if not endpoint["enabled"]:
+        return 0
+    if breaker_room is not None and breaker_room <= 0:
         return 0
     room = MAX_IN_FLIGHT if endpoint["max_in_flight"] is None \
         else max(0, endpoint["max_in_flight"] - live)
     if tokens is not None:
         room = min(room, int(tokens))
-    return room
+    return room if breaker_room is None else min(room, breaker_room)
 
 
 def fair_pick(candidates: Iterable[tuple[Any, str]], allowances: dict[str, int],
@@ -315,6 +328,18 @@ def fair_pick(candidates: Iterable[tuple[Any, str]], allowances: dict[str, int],
             if len(taken) == limit:
                 break
     return taken
+
+
+MAX_RECOVER = 100_000  # deliveries one recovery sends again, in one transaction
+
+
+def check_recover_ids(ids: object) -> list[str]:
+    """A recovery's confirmed ids (the ones its dry run showed)."""
+    if type(ids) is not list or len(ids) > MAX_RECOVER:
+        raise ValueError(f"ids must be a list of at most {MAX_RECOVER} delivery ids")
+    for job_id in ids:
+        check_job_id("delivery id", job_id, PRODUCT)
+    return ids
 
 
 def claim_window(limit: int) -> int:

@@ -92,16 +92,19 @@ class Attempt(NamedTuple):
     latency_ms: int | None = None
     http_status: int | None = None
     error: str | None = None
+    retry_after_ms: int | None = None  # the answer's Retry-After: its endpoint pauses
 
     @classmethod
     def of(cls, started_ms: int, latency_ms: int, error: BaseException | None,
            delivered_status: int | None = None) -> Attempt:
         """The evidence of a send that returned (error None: the HTTP status of
         its answer, ``delivered_status``, when it had one) or raised ``error``:
-        the HTTP status the sender put on it, its class and message, capped."""
+        the HTTP status the sender put on it, its class and message, capped,
+        and the wait its answer asked for (``retry_after_ms``)."""
         if error is None:
             return cls(started_ms, latency_ms, delivered_status)
-        return cls(started_ms, latency_ms, _http_status(error), _error_text(error))
+        return cls(started_ms, latency_ms, _http_status(error), _error_text(error),
+                   _retry_after(error))
 
 
 def _http_status(error: BaseException) -> int | None:
@@ -111,6 +114,15 @@ def _http_status(error: BaseException) -> int | None:
     except Exception:  # a foreign exception's property: no status, not a lost finish
         return None
     return status if type(status) is int and 100 <= status <= 999 else None
+
+
+def _retry_after(error: BaseException) -> int | None:
+    """The wait the receiver asked for, as the sender put it on its exception."""
+    try:
+        wait = getattr(error, "retry_after_ms", None)
+    except Exception:  # a foreign exception's property: no wait asked for
+        return None
+    return wait if type(wait) is int and wait >= 0 else None
 
 
 def _error_text(error: BaseException) -> str:

@@ -39,6 +39,7 @@ __all__ = [
     "TABLES_PG4",
     "ENDPOINT_TABLES",
     "DELIVERY_COLUMNS",
+    "CIRCUIT_COLUMNS",
     "cancel_decisions",
     "check_finish_item",
     "check_ids",
@@ -65,11 +66,16 @@ TABLES_V4 = {
     "tallies": ["name", "n"],
     "bodies": ["seq", "body"],
 }
+# An endpoint's breaker (lease.breaker.Circuit's fields, in order).
+CIRCUIT_COLUMNS = ("circuit", "circuit_since_ms", "circuit_why", "failures", "window_ms",
+                   "window_failed", "window_total", "open_until_ms", "cooldown_ms",
+                   "paused_until_ms", "failing_since_ms")
 # Endpoints (lease.endpoints): SQLite's version 5, PostgreSQL's version 4.
 ENDPOINT_TABLES = {
     "endpoints": ["name", "url", "ack", "ca_file", "secrets", "headers", "types",
                   "max_in_flight", "rate", "burst", "insecure_http", "enabled", "tokens",
-                  "refilled_ms", "next_rank", "created_ms", "updated_ms"],
+                  "refilled_ms", "next_rank", "created_ms", "updated_ms",
+                  *CIRCUIT_COLUMNS, "disable_after_ms", "disabled_why", "saved"],
     "endpoint_audit": ["seq", "endpoint", "at_ms", "action", "fields", "note", "actor"],
 }
 DELIVERY_COLUMNS = ["endpoint", "message", "event_type", "fair_rank"]
@@ -152,8 +158,9 @@ def check_finish_item(item: object) -> None:
     if type(attempt) is Attempt:
         # The checks below in one expression, for the common case of a good
         # item; any miss goes through them one by one for the error's words.
-        started, latency, status, error = attempt
+        started, latency, status, error, wait = attempt
         if ((outcome is None or (type(outcome) is str and outcome in OUTCOMES))
+                and (wait is None or (type(wait) is int and 0 <= wait <= 10**12))
                 and type(delay_ms) is int and 0 <= delay_ms <= PRODUCT.max_delay_ms
                 and type(started) is int and 0 <= started <= MAX_NOW_MS
                 and (latency is None or (type(latency) is int and 0 <= latency <= 10**12))
@@ -166,7 +173,7 @@ def check_finish_item(item: object) -> None:
     if not isinstance(attempt, Attempt):
         raise ValueError(f"evidence must be an Attempt, got {type(attempt).__name__}")
     check_now(attempt.started_ms, "attempt started_ms")
-    for name in ("latency_ms", "http_status"):
+    for name in ("latency_ms", "http_status", "retry_after_ms"):
         value = getattr(attempt, name)
         if value is not None:
             check_int(f"attempt {name}", value, 0, 10**12)

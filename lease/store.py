@@ -120,6 +120,12 @@ class Store(Protocol):
 
     def is_idle(self) -> bool: ...
 
+    def is_idle_for(self, endpoints: str | tuple[str, ...] | None) -> bool:
+        """``is_idle`` of what a claim with these ``endpoints`` may take: the
+        queue's own jobs (None), or the deliveries of the enabled endpoints
+        served ("*" or names; a disabled endpoint's wait for an operator)."""
+        ...
+
     def blocked_heads(self, limit: int = MAX_BATCH) -> list[dict[str, Any]]: ...
 
     def snapshot(self, now_ms: int | None = None) -> dict[str, Any]: ...
@@ -169,6 +175,19 @@ class Store(Protocol):
         one cancelled (an audit row each, as ``cancel_jobs``), then removed;
         a leased one refuses the removal (its send may be on the wire).
         Finished deliveries keep its name."""
+        ...
+
+    def recover_endpoint(self, name: str, since_ms: int, ttl_ms: int, note: str, *,
+                         ids: list | None = None, dry_run: bool = False,
+                         actor: str | None = None, now_ms: int | None = None) -> list[str]:
+        """Send again every delivery of an endpoint finished (done or dead)
+        since ``since_ms`` (when it finished), in seq order, at most
+        ``MAX_RECOVER``: each one pending now with a fresh budget (attempts 0,
+        ``ttl_ms`` to live, its token kept and raised by its next claim), a
+        redrive audit row with the note and the actor, a done one's delivering
+        attempt kept in its history. ``dry_run``: the ids it would send,
+        nothing changed. ``ids``: only those of them (a dry run's, confirmed).
+        The receiver's inbox absorbs what it already applied."""
         ...
 
     def endpoint_configs(self, names: tuple[str, ...] | None = None) -> list[Endpoint]:

@@ -9,11 +9,20 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
+from lease.breaker import (
+    BREAKER_ACTOR,
+    CIRCUIT_FIELDS,
+    Circuit,
+    claim_room,
+    disabled_by,
+    step,
+)
 from lease.endpoints import (
     ALL,
     Endpoint,
     EndpointError,
     allowance,
+    changed_fields,
     check_endpoint_name,
     claim_window,
     delivery_id,
@@ -24,9 +33,12 @@ from lease.endpoints import (
     refill,
 )
 from lease.policy import Intake, RetryPolicy, check_actor, check_note
-from lease.rules import conflict
+from lease.records import Attempt
+from lease.rules import CIRCUIT_COLUMNS, conflict
 from lease.sqlite.statements import (
     AUDIT_ENDPOINT,
+    AUTO_DISABLE,
+    CIRCUIT_OF,
     CONTENT_OF,
     DELETE_ENDPOINT,
     ENDPOINT_COLUMNS,
@@ -34,6 +46,7 @@ from lease.sqlite.statements import (
     ENDPOINT_ROW,
     ENDPOINT_ROWS,
     FAIR_WINDOW,
+    HALF_OPEN,
     INSERT_BODY,
     INSERT_DELIVERY,
     INSERT_ENDPOINT,
@@ -43,11 +56,13 @@ from lease.sqlite.statements import (
     NEXT_RANK,
     PICK_FAIR,
     PICK_FAIR_NAMES,
+    RELEASE_WAITING,
     RESET_BUCKET,
     SPEND_TOKENS,
     SUBSCRIBERS,
     UPDATE_ENDPOINT,
     VIRTUAL_TIME,
+    WRITE_CIRCUIT,
 )
 from lease.worker import Conflict, select_rows
 
@@ -137,6 +152,7 @@ def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_
     sql = FAIR_WINDOW.replace("AND (fair_rank", f"{only} AND (fair_rank")
     allowances: dict[str, int] = {}
     buckets: dict[str, float] = {}
+    probes: set[str] = set()
     picked: list[int] = []
     after = {"rank": -1, "seq": 0}
     for _ in range(MAX_WINDOWS):
@@ -150,7 +166,7 @@ def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_
             part = rows[start:start + limit]
             fresh = sorted({endpoint for _, endpoint, _ in part} - allowances.keys())
             if fresh:
-                _judge_endpoints(con, fresh, now_ms, allowances, buckets)
+                _judge_endpoints(con, fresh, now_ms, allowances, buckets, probes)
             picked += fair_pick(((seq, endpoint) for seq, endpoint, _ in part), allowances,
                                 limit - len(picked))
             if len(picked) == limit:
@@ -162,6 +178,8 @@ def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_
     marks = ", ".join("?" * len(picked))
     rows = [dict(zip(PICK_FAIR_NAMES, row, strict=True))
             for row in con.execute(PICK_FAIR.format(marks=marks), picked)]
+    for name in sorted(probes & {row["endpoint"] for row in rows}):
+        con.execute(HALF_OPEN, {"now": now_ms, "name": name})
     return rows, buckets
 
 
@@ -174,9 +192,10 @@ def _served_filter(served: str | tuple[str, ...]) -> tuple[str, dict[str, str]]:
 
 
 def _judge_endpoints(con: sqlite3.Connection, names: list[str], now_ms: int,
-                     allowances: dict[str, int], buckets: dict[str, float]) -> None:
+                     allowances: dict[str, int], buckets: dict[str, float],
+                     probes: set[str]) -> None:
     """Each endpoint's allowance for this claim (lease.endpoints.allowance),
-    and the level of each bucket now."""
+    the level of each bucket now, and the endpoints whose lease is a probe."""
     marks = ", ".join("?" * len(names))
     live = dict(con.execute(LIVE_LEASES.format(marks=marks), (*names, now_ms)).fetchall())
     for row in select_rows(con, ENDPOINT_LIMITS.format(marks=marks), names):
@@ -184,7 +203,10 @@ def _judge_endpoints(con: sqlite3.Connection, names: list[str], now_ms: int,
         if row["rate"] is not None:
             tokens = refill(row["tokens"], row["refilled_ms"], now_ms, row["rate"], row["burst"])
             buckets[row["name"]] = tokens
-        allowances[row["name"]] = allowance(row, live.get(row["name"], 0), tokens)
+        room, probe = claim_room(circuit_of(row), live.get(row["name"], 0), now_ms)
+        if probe:
+            probes.add(row["name"])
+        allowances[row["name"]] = allowance(row, live.get(row["name"], 0), tokens, room)
 
 
 def spend_tokens(con: sqlite3.Connection, rows: list[dict[str, Any]],
@@ -196,6 +218,44 @@ def spend_tokens(con: sqlite3.Connection, rows: list[dict[str, Any]],
             spent[row["endpoint"]] = spent.get(row["endpoint"], 0) + 1
     con.executemany(SPEND_TOKENS, [(buckets[name] - n, now_ms, name)
                                    for name, n in sorted(spent.items())])
+
+
+# ------------------------------------------------------------------ the breaker
+
+
+def circuit_of(row: Any) -> Circuit:
+    """The breaker's columns of an endpoint's row, as a Circuit."""
+    return Circuit(*(row[name] for name in CIRCUIT_COLUMNS))
+
+
+def judge_circuits(con: sqlite3.Connection, signals: list[tuple[str, str, Attempt]],
+                   now_ms: int) -> None:
+    """Inside a finish's transaction: each attempt's signal (endpoint,
+    "success" or "failure", its evidence), in order, stepped through its
+    endpoint's breaker (lease.breaker.step); a circuit changed is written,
+    its change audited (actor "breaker", the evidence as the note), and one
+    that closed makes its endpoint's waiting deliveries due at once."""
+    names = sorted({name for name, _, _ in signals})
+    marks = ", ".join("?" * len(names))
+    rows = {row["name"]: row for row in select_rows(con, CIRCUIT_OF.format(marks=marks), names)}
+    for name in names:
+        row = rows.get(name)
+        if row is None:  # removed since its claim
+            continue
+        before = circuit = circuit_of(row)
+        for _, signal, attempt in (s for s in signals if s[0] == name):
+            circuit, change = step(circuit, signal, attempt, now_ms)
+            if change is not None:
+                _audit(con, name, now_ms, change, [], circuit.why, BREAKER_ACTOR)
+            if change == "closed":
+                con.execute(RELEASE_WAITING, {"now": now_ms, "name": name})
+        if circuit != before:
+            con.execute(WRITE_CIRCUIT, (*(getattr(circuit, field) for field in CIRCUIT_FIELDS),
+                                        name))
+        why = disabled_by(circuit, row["disable_after_ms"], now_ms) if row["enabled"] else None
+        if why is not None:
+            con.execute(AUTO_DISABLE, (why, name))
+            _audit(con, name, now_ms, "disable", ["enabled"], why[:500], BREAKER_ACTOR)
 
 
 # ------------------------------------------------------------------ the operator
@@ -218,12 +278,14 @@ def update_endpoint(con: sqlite3.Connection, name: str, changes: dict[str, Any],
     by the names of the fields changed; a new rate starts with a full bucket."""
     if type(changes) is not dict or not changes:
         raise ValueError("changes must be a non-empty dict of an endpoint's fields")
-    before = _endpoint(con, name)
-    after = before.changed(**changes)
+    row = endpoint_row(con, name)
+    # built once, with the changes: an endpoint whose CA file is gone can be
+    # given another one
+    after = _configured(row, changes)
     _check_audit(after, note, actor)
     values = _endpoint_values(after)
-    con.execute(UPDATE_ENDPOINT, (*values[1:], now_ms, name))
-    if (after.rate, after.burst) != (before.rate, before.burst):
+    con.execute(UPDATE_ENDPOINT, (*values[1:], int(after.enabled), now_ms, name))
+    if (after.rate, after.burst) != (row["rate"], row["burst"]):
         con.execute(RESET_BUCKET, (_full(after), now_ms, name))
     action = "update"
     if set(changes) == {"enabled"}:
@@ -254,7 +316,7 @@ def refuse_removal(name: str, live: list[tuple[str, str]], cancel_live: bool) ->
 def remove_endpoint(con: sqlite3.Connection, name: str, now_ms: int, note: str | None,
                     actor: str | None) -> None:
     """Inside a write transaction, its live deliveries cancelled already."""
-    _endpoint(con, name)
+    endpoint_row(con, name)
     con.execute(DELETE_ENDPOINT, (name,))
     _audit(con, name, now_ms, "remove", [], note, actor)
 
@@ -286,27 +348,40 @@ def public_row(row: dict[str, Any]) -> dict[str, Any]:
         "types": json.loads(row["types"]), "max_in_flight": row["max_in_flight"],
         "rate": row["rate"], "burst": row["burst"],
         "insecure_http": bool(row["insecure_http"]), "enabled": bool(row["enabled"]),
+        "disable_after_ms": row["disable_after_ms"], "disabled_why": row["disabled_why"],
         "created_ms": row["created_ms"], "updated_ms": row["updated_ms"],
+        "circuit": {"state": row["circuit"], "since_ms": row["circuit_since_ms"],
+                    "why": row["circuit_why"], "failures": row["failures"],
+                    "open_until_ms": row["open_until_ms"],
+                    "paused_until_ms": row["paused_until_ms"],
+                    "failing_since_ms": row["failing_since_ms"],
+                    "attempts_saved": row["saved"]},
     }
 
 
-def _endpoint(con: sqlite3.Connection, name: str) -> Endpoint:
+def endpoint_row(con: sqlite3.Connection, name: str) -> dict[str, Any]:
     check_endpoint_name(name)
     row = con.execute(ENDPOINT_ROW, (name,)).fetchone()
     if row is None:
         raise EndpointError(f"no endpoint named {name!r}")
-    return _configured(dict(zip(ENDPOINT_COLUMNS, row, strict=True)))
+    return dict(zip(ENDPOINT_COLUMNS, row, strict=True))
 
 
-def _configured(row: dict[str, Any]) -> Endpoint:
+def _configured(row: dict[str, Any], changes: dict[str, Any] | None = None) -> Endpoint:
+    """The endpoint of a row (with ``changes``, checked by Endpoint.changed's rules)."""
+    fields = {
+        "url": row["url"], "ack": row["ack"], "ca_file": row["ca_file"],
+        "secrets": tuple(json.loads(row["secrets"])),
+        "headers": tuple(tuple(pair) for pair in json.loads(row["headers"])),
+        "types": tuple(json.loads(row["types"])), "max_in_flight": row["max_in_flight"],
+        "rate": row["rate"], "burst": row["burst"], "insecure_http": bool(row["insecure_http"]),
+        "enabled": bool(row["enabled"]), "disable_after_ms": row["disable_after_ms"],
+    }
+    if changes:
+        fields.update(changed_fields(changes))
+        return Endpoint(row["name"], **fields)
     try:
-        return Endpoint(
-            row["name"], row["url"], ack=row["ack"], ca_file=row["ca_file"],
-            secrets=tuple(json.loads(row["secrets"])),
-            headers=tuple(tuple(pair) for pair in json.loads(row["headers"])),
-            types=tuple(json.loads(row["types"])), max_in_flight=row["max_in_flight"],
-            rate=row["rate"], burst=row["burst"], insecure_http=bool(row["insecure_http"]),
-            enabled=bool(row["enabled"]))
+        return Endpoint(row["name"], **fields)
     except ValueError as exc:  # a CA file gone since: say which endpoint
         raise EndpointError(f"endpoint {row['name']!r}: {exc}") from None
 
@@ -316,7 +391,8 @@ def _endpoint_values(endpoint: Endpoint) -> tuple:
     return (endpoint.name, endpoint.url, endpoint.ack, endpoint.ca_file,
             json.dumps(list(endpoint.secrets)), json.dumps([list(p) for p in endpoint.headers]),
             json.dumps(list(endpoint.types)), endpoint.max_in_flight, endpoint.rate,
-            endpoint.burst, int(endpoint.insecure_http), int(endpoint.enabled))
+            endpoint.burst, int(endpoint.insecure_http), int(endpoint.enabled),
+            endpoint.disable_after_ms)
 
 
 def _full(endpoint: Endpoint) -> float:

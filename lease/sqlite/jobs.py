@@ -7,8 +7,16 @@ import sqlite3
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from lease.breaker import signal_of
 from lease.clock import wall_clock_ms
-from lease.endpoints import Endpoint, check_served, key_of_line
+from lease.endpoints import (
+    MAX_RECOVER,
+    Endpoint,
+    check_endpoint_name,
+    check_recover_ids,
+    check_served,
+    key_of_line,
+)
 from lease.policy import (
     DEFAULT_POLICY,
     PRODUCT,
@@ -21,6 +29,7 @@ from lease.policy import (
 )
 from lease.records import (
     MAX_ERROR_CHARS,
+    Attempt,
     Leased,
     check_on_conflict,
     judge_intake,
@@ -65,6 +74,8 @@ from lease.sqlite.statements import (
     PRUNE_JOBS,
     PRUNE_REDRIVES,
     RECORD_ATTEMPTS,
+    RECOVER,
+    RECOVERABLE,
     RELEASE,
     TALLY,
 )
@@ -373,9 +384,10 @@ def finish_jobs(
     check_now(now_ms)
     check_fault(fault)
     finishing = [(t, o, d) for t, o, d, _ in items if o is not None]
+    endpoints_of: dict[str, str] = {}
     with immediate(con):
-        results, updates, seqs = _judge_marked(con, finishing, now_ms) if finishing \
-            else ([], [], [])
+        results, updates, seqs = _judge_marked(con, finishing, now_ms, endpoints_of) \
+            if finishing else ([], [], [])
         outcomes = iter(results)
         merged = [next(outcomes) if outcome is not None else ("leased", None)
                   for _, outcome, _, _ in items]
@@ -398,6 +410,8 @@ def finish_jobs(
         # a line whose first was delivered: the next one goes
         _promote(con, _keys_of(con, [seq for seq, result in zip(finished, merged, strict=True)
                                      if result and result[0] == "done"]))
+        if endpoints_of:
+            _judge_circuits(con, items, merged, endpoints_of, now_ms)
         changed = any(results)
         if changed:
             call_fault(fault, "after-finish")
@@ -406,19 +420,44 @@ def finish_jobs(
     return merged
 
 
-def _judge_marked(con: sqlite3.Connection, items: list, now_ms: int) -> tuple[list, list, list]:
+def _judge_circuits(con: sqlite3.Connection, items: list, results: list,
+                    endpoints_of: dict[str, str], now_ms: int) -> None:
+    """Inside the finish's transaction: what each delivery's attempt tells
+    its endpoint's breaker (not a stale finish's: a sender whose lease ran
+    out speaks of a time the breaker has moved past)."""
+    signals: list[tuple[str, str, Attempt]] = []
+    for (ticket, outcome, _, seen), result in zip(items, results, strict=True):
+        endpoint = endpoints_of.get(ticket["id"])
+        if endpoint is None or result is False:
+            continue
+        signal = signal_of(outcome, seen)
+        if signal is not None:
+            signals.append((endpoint, signal, seen))
+    if signals:
+        endpoints.judge_circuits(con, signals, now_ms)
+
+
+def _judge_marked(con: sqlite3.Connection, items: list, now_ms: int,
+                  endpoints_of: dict[str, str]) -> tuple[list, list, list]:
     """Inside a transaction: the fenced finish of each (ticket, outcome, delay_ms),
     in order, as single finishes in sequence would do it (a job finished earlier
     in the list is no longer leased for a later item). Per item (status,
     reason) or False; the rows' updates (status, reason, available_at, seq);
-    per item the row's seq (None when False)."""
+    per item the row's seq (None when False). ``endpoints_of`` gets the
+    endpoint of each delivery among them, by id."""
     ids = sorted({ticket["id"] for ticket, _, _ in items})
     found = batch.BATCH.read(
-        con, MARKED_NAMES, f"SELECT {MARKED} FROM jobs WHERE id IN ({', '.join('?' * len(ids))})",
-        ids)
+        con, _FINISH_NAMES,
+        f"SELECT {MARKED}, endpoint FROM jobs WHERE id IN ({', '.join('?' * len(ids))})", ids)
     # dicts made straight from tuples: a sqlite3.Row copied into one costs twice
-    rows = {row[1]: dict(zip(MARKED_NAMES, row, strict=True)) for row in found}  # [1]: id
+    rows = {row[1]: dict(zip(_FINISH_NAMES, row, strict=True)) for row in found}  # [1]: id
+    endpoints_of.update((job_id, row["endpoint"]) for job_id, row in rows.items()
+                        if row["endpoint"] is not None)
     return judge_rows(rows, items, now_ms)
+
+
+# What a finish reads of a row: the contract's marker, and a delivery's endpoint.
+_FINISH_NAMES = (*MARKED_NAMES, "endpoint")
 
 
 # The evidence of the attempt that made a job done, on its row (see version 1).
@@ -574,6 +613,45 @@ def _cancel(con: sqlite3.Connection, job_ids: list, now_ms: int, note: str,
 # ------------------------------------------------------------------ endpoints
 
 
+def recover_endpoint(con: sqlite3.Connection, name: str, since_ms: int, now_ms: int,
+                     ttl_ms: int, note: str, *, ids: list | None = None,
+                     dry_run: bool = False, actor: str | None = None,
+                     limit: int = MAX_RECOVER) -> list[str]:
+    """Send again an endpoint's deliveries finished (done or dead) since
+    ``since_ms`` (lease.store.Store.recover_endpoint); their ids, in seq order."""
+    check_connection(con)
+    check_endpoint_name(name)
+    check_now(since_ms, "since_ms")
+    check_now(now_ms)
+    check_int("ttl_ms", ttl_ms, 1, PRODUCT.max_ttl_ms)
+    check_int("limit", limit, 1, MAX_RECOVER)
+    check_note(note)
+    check_actor(actor)
+    only = None if ids is None else set(check_recover_ids(ids))
+    with immediate(con):
+        endpoints.endpoint_row(con, name)  # EndpointError when unknown
+        rows = [row for row in select_rows(con, RECOVERABLE, {"name": name, "since": since_ms,
+                                                             "limit": limit})
+                if only is None or row["id"] in only]
+        if dry_run or not rows:
+            return [row["id"] for row in rows]
+        done = [row for row in rows if row["status"] == "done" and row["done_by"] is not None]
+        high = _attempts_high(con)
+        con.executemany(RECORD_ATTEMPTS, [
+            (high + n, row["id"], row["token"], row["attempts"], row["done_by"],
+             row["done_started_ms"], row["available_at"], "ok", "done", None,
+             row["done_http_status"], None, row["done_latency_ms"])
+            for n, row in enumerate(done, 1)])
+        con.executemany(AUDIT_REDRIVES, [(row["id"], row["token"], now_ms, note, actor)
+                                         for row in rows])
+        con.executemany(RECOVER, [(now_ms, now_ms + ttl_ms, row["seq"]) for row in rows])
+        keys = sorted({row["ordering_key"] for row in rows if row["ordering_key"] is not None})
+        for key in keys:
+            con.execute(DEMOTE, {"key": key})
+        _promote(con, keys)
+    return [row["id"] for row in rows]
+
+
 def add_endpoint(con: sqlite3.Connection, endpoint: Endpoint, now_ms: int,
                  note: str | None = None, actor: str | None = None) -> None:
     check_connection(con)
@@ -604,7 +682,7 @@ def remove_endpoint(con: sqlite3.Connection, name: str, now_ms: int, *,
         check_note(note)
     check_actor(actor)
     with immediate(con):
-        endpoints.endpoint_configs(con, (name,))  # EndpointError when unknown
+        endpoints.endpoint_row(con, name)  # EndpointError when unknown
         ids = endpoints.refuse_removal(name, endpoints.live_deliveries(con, name), cancel_live)
         for start in range(0, len(ids), MAX_BATCH):
             _cancel(con, ids[start:start + MAX_BATCH], now_ms,

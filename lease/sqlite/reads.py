@@ -154,6 +154,27 @@ def is_idle(con: sqlite3.Connection) -> bool:
     return bool(con.execute(IDLE).fetchone()[0])
 
 
+# What one dispatcher serves is idle when nothing it may claim is left, now or
+# later without an operator: its own jobs, or the deliveries of the enabled
+# endpoints it serves (a disabled endpoint's wait for an operator).
+IDLE_OWN = ("SELECT NOT EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_own"
+            " WHERE endpoint IS NULL AND status IN ('pending', 'leased') AND held = 0)")
+IDLE_SERVED = """SELECT NOT EXISTS (SELECT 1 FROM endpoints e
+  WHERE e.enabled = 1 {only} AND EXISTS (SELECT 1 FROM jobs j INDEXED BY jobs_by_endpoint
+    WHERE j.endpoint = e.name AND j.status IN ('pending', 'leased') AND j.held = 0))"""
+
+
+def is_idle_for(con: sqlite3.Connection, served: str | tuple[str, ...] | None) -> bool:
+    """``is_idle`` of what a claim with ``endpoints=served`` may take."""
+    if served is None:
+        return bool(con.execute(IDLE_OWN).fetchone()[0])
+    if served == "*":
+        return bool(con.execute(IDLE_SERVED.format(only="")).fetchone()[0])
+    marks = ", ".join("?" * len(served))
+    return bool(con.execute(IDLE_SERVED.format(only=f"AND e.name IN ({marks})"),
+                            served).fetchone()[0])
+
+
 def blocked_heads(con: sqlite3.Connection, limit: int) -> list[dict[str, Any]]:
     """The keys blocked by a dead first job, in key order (at most ``limit``):
     each as {"key", "id", "reason", "waiting"}, the dead head's id and reason

@@ -7,6 +7,7 @@ narrowed where the product has more (ordered keys, payloads in ``bodies``).
 
 from __future__ import annotations
 
+from lease.rules import CIRCUIT_COLUMNS
 from lease.worker import MARKED, PICK_NAMES
 
 # A job in its key's line: still to be delivered, or dead and blocking the
@@ -78,8 +79,34 @@ FROM jobs WHERE seq IN ({{marks}}) ORDER BY fair_rank, seq
 LIVE_LEASES = """SELECT endpoint, COUNT(*) FROM jobs INDEXED BY jobs_in_flight
 WHERE status = 'leased' AND endpoint IS NOT NULL AND endpoint IN ({marks})
   AND lease_until > ? GROUP BY endpoint"""
-ENDPOINT_LIMITS = """SELECT name, enabled, max_in_flight, rate, burst, tokens, refilled_ms
-FROM endpoints WHERE name IN ({marks})"""
+ENDPOINT_LIMITS = f"""SELECT name, enabled, max_in_flight, rate, burst, tokens, refilled_ms,
+  {', '.join(CIRCUIT_COLUMNS)} FROM endpoints WHERE name IN ({{marks}})"""
+# The breaker (lease.breaker): an endpoint's circuit, read and written whole.
+CIRCUIT_OF = f"""SELECT name, enabled, disable_after_ms, {', '.join(CIRCUIT_COLUMNS)}
+FROM endpoints WHERE name IN ({{marks}})"""
+WRITE_CIRCUIT = (f"UPDATE endpoints SET {', '.join(f'{c} = ?' for c in CIRCUIT_COLUMNS)}"
+                 " WHERE name = ?")
+# a probe leased: the circuit half-open, and the deliveries that came due while
+# it was open counted as attempts the breaker saved
+HALF_OPEN = """UPDATE endpoints SET circuit = 'half-open', circuit_since_ms = :now,
+  saved = saved + (SELECT COUNT(*) FROM jobs INDEXED BY jobs_by_endpoint
+    WHERE endpoint = :name AND status = 'pending' AND available_at <= :now)
+WHERE name = :name AND circuit = 'open'"""
+# the circuit closed: the endpoint's waiting deliveries are due at once
+RELEASE_WAITING = """UPDATE jobs SET available_at = :now
+WHERE endpoint = :name AND status = 'pending' AND available_at > :now"""
+AUTO_DISABLE = "UPDATE endpoints SET enabled = 0, disabled_why = ? WHERE name = ?"
+# Recovery: an endpoint's deliveries finished (done or dead) since a time, sent
+# again with a fresh budget; a done one's delivering attempt moves to the
+# attempts rows first, so its history keeps it.
+RECOVERABLE = """SELECT seq, id, status, token, ordering_key, attempts, done_by, done_started_ms,
+  done_latency_ms, done_http_status, available_at FROM jobs INDEXED BY jobs_by_endpoint
+WHERE endpoint = :name AND status IN ('done', 'dead') AND available_at >= :since
+ORDER BY seq LIMIT :limit"""
+RECOVER = ("UPDATE jobs SET status = 'pending', attempts = 0, available_at = ?, deadline = ?,"
+    " owner = NULL, lease_until = NULL, reason = NULL, done_by = NULL, done_started_ms = NULL,"
+    " done_latency_ms = NULL, done_http_status = NULL, done_after = NULL,"
+    " held = CASE WHEN ordering_key IS NOT NULL THEN 1 ELSE 0 END WHERE seq = ?")
 SPEND_TOKENS = "UPDATE endpoints SET tokens = ?, refilled_ms = ? WHERE name = ?"
 # The queue's virtual time: the rank being served now (the largest leased),
 # else the first in line, else 0. Two probes of partial indexes.
@@ -98,15 +125,20 @@ INSERT_DELIVERY = ("INSERT INTO jobs (id, qty, status, attempts, max_attempts, t
 NEXT_RANK = "UPDATE endpoints SET next_rank = ? WHERE name = ?"
 ENDPOINT_COLUMNS = ("name", "url", "ack", "ca_file", "secrets", "headers", "types",
                     "max_in_flight", "rate", "burst", "insecure_http", "enabled",
-                    "created_ms", "updated_ms")
+                    "disable_after_ms", "disabled_why", "created_ms", "updated_ms",
+                    *CIRCUIT_COLUMNS, "saved")
 ENDPOINT_ROWS = f"SELECT {', '.join(ENDPOINT_COLUMNS)} FROM endpoints ORDER BY name"
 ENDPOINT_ROW = f"SELECT {', '.join(ENDPOINT_COLUMNS)} FROM endpoints WHERE name = ?"
 INSERT_ENDPOINT = ("INSERT INTO endpoints (name, url, ack, ca_file, secrets, headers, types,"
-    " max_in_flight, rate, burst, insecure_http, enabled, tokens, refilled_ms, next_rank,"
-    " created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)")
+    " max_in_flight, rate, burst, insecure_http, enabled, disable_after_ms, tokens, refilled_ms,"
+    " next_rank, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+    " 0, ?, ?)")
+# An operator's update; enabling by hand clears an automatic disable's reason.
 UPDATE_ENDPOINT = ("UPDATE endpoints SET url = ?, ack = ?, ca_file = ?, secrets = ?,"
     " headers = ?, types = ?, max_in_flight = ?, rate = ?, burst = ?, insecure_http = ?,"
-    " enabled = ?, updated_ms = ? WHERE name = ?")
+    " enabled = ?, disable_after_ms = ?,"
+    " disabled_why = CASE WHEN ? = 1 THEN NULL ELSE disabled_why END,"
+    " updated_ms = ? WHERE name = ?")
 # A new rate starts with a full bucket, as a new endpoint does.
 RESET_BUCKET = "UPDATE endpoints SET tokens = ?, refilled_ms = ? WHERE name = ?"
 DELETE_ENDPOINT = "DELETE FROM endpoints WHERE name = ?"

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lease.clock import wall_clock_ms
-from lease.endpoints import Endpoint
+from lease.endpoints import Endpoint, check_served
 from lease.policy import (
     DEFAULT_POLICY,
     RetryPolicy,
@@ -188,6 +188,11 @@ class SQLiteStore:
         with store_errors():
             return reads.is_idle(self.connection)
 
+    def is_idle_for(self, endpoints: str | tuple[str, ...] | None) -> bool:
+        served = check_served(endpoints)
+        with store_errors():
+            return reads.is_idle_for(self.connection, served)
+
     def blocked_heads(self, limit: int = MAX_BATCH) -> list[dict[str, Any]]:
         check_int("limit", limit, 1, MAX_BATCH)
         with store_errors():
@@ -240,6 +245,13 @@ class SQLiteStore:
         with store_errors():
             return jobs.remove_endpoint(self.connection, name, self._now(now_ms),
                                         cancel_live=cancel_live, note=note, actor=actor)
+
+    def recover_endpoint(self, name: str, since_ms: int, ttl_ms: int, note: str, *,
+                         ids: list | None = None, dry_run: bool = False,
+                         actor: str | None = None, now_ms: int | None = None) -> list[str]:
+        with store_errors():
+            return jobs.recover_endpoint(self.connection, name, since_ms, self._now(now_ms),
+                                         ttl_ms, note, ids=ids, dry_run=dry_run, actor=actor)
 
     def endpoint_configs(self, names: tuple[str, ...] | None = None) -> list[Endpoint]:
         with store_errors():

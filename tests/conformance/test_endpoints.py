@@ -360,3 +360,35 @@ def test_stats_per_endpoint(store):
     assert (stats["b"]["ready"], stats["b"]["last_error"], stats["b"]["last_success_ms"]) == (
         0, None, None)
     assert "secrets" in a and "types" in a
+
+
+def test_idle_is_judged_by_what_a_claim_serves(store):
+    store.add_endpoint(endpoint("a"), now_ms=T0)
+    store.add_endpoint(endpoint("b", enabled=False), now_ms=T0)
+    enqueue(store, message("m1"))
+    store.remove_endpoint("a", cancel_live=True, now_ms=T0)  # m1@a cancelled
+    store.add_endpoint(endpoint("a"), now_ms=T0)
+    store.enqueue_events([message("own")], POLICY, now_ms=T0)  # fans out: a queue with
+    assert not store.is_idle_for("*")                          # endpoints has no own jobs
+    assert store.is_idle_for(("b",))  # its delivery waits for an operator: idle
+    assert store.is_idle_for(None)  # no job of the queue's own
+    done(store, claim(store, T0), T0 + 1)
+    assert store.is_idle_for("*") and store.is_idle_for(("a",)) and not store.is_idle()
+
+
+def test_an_endpoint_whose_ca_file_is_gone_can_be_given_another_or_removed(store, tmp_path):
+    import trustme
+    ca = trustme.CA()
+    first, second = tmp_path / "first.pem", tmp_path / "second.pem"
+    ca.cert_pem.write_to_path(str(first))
+    ca.cert_pem.write_to_path(str(second))
+    store.add_endpoint(Endpoint("tls", "https://127.0.0.1:9/hook", ca_file=str(first)),
+                       now_ms=T0)
+    first.unlink()
+    with pytest.raises(EndpointError, match="'tls'"):
+        store.endpoint_configs()
+    store.update_endpoint("tls", {"ca_file": str(second)}, now_ms=T0 + 1)
+    assert store.endpoint_configs()[0].ca_file == str(second)
+    second.unlink()
+    store.remove_endpoint("tls", now_ms=T0 + 2)
+    assert store.endpoints() == []
