@@ -25,11 +25,21 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from lease.breaker import (
+    BREAKER_ACTOR,
+    CIRCUIT_FIELDS,
+    Circuit,
+    claim_room,
+    disabled_by,
+    signal_of,
+    step,
+)
 from lease.endpoints import (
     ALL,
     Endpoint,
     EndpointError,
     allowance,
+    changed_fields,
     claim_window,
     delivery_id,
     fair_pick,
@@ -43,6 +53,8 @@ from lease.postgres.reads import dicts
 from lease.postgres.statements import (
     ADD_ENDPOINT,
     AUDIT_ENDPOINT,
+    AUTO_DISABLE,
+    CIRCUITS,
     CONTENTS,
     ENDPOINT_AUDIT,
     ENDPOINT_COLUMNS,
@@ -50,9 +62,12 @@ from lease.postgres.statements import (
     ENDPOINT_RETRIED,
     ENDPOINT_STATS,
     ENDPOINTS_FOR_INTAKE,
+    ENDPOINTS_OF,
+    HALF_OPEN,
     INSERT_NEW,
     LEASE_PICKED,
     LIVE,
+    LOCK_CIRCUITS,
     LOCK_KEYS,
     LOCK_LIMITED,
     LOCK_LIMITED_SKIP,
@@ -60,14 +75,16 @@ from lease.postgres.statements import (
     NEXT_RANKS,
     PROMOTE,
     PUBLIC_COLUMNS,
+    RELEASE_WAITING,
     SPEND_TOKENS,
     UNLIMITED,
     UPDATE_ENDPOINT,
     VIRTUAL_TIME,
     WINDOW,
+    WRITE_CIRCUIT,
 )
-from lease.records import Leased
-from lease.rules import conflict
+from lease.records import Attempt, Leased
+from lease.rules import CIRCUIT_COLUMNS, conflict
 from lease.worker import Busy, Conflict
 
 MAX_WINDOWS = 4  # windows a claim reads before it settles for fewer than its limit
@@ -236,6 +253,8 @@ def lease_deliveries(conn: psycopg.Connection, picked: list[int],
     leased = conn.execute(LEASE_PICKED, {"seqs": picked, "now": now, "owner": owner,
                                          "lease_ms": lease_ms}).fetchall()
     _spend(conn, judged, leased, now)
+    for name in sorted({row[8] for row in leased if judged[row[8]]["probe"]}):
+        conn.execute(HALF_OPEN, {"now": now, "name": name})
     order = {seq: n for n, seq in enumerate(picked)}
     return [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
                     "attempt": attempt, "lease_until": until}, body, digest, endpoint, message)
@@ -246,20 +265,23 @@ def lease_deliveries(conn: psycopg.Connection, picked: list[int],
 def _judge_endpoints(conn: psycopg.Connection, names: list[str], now: int,
                      wait: bool) -> dict[str, dict[str, Any]]:
     """These endpoints' rows, the limited ones locked, with their allowance
-    (and the bucket's level at ``now``). ``wait`` False: a limited endpoint
-    another claim holds is left out (no allowance in this claim)."""
+    (and the bucket's level at ``now``, and whether a lease is the breaker's
+    probe). ``wait`` False: a limited endpoint another claim holds is left
+    out (no allowance in this claim)."""
     limited = dicts(conn, LOCK_LIMITED if wait else LOCK_LIMITED_SKIP, (names,))
     locked = {row["name"] for row in limited}
     rows = limited + [row for row in dicts(conn, UNLIMITED, (names,))
                       if row["name"] not in locked]
-    capped = sorted(row["name"] for row in limited if row["max_in_flight"] is not None)
+    capped = sorted(row["name"] for row in limited
+                    if row["max_in_flight"] is not None or row["circuit"] != "closed")
     live: dict[str, int] = dict(conn.execute(LIVE, (capped, now)).fetchall()) if capped else {}
     found = {}
     for row in rows:
         tokens = None if row["rate"] is None else refill(
             row["tokens"], row["refilled_ms"], now, row["rate"], row["burst"])
         row["level"] = tokens
-        row["allowance"] = allowance(row, live.get(row["name"], 0), tokens)
+        room, row["probe"] = claim_room(circuit_of(row), live.get(row["name"], 0), now)
+        row["allowance"] = allowance(row, live.get(row["name"], 0), tokens, room)
         found[row["name"]] = row
     return found
 
@@ -276,18 +298,105 @@ def _spend(conn: psycopg.Connection, judged: dict[str, dict[str, Any]], leased: 
         conn.execute(SPEND_TOKENS, columns(buckets))
 
 
+# ------------------------------------------------------------------ the breaker
+
+
+def circuit_of(row: Any) -> Circuit:
+    """The breaker's columns of an endpoint's row, as a Circuit."""
+    return Circuit(*(row[name] for name in CIRCUIT_COLUMNS))
+
+
+def lock_circuits(conn: psycopg.Connection, items: list,
+                  now: int) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """Inside a finish, before its keys and rows are locked: the endpoint of
+    each delivery among the items (by id), and the rows of the endpoints
+    whose breaker the items' signals may change, locked in name order. A
+    healthy endpoint's successes change nothing: its row is not locked."""
+    ids = sorted({ticket["id"] for ticket, outcome, _, _ in items if outcome is not None})
+    endpoints_of: dict[str, str] = dict(conn.execute(ENDPOINTS_OF, (ids,)).fetchall()) if ids else {}
+    if not endpoints_of:
+        return {}, {}
+    signals = _signals(items, None, endpoints_of)
+    moving = sorted({name for name, row in ((r["name"], r) for r in dicts(
+        conn, CIRCUITS, (sorted({name for name, _, _ in signals}),)))
+        if _stepped(row, [s for s in signals if s[0] == name], now)[0] != circuit_of(row)
+        or row["circuit"] != "closed"})
+    if not moving:
+        return endpoints_of, {}
+    return endpoints_of, {row["name"]: row for row in dicts(conn, LOCK_CIRCUITS, (moving,))}
+
+
+def _signals(items: list, results: list | None,
+             endpoints_of: dict[str, str]) -> list[tuple[str, str, Attempt]]:
+    """What each delivery's attempt tells its endpoint's breaker (not a stale
+    finish's: a sender whose lease ran out speaks of a time the breaker has
+    moved past)."""
+    signals = []
+    for n, (ticket, outcome, _, seen) in enumerate(items):
+        endpoint = endpoints_of.get(ticket["id"])
+        if endpoint is None or (results is not None and results[n] is False):
+            continue
+        signal = signal_of(outcome, seen)
+        if signal is not None:
+            signals.append((endpoint, signal, seen))
+    return signals
+
+
+def _stepped(row: dict[str, Any], signals: list[tuple[str, str, Attempt]],
+             now: int) -> tuple[Circuit, list[str | None]]:
+    circuit, changes = circuit_of(row), []
+    for _, signal, attempt in signals:
+        circuit, change = step(circuit, signal, attempt, now)
+        changes.append(change)
+    return circuit, changes
+
+
+def judge_circuits(conn: psycopg.Connection, items: list, results: list,
+                   endpoints_of: dict[str, str], rows: dict[str, dict[str, Any]],
+                   now: int) -> None:
+    """Inside the finish, its rows written: each locked endpoint's circuit
+    stepped through its signals in order (lease.breaker.step); a change
+    audited (actor "breaker", the evidence as the note), a circuit that
+    closed making its endpoint's waiting deliveries due at once, an endpoint
+    failing too long disabled."""
+    signals = _signals(items, results, endpoints_of)
+    for name, row in sorted(rows.items()):
+        before = circuit_of(row)
+        circuit = before
+        for _, signal, attempt in (s for s in signals if s[0] == name):
+            circuit, change = step(circuit, signal, attempt, now)
+            if change is not None:
+                audit(conn, name, now, change, [], circuit.why, BREAKER_ACTOR)
+            if change == "closed":
+                conn.execute(RELEASE_WAITING, {"now": now, "name": name})
+        if circuit != before:
+            conn.execute(WRITE_CIRCUIT, {"name": name, **{
+                column: getattr(circuit, field)
+                for column, field in zip(CIRCUIT_COLUMNS, CIRCUIT_FIELDS, strict=True)}})
+        why = disabled_by(circuit, row["disable_after_ms"], now) if row["enabled"] else None
+        if why is not None:
+            conn.execute(AUTO_DISABLE, (why, name))
+            audit(conn, name, now, "disable", ["enabled"], why[:500], BREAKER_ACTOR)
+
+
 # ------------------------------------------------------------------ the operator
 
 
-def endpoint_of(row: dict[str, Any]) -> Endpoint:
-    """The Endpoint a row holds, secrets and all (checked again: it was when written)."""
+def endpoint_of(row: dict[str, Any], changes: dict[str, Any] | None = None) -> Endpoint:
+    """The Endpoint a row holds, secrets and all (checked again: it was when
+    written), with ``changes`` (checked by Endpoint.changed's rules): built
+    once, so an endpoint whose CA file is gone can be given another one."""
+    fields = {
+        "url": row["url"], "ack": row["ack"], "ca_file": row["ca_file"],
+        "secrets": tuple(row["secrets"]),
+        "headers": tuple(tuple(pair) for pair in row["headers"]), "types": tuple(row["types"]),
+        "max_in_flight": row["max_in_flight"], "rate": row["rate"], "burst": row["burst"],
+        "insecure_http": row["insecure_http"], "enabled": row["enabled"],
+        "disable_after_ms": row["disable_after_ms"]}
+    if changes:
+        return Endpoint(row["name"], **{**fields, **changed_fields(changes)})
     try:
-        return Endpoint(
-            row["name"], row["url"], ack=row["ack"], ca_file=row["ca_file"],
-            secrets=tuple(row["secrets"]),
-            headers=tuple(tuple(pair) for pair in row["headers"]), types=tuple(row["types"]),
-            max_in_flight=row["max_in_flight"], rate=row["rate"], burst=row["burst"],
-            insecure_http=row["insecure_http"], enabled=row["enabled"])
+        return Endpoint(row["name"], **fields)
     except ValueError as exc:  # a CA file gone since: say which endpoint
         raise EndpointError(f"endpoint {row['name']!r}: {exc}") from None
 
@@ -298,7 +407,8 @@ def _fields(endpoint: Endpoint) -> dict[str, Any]:
             "headers": Jsonb([list(pair) for pair in endpoint.headers]),
             "types": Jsonb(list(endpoint.types)), "max_in_flight": endpoint.max_in_flight,
             "rate": endpoint.rate, "burst": endpoint.burst,
-            "insecure_http": endpoint.insecure_http, "enabled": endpoint.enabled}
+            "insecure_http": endpoint.insecure_http, "enabled": endpoint.enabled,
+            "disable_after_ms": endpoint.disable_after_ms}
 
 
 def audit(conn: psycopg.Connection, name: str, now: int, action: str, fields: Iterable[str],
@@ -325,10 +435,9 @@ def locked(conn: psycopg.Connection, name: str) -> dict[str, Any]:
 def update(conn: psycopg.Connection, name: str, changes: dict[str, Any], now: int,
            note: str | None, actor: str | None) -> Endpoint:
     row = locked(conn, name)
-    old = endpoint_of(row)
-    new = old.changed(**changes)  # its checks never echo a secret or a header's value
+    new = endpoint_of(row, changes)  # its checks never echo a secret or a header's value
     tokens, refilled = row["tokens"], row["refilled_ms"]
-    if (new.rate, new.burst) != (old.rate, old.burst):
+    if (new.rate, new.burst) != (row["rate"], row["burst"]):
         tokens, refilled = _full(new), now  # a new rate starts with a full bucket
     conn.execute(UPDATE_ENDPOINT, {**_fields(new), "tokens": tokens, "refilled_ms": refilled,
                                    "now": now})
@@ -344,8 +453,17 @@ def _full(endpoint: Endpoint) -> float:
 
 
 def public(row: dict[str, Any]) -> dict[str, Any]:
-    """A read's endpoint: Endpoint.public()'s fields, from PUBLIC_COLUMNS."""
-    return {**row, "headers": list(row["headers"]), "types": list(row["types"])}
+    """A read's endpoint: Endpoint.public()'s fields, from PUBLIC_COLUMNS,
+    and its breaker's circuit."""
+    shown = {name: value for name, value in row.items()
+             if name not in CIRCUIT_COLUMNS and name != "saved"}
+    return {**shown, "headers": list(row["headers"]), "types": list(row["types"]),
+            "circuit": {"state": row["circuit"], "since_ms": row["circuit_since_ms"],
+                        "why": row["circuit_why"], "failures": row["failures"],
+                        "open_until_ms": row["open_until_ms"],
+                        "paused_until_ms": row["paused_until_ms"],
+                        "failing_since_ms": row["failing_since_ms"],
+                        "attempts_saved": row["saved"]}}
 
 
 def read_endpoints(conn: psycopg.Connection) -> list[dict[str, Any]]:

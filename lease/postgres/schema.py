@@ -119,11 +119,19 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
   types jsonb NOT NULL, max_in_flight bigint, rate double precision, burst bigint,
   insecure_http boolean NOT NULL, enabled boolean NOT NULL,
   tokens double precision NOT NULL, refilled_ms bigint NOT NULL,
-  next_rank bigint NOT NULL DEFAULT 0, created_ms bigint NOT NULL, updated_ms bigint NOT NULL)""",
-        # fields: the NAMES of the fields changed, never their values
+  next_rank bigint NOT NULL DEFAULT 0, created_ms bigint NOT NULL, updated_ms bigint NOT NULL,
+  circuit text NOT NULL DEFAULT 'closed', circuit_since_ms bigint, circuit_why text,
+  failures bigint NOT NULL DEFAULT 0, window_ms bigint,
+  window_failed bigint NOT NULL DEFAULT 0, window_total bigint NOT NULL DEFAULT 0,
+  open_until_ms bigint, cooldown_ms bigint NOT NULL DEFAULT 0, paused_until_ms bigint,
+  failing_since_ms bigint, disable_after_ms bigint, disabled_why text,
+  saved bigint NOT NULL DEFAULT 0)""",
+        # action: an operator's (add, update, disable, enable, remove) or the
+        # breaker's (opened, reopened, closed, paused, disable); fields: the
+        # NAMES of the fields changed, never their values
         """CREATE TABLE lease.endpoint_audit (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   endpoint text NOT NULL, at_ms bigint NOT NULL,
-  action text NOT NULL CHECK (action IN ('add', 'update', 'disable', 'enable', 'remove')),
+  action text NOT NULL,
   fields jsonb NOT NULL, note text, actor text)""",
         # The queue's own pick reads no delivery (an own claim never takes one).
         "DROP INDEX lease.jobs_ready",

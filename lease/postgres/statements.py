@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from lease.rules import CIRCUIT_COLUMNS
+
+_CIRCUIT = ", ".join(CIRCUIT_COLUMNS)
+
 # A job in its key's line (as SQLite's driver states it), and the classid of the keys'
 # advisory locks ("ke"; the two-int form, a key space apart from the one-int
 # form of the migrations' lock).
@@ -266,13 +270,61 @@ ORDER BY fair_rank, seq LIMIT %(window)s"""
 # window's endpoints are locked SKIP LOCKED (a claim holding locks never waits
 # out of name order, so two claims never deadlock): one held by another claim
 # leases nothing in this one.
-_JUDGED = "name, enabled, max_in_flight, rate, burst, tokens, refilled_ms"
+# An endpoint whose circuit is not closed is limited too: one probe at a time.
+_JUDGED = f"name, enabled, max_in_flight, rate, burst, tokens, refilled_ms, {_CIRCUIT}"
+_LIMITED = "(max_in_flight IS NOT NULL OR rate IS NOT NULL OR circuit <> 'closed')"
 LOCK_LIMITED = f"""SELECT {_JUDGED} FROM lease.endpoints
-WHERE name = ANY(%s::text[]) AND (max_in_flight IS NOT NULL OR rate IS NOT NULL)
+WHERE name = ANY(%s::text[]) AND {_LIMITED}
 ORDER BY name FOR UPDATE"""
 LOCK_LIMITED_SKIP = LOCK_LIMITED + " SKIP LOCKED"
 UNLIMITED = f"""SELECT {_JUDGED} FROM lease.endpoints
-WHERE name = ANY(%s::text[]) AND max_in_flight IS NULL AND rate IS NULL"""
+WHERE name = ANY(%s::text[]) AND NOT {_LIMITED}"""
+
+# The breaker (lease.breaker): a probe leased makes the circuit half-open, the
+# deliveries that came due while it was open counted as attempts it saved.
+HALF_OPEN = """UPDATE lease.endpoints SET circuit = 'half-open', circuit_since_ms = %(now)s,
+  saved = saved + (SELECT count(*) FROM lease.jobs
+    WHERE endpoint = %(name)s AND status = 'pending' AND available_at <= %(now)s)
+WHERE name = %(name)s AND circuit = 'open'"""
+# An endpoint's circuit, as a finish judges it: unlocked first (a healthy
+# endpoint's successes write nothing, and lock nothing), then locked in name
+# order before the finish's keys and rows when its signals change it.
+CIRCUITS = f"""SELECT name, enabled, disable_after_ms, {_CIRCUIT} FROM lease.endpoints
+WHERE name = ANY(%s::text[]) ORDER BY name"""
+LOCK_CIRCUITS = CIRCUITS + " FOR UPDATE"
+ENDPOINTS_OF = """SELECT id, endpoint FROM lease.jobs
+WHERE id = ANY(%s::text[]) AND endpoint IS NOT NULL"""
+WRITE_CIRCUIT = f"""UPDATE lease.endpoints SET
+  {', '.join(f'{column} = %({column})s' for column in CIRCUIT_COLUMNS)}
+WHERE name = %(name)s"""
+# the circuit closed: the endpoint's waiting deliveries are due at once
+RELEASE_WAITING = """UPDATE lease.jobs SET available_at = %(now)s
+WHERE endpoint = %(name)s AND status = 'pending' AND available_at > %(now)s"""
+AUTO_DISABLE = """UPDATE lease.endpoints SET enabled = false, disabled_why = %s
+WHERE name = %s"""
+
+# What one dispatcher serves is idle when nothing it may claim is left, now or
+# later without an operator: its own jobs, or the deliveries of the enabled
+# endpoints it serves.
+IDLE_OWN = """SELECT NOT EXISTS (SELECT 1 FROM lease.jobs
+  WHERE endpoint IS NULL AND status IN ('pending', 'leased') AND held = 0)"""
+IDLE_SERVED = """SELECT NOT EXISTS (SELECT 1 FROM lease.endpoints e
+  WHERE e.enabled AND (%(all)s OR e.name = ANY(%(names)s::text[]))
+    AND EXISTS (SELECT 1 FROM lease.jobs j WHERE j.endpoint = e.name
+      AND j.status IN ('pending', 'leased') AND j.held = 0))"""
+
+# Recovery: an endpoint's deliveries finished (done or dead) since a time,
+# locked in seq order, sent again with a fresh budget; a done one's
+# delivering attempt goes to the attempts rows first, so its history keeps it.
+RECOVERABLE = """SELECT seq, id, status, token, ordering_key, attempts, done_by,
+  done_started_ms, done_latency_ms, done_http_status, available_at FROM lease.jobs
+WHERE endpoint = %(name)s AND status IN ('done', 'dead') AND available_at >= %(since)s
+ORDER BY seq LIMIT %(limit)s FOR UPDATE"""
+RECOVER = """UPDATE lease.jobs SET status = 'pending', attempts = 0, available_at = %s,
+  deadline = %s, owner = NULL, lease_until = NULL, reason = NULL, done_by = NULL,
+  done_started_ms = NULL, done_latency_ms = NULL, done_http_status = NULL, done_after = NULL,
+  held = CASE WHEN ordering_key IS NOT NULL THEN 1 ELSE 0 END
+WHERE seq = ANY(%s::bigint[])"""
 LIVE = """SELECT endpoint, count(*) FROM lease.jobs
 WHERE status = 'leased' AND endpoint = ANY(%s::text[]) AND lease_until > %s
 GROUP BY endpoint"""
@@ -294,27 +346,29 @@ FROM unnest(%s::text[], %s::float8[], %s::bigint[]) AS u(name, tokens, refilled_
 WHERE e.name = u.name"""
 
 ENDPOINT_COLUMNS = ("name, url, ack, ca_file, secrets, headers, types, max_in_flight, rate,"
-                    " burst, insecure_http, enabled")
+                    " burst, insecure_http, enabled, disable_after_ms")
 # What a read may show: never secrets, never headers (their names are taken
 # from the JSON in Python, the values dropped there and then).
 PUBLIC_COLUMNS = ("name, url, ack, ca_file, jsonb_array_length(secrets) AS secrets,"
                   " ARRAY(SELECT h->>0 FROM jsonb_array_elements(headers) AS h) AS headers,"
                   " types, max_in_flight, rate, burst, insecure_http, enabled,"
-                  " created_ms, updated_ms")
+                  " disable_after_ms, disabled_why, created_ms, updated_ms,"
+                  f" {_CIRCUIT}, saved")
 
 ADD_ENDPOINT = """INSERT INTO lease.endpoints (name, url, ack, ca_file, secrets, headers, types,
-  max_in_flight, rate, burst, insecure_http, enabled, tokens, refilled_ms, next_rank,
-  created_ms, updated_ms)
+  max_in_flight, rate, burst, insecure_http, enabled, disable_after_ms, tokens, refilled_ms,
+  next_rank, created_ms, updated_ms)
 VALUES (%(name)s, %(url)s, %(ack)s, %(ca_file)s, %(secrets)s, %(headers)s, %(types)s,
-  %(max_in_flight)s, %(rate)s, %(burst)s, %(insecure_http)s, %(enabled)s, %(tokens)s,
-  %(now)s, 0, %(now)s, %(now)s)
+  %(max_in_flight)s, %(rate)s, %(burst)s, %(insecure_http)s, %(enabled)s,
+  %(disable_after_ms)s, %(tokens)s, %(now)s, 0, %(now)s, %(now)s)
 ON CONFLICT (name) DO NOTHING"""
 
 UPDATE_ENDPOINT = """UPDATE lease.endpoints SET url = %(url)s, ack = %(ack)s,
   ca_file = %(ca_file)s, secrets = %(secrets)s, headers = %(headers)s, types = %(types)s,
   max_in_flight = %(max_in_flight)s, rate = %(rate)s, burst = %(burst)s,
-  insecure_http = %(insecure_http)s, enabled = %(enabled)s, tokens = %(tokens)s,
-  refilled_ms = %(refilled_ms)s, updated_ms = %(now)s
+  insecure_http = %(insecure_http)s, enabled = %(enabled)s,
+  disable_after_ms = %(disable_after_ms)s, tokens = %(tokens)s, refilled_ms = %(refilled_ms)s,
+  disabled_why = CASE WHEN %(enabled)s THEN NULL ELSE disabled_why END, updated_ms = %(now)s
 WHERE name = %(name)s"""
 
 AUDIT_ENDPOINT = """INSERT INTO lease.endpoint_audit (endpoint, at_ms, action, fields, note, actor)

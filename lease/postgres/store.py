@@ -13,7 +13,16 @@ import psycopg_pool
 from psycopg import pq
 from psycopg.rows import tuple_row
 
-from lease.endpoints import Endpoint, EndpointError, check_endpoint_name, check_served, key_of_line
+from lease.endpoints import (
+    ALL,
+    MAX_RECOVER,
+    Endpoint,
+    EndpointError,
+    check_endpoint_name,
+    check_recover_ids,
+    check_served,
+    key_of_line,
+)
 from lease.policy import (
     DEFAULT_POLICY,
     PRODUCT,
@@ -31,7 +40,9 @@ from lease.postgres.endpoints import (
     audit,
     fan_out,
     judge,
+    judge_circuits,
     lease_deliveries,
+    lock_circuits,
     locked,
     pick_deliveries,
     read_audit,
@@ -79,6 +90,8 @@ from lease.postgres.statements import (
     FIRSTS,
     HISTORY_ATTEMPTS,
     IDLE,
+    IDLE_OWN,
+    IDLE_SERVED,
     INSERT_NEW,
     KEY_OR_LINES,
     LIST_JOBS,
@@ -91,6 +104,8 @@ from lease.postgres.statements import (
     QUARANTINE,
     RECORD_ATTEMPTS,
     RECORD_DONE,
+    RECOVER,
+    RECOVERABLE,
     RELEASE,
     TALLY,
 )
@@ -372,12 +387,18 @@ class PostgresStore:
         check_fault(fault)
         with self._tx() as conn:
             now = self._now_in(conn, now_ms)
+            # the breakers' rows first (the order of every lock here), then
+            # the keys and the rows of the jobs
+            endpoints_of, circuits = lock_circuits(conn, items, now) if self._endpoints \
+                else ({}, {})
             judged = iter(_finish_marked(conn, items, now))
             verdicts = [next(judged) if outcome is not None else None
                         for _, outcome, _, _ in items]
             results = [("leased", None) if v is None else v and v[:2] for v in verdicts]
             _record_attempts(conn, items, results,
                              [v[2] if v else None for v in verdicts], now)
+            if circuits:
+                judge_circuits(conn, items, results, endpoints_of, circuits, now)
             changed = any(verdicts)
             if changed:
                 call_fault(fault, "after-finish")
@@ -503,6 +524,20 @@ class PostgresStore:
             return self.is_drained()
         with self._tx(read_only=True) as conn:
             row = conn.execute(IDLE).fetchone()
+        return bool(row and row[0])
+
+    def is_idle_for(self, endpoints: str | tuple[str, ...] | None) -> bool:
+        """``is_idle`` of what a claim with these ``endpoints`` may take."""
+        served = check_served(endpoints)
+        if not self._endpoints:
+            return self.is_idle() if served is None else True
+        with self._tx(read_only=True) as conn:
+            if served is None:
+                row = conn.execute(IDLE_OWN).fetchone()
+            else:
+                row = conn.execute(IDLE_SERVED, {
+                    "all": served == ALL, "names": [] if served == ALL else list(served)},
+                    ).fetchone()
         return bool(row and row[0])
 
     def blocked_heads(self, limit: int = MAX_BATCH) -> list[dict[str, Any]]:
@@ -634,6 +669,40 @@ class PostgresStore:
             audit(conn, name, now, "remove", [], note, actor)
         return cancelled
 
+    def recover_endpoint(self, name: str, since_ms: int, ttl_ms: int, note: str, *,
+                         ids: list | None = None, dry_run: bool = False,
+                         actor: str | None = None, now_ms: int | None = None) -> list[str]:
+        """Send again an endpoint's deliveries finished (done or dead) since
+        ``since_ms`` (lease.store.Store.recover_endpoint); their ids, in seq
+        order. The endpoint's row, then the keys of its deliveries, then their
+        rows: the order of every lock here."""
+        check_endpoint_name(name)
+        check_now(since_ms, "since_ms")
+        check_int("ttl_ms", ttl_ms, 1, PRODUCT.max_ttl_ms)
+        check_note(note)
+        check_actor(actor)
+        if type(dry_run) is not bool:
+            raise ValueError(f"dry_run must be a bool, got {dry_run!r:.40}")
+        only = None if ids is None else set(check_recover_ids(ids))
+        if now_ms is not None:
+            check_now(now_ms)
+        with self._tx() as conn:
+            now = self._now_in(conn, now_ms)
+            locked(conn, name)
+            args = {"name": name, "since": since_ms, "limit": MAX_RECOVER}
+            found = [job_id for (job_id,) in conn.execute(
+                "SELECT id FROM lease.jobs WHERE endpoint = %(name)s AND status IN"
+                " ('done', 'dead') AND available_at >= %(since)s ORDER BY seq"
+                " LIMIT %(limit)s", args)]
+            if found and not dry_run:
+                conn.execute(LOCK_KEYS_OF, (sorted(set(found)),))
+            rows = [row for row in dicts(conn, RECOVERABLE, args)
+                    if only is None or row["id"] in only] if found else []
+            if dry_run or not rows:
+                return [row["id"] for row in rows]
+            _recover(conn, rows, now, ttl_ms, note, actor)
+        return [row["id"] for row in rows]
+
     def _check_change(self, note: str | None, actor: str | None, now_ms: int | None) -> None:
         if note is not None:
             check_note(note)
@@ -668,6 +737,27 @@ class PostgresStore:
             return []
         with self._tx(read_only=True) as conn:
             return read_audit(conn, name)
+
+
+def _recover(conn: psycopg.Connection, rows: list[dict[str, Any]], now: int, ttl_ms: int,
+             note: str, actor: str | None) -> None:
+    """Inside a recovery, its rows locked: a done one's delivering attempt
+    kept as an attempts row, an audit row each, each pending with a fresh
+    budget, each line given its first."""
+    done = [row for row in rows if row["status"] == "done" and row["done_by"] is not None]
+    if done:
+        conn.execute(RECORD_ATTEMPTS, _columns([
+            (row["id"], row["token"], row["attempts"], row["done_by"], row["done_started_ms"],
+             row["available_at"], "ok", "done", None, row["done_http_status"], None,
+             row["done_latency_ms"]) for row in done]))
+    conn.execute(AUDIT_REDRIVES, (now, note, actor, *_columns(
+        [(row["id"], row["token"]) for row in rows])))
+    conn.execute(RECOVER, (now, now + ttl_ms, [row["seq"] for row in rows]))
+    keys = sorted({row["ordering_key"] for row in rows if row["ordering_key"] is not None})
+    if keys:
+        conn.execute(DEMOTE, {"keys": keys})
+        conn.execute(PROMOTE, {"keys": keys})
+    conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
 
 
 def _refuse_removal(name: str, statuses: list[str], cancel_live: bool) -> None:
