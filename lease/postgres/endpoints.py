@@ -313,14 +313,16 @@ def lock_circuits(conn: psycopg.Connection, items: list,
     whose breaker the items' signals may change, locked in name order. A
     healthy endpoint's successes change nothing: its row is not locked."""
     ids = sorted({ticket["id"] for ticket, outcome, _, _ in items if outcome is not None})
-    endpoints_of: dict[str, str] = dict(conn.execute(ENDPOINTS_OF, (ids,)).fetchall()) if ids else {}
+    endpoints_of: dict[str, str] = \
+        dict(conn.execute(ENDPOINTS_OF, (ids,)).fetchall()) if ids else {}
     if not endpoints_of:
         return {}, {}
     signals = _signals(items, None, endpoints_of)
-    moving = sorted({name for name, row in ((r["name"], r) for r in dicts(
-        conn, CIRCUITS, (sorted({name for name, _, _ in signals}),)))
-        if _stepped(row, [s for s in signals if s[0] == name], now)[0] != circuit_of(row)
-        or row["circuit"] != "closed"})
+    moving = []
+    for row in dicts(conn, CIRCUITS, (sorted({name for name, _, _ in signals}),)):
+        mine = [signal for signal in signals if signal[0] == row["name"]]
+        if row["circuit"] != "closed" or _stepped(row, mine, now) != circuit_of(row):
+            moving.append(row["name"])
     if not moving:
         return endpoints_of, {}
     return endpoints_of, {row["name"]: row for row in dicts(conn, LOCK_CIRCUITS, (moving,))}
@@ -343,12 +345,12 @@ def _signals(items: list, results: list | None,
 
 
 def _stepped(row: dict[str, Any], signals: list[tuple[str, str, Attempt]],
-             now: int) -> tuple[Circuit, list[str | None]]:
-    circuit, changes = circuit_of(row), []
+             now: int) -> Circuit:
+    """The circuit of a row after these signals (unwritten)."""
+    circuit = circuit_of(row)
     for _, signal, attempt in signals:
-        circuit, change = step(circuit, signal, attempt, now)
-        changes.append(change)
-    return circuit, changes
+        circuit, _ = step(circuit, signal, attempt, now)
+    return circuit
 
 
 def judge_circuits(conn: psycopg.Connection, items: list, results: list,
