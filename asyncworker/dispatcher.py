@@ -4,7 +4,10 @@ It runs the product queue (``lease.sqlite``): lab events {"id", "qty"} and
 payload events {"id", "body"} alike, with a ``RetryPolicy`` (by default
 ``lease.policy.DEFAULT_POLICY``, which rides out a receiver outage of hours),
 to one ``lease.http.Destination`` (https to any host, an ACK policy, signed
-requests) over one session, or through a ``send`` of the caller's.
+requests) over one session, or through a ``send`` of the caller's; or it
+serves the queue's endpoints (``endpoints="*"`` or their names: each delivery
+to its own endpoint's destination, secrets and static headers, over the
+endpoint's own pool; ``asyncworker.routes``).
 
 Per job: ``claim_jobs`` (on the queue's thread) -> ``await send`` on the event
 loop with no lock held, cut off before the lease runs out and extended
@@ -35,8 +38,9 @@ for an aiohttp app; that module reads the dispatcher and never imports this one)
 Logs (logger ``asyncworker.dispatcher``): every retry, dead job, stale
 finish, lost lease, bad ACK, send error and finish failure is one record
 whose facts are ``extra=`` fields (id, token, owner, attempt, outcome,
-status, reason, http_status, error, delay_ms); a job done is a debug record.
-No record holds a job's body.
+status, reason, http_status, error, delay_ms, and a delivery's endpoint); a
+job done is a debug record. No record holds a job's body, a secret or a
+static header's value.
 """
 
 from __future__ import annotations
@@ -60,11 +64,13 @@ from asyncworker.leases import (
     finish_margin_ms,
     half_way,
 )
-from asyncworker.metrics import HEALTH_TIMEOUT_S, DispatcherMetrics
+from asyncworker.metrics import HEALTH_TIMEOUT_S, DispatcherMetrics, EndpointFigures
+from asyncworker.routes import REFRESH_S, EndpointRoutes, Route
 from asyncworker.sender import deliver
 from asyncworker.store import AsyncStore, Target
 from asyncworker.wire import WireClient
 from lease.clock import wall_clock_ms
+from lease.endpoints import check_served
 from lease.http import Destination
 from lease.policy import DEFAULT_POLICY, PRODUCT, RetryPolicy, retry_delay_ms
 from lease.records import Attempt, Claimed
@@ -145,6 +151,9 @@ class DispatcherStats:
     peak_sending: int = 0  # the most send slots in use at once (<= concurrency)
     waiting: int = 0  # claimed jobs waiting for a send slot (<= prefetch)
     left_leased: int = 0  # jobs an abort left leased, never finished: their leases run out
+    # deliveries claimed for an endpoint this dispatcher does not know, even after reading
+    # the endpoints again (removed since): left leased, never sent; their leases run out
+    unknown_endpoint: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Every counter, JSON-serialisable (``dead_by_reason`` a nested dict)."""
@@ -293,6 +302,24 @@ class Dispatcher:
     NotAQueue for a database). ``latencies``, when a list, receives each
     job's claim-to-finish time in seconds.
 
+    Endpoints (instead of url, destination or send): ``endpoints="*"`` serves
+    the deliveries of every endpoint of the queue, a list of names those of
+    the named ones (``Store.claim_jobs(endpoints=...)``). Each delivery goes to
+    its endpoint's ``Destination`` (URL, ACK policy, CA file, signed with its
+    secrets, its static headers sent) over a connection pool of its own; the
+    receiver sees the message's id, the token is the delivery's own lease's.
+    The endpoints are read at the start (``async with``), every ``refresh_s``
+    seconds, and at once when a claim hands back a delivery of one it does not
+    know; one that is still unknown (removed since) has its delivery left
+    leased, never sent (its lease expiry and budget recover it), counted in
+    ``stats.unknown_endpoint`` and logged once. The sends in flight stay
+    bounded by ``concurrency`` in all; how the slots are shared is the
+    claim's (each endpoint's ``max_in_flight``, rate and fair share are
+    judged in the store), so an endpoint capped at 8 holds at most 8 of them.
+    The per-delivery metrics carry an ``endpoint`` label (one series per
+    endpoint served); ``endpoint_label=False`` drops it (totals only, for a
+    queue of very many endpoints).
+
     It runs once: after ``stop()`` (even one that came before ``run()``
     started), after ``run()`` returned or after a failure, ``run()`` does not
     dispatch again.
@@ -318,9 +345,17 @@ class Dispatcher:
         latencies: list[float] | None = None,
         threads: int | None = None,
         prefetch: int | None = None,
+        endpoints: str | tuple[str, ...] | list[str] | None = None,
+        refresh_s: float = REFRESH_S,
+        endpoint_label: bool = True,
     ) -> None:
         check_identifier("owner", owner)
-        destination = _one_destination(url, destination, send)
+        destination = _one_destination(url, destination, send, endpoints)
+        served = check_served(endpoints)
+        if type(refresh_s) not in (int, float) or not 0 < refresh_s <= 3600:
+            raise ValueError(f"refresh_s must be in (0, 3600] seconds, got {refresh_s!r}")
+        if type(endpoint_label) is not bool:
+            raise ValueError(f"endpoint_label must be a bool, got {endpoint_label!r:.40}")
         if type(concurrency) is not int or not 1 <= concurrency <= 10_000:
             raise ValueError(f"concurrency must be an int in 1..10000, got {concurrency!r}")
         if not isinstance(policy, RetryPolicy):
@@ -354,8 +389,13 @@ class Dispatcher:
         # Time kept back at the end of a lease for the finish transaction.
         self.finish_margin_ms = finish_margin_ms(lease_ms)
         self.stats = DispatcherStats()
-        self.metrics = DispatcherMetrics(self)  # reads stats when scraped: one source of truth
-        self.destination = destination  # None with a send of the caller's
+        # reads stats when scraped: one source of truth
+        self.metrics = DispatcherMetrics(self, serving_endpoints=served is not None,
+                                         by_endpoint=endpoint_label)
+        self.destination = destination  # None with a send of the caller's, or endpoints
+        # "*" or endpoint names: the deliveries of the queue's endpoints; None: its own jobs
+        self.served = served
+        self.refresh_s = float(refresh_s)
         self._send = send
         self._clock = clock
         self._jitter = jitter
@@ -384,6 +424,12 @@ class Dispatcher:
         self._running = False
         self._failure: BaseException | None = None
         self._last_claim_ms: int | None = None
+        self._routes: EndpointRoutes | None = None
+        if served is not None:
+            self._routes = EndpointRoutes(
+                self._queue, served, pool_limit=concurrency,
+                figures_of=self.metrics.figures_of, keep_trying=lambda: not self._stop.is_set(),
+                on_busy=self._count_busy, refresh_s=self.refresh_s)
 
     # --------------------------------------------------------------- lifecycle
 
@@ -391,6 +437,11 @@ class Dispatcher:
         await self._queue.open()
         try:
             await self._time.read(self._queue)
+            if self._routes is not None:  # the endpoints it serves, before the first claim
+                await self._routes.load()
+                if self._routes.missing:
+                    log.warning("no such endpoint (yet): %s", ", ".join(self._routes.missing),
+                                extra={"owner": self.owner})
         except BaseException:
             await self._queue.close()
             raise
@@ -404,7 +455,14 @@ class Dispatcher:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._routes is not None:
+            await self._routes.close()
         await self._queue.close()
+
+    @property
+    def endpoints(self) -> list[str]:
+        """The names of the endpoints it knows now (empty without ``endpoints=``)."""
+        return [] if self._routes is None else self._routes.names
 
     @property
     def queue(self) -> AsyncStore:
@@ -527,9 +585,12 @@ class Dispatcher:
     async def run(self, *, until_idle: bool = False) -> DispatcherStats:
         """Dispatch until stop() (or, with until_idle, until the queue is idle).
 
-        Idle means nothing a claim may take now or later without an operator:
-        every job done or dead, or waiting behind a dead first job of its
-        ordering key (``Store.blocked_heads`` names those keys). Retry delays
+        Idle means nothing its claims may take now or later without an operator
+        (``Store.is_idle_for`` what it serves: the queue's own jobs, or the
+        deliveries of the enabled endpoints it serves): every job done or
+        dead, or waiting behind a dead first job of its ordering key
+        (``Store.blocked_heads`` names those keys); a disabled endpoint's
+        deliveries wait for an operator. Retry delays
         and the leases of a dispatcher that died are waited out, not skipped. Once only:
         after a stop (even one before this call) or a previous run it returns
         the stats at once; after a failure it raises RuntimeError. Whatever
@@ -559,6 +620,8 @@ class Dispatcher:
         stop_wait = asyncio.ensure_future(self._stop.wait())
         keeper = asyncio.create_task(self._keeper.run(), name="lease keeper")
         keeper.add_done_callback(self._keeper_died)
+        refresher = None if self._routes is None else asyncio.create_task(
+            self._routes.run(), name="endpoints refresher")
         try:
             while not self._stop.is_set():
                 if self._slots.room < self._claim_at_least and self._slots.used:
@@ -570,7 +633,7 @@ class Dispatcher:
                     continue
                 if until_idle and not self._tasks:
                     await self._finisher.settle()  # the last outcomes written first
-                    if await self._queue.is_idle():
+                    if await self._queue.is_idle_for(self.served):
                         break
                 await self._wait(stop_wait, self.poll_interval, work=True)
             await self._all_sent()  # graceful: claimed jobs are sent, within their leases
@@ -584,6 +647,8 @@ class Dispatcher:
             await self._settle()
             keeper.remove_done_callback(self._keeper_died)
             keeper.cancel()
+            if refresher is not None:
+                refresher.cancel()
 
     async def _wait(self, stop_wait: asyncio.Future, timeout: float | None, *,
                     work: bool = False) -> None:
@@ -633,9 +698,16 @@ class Dispatcher:
         limit = min(self._slots.room, self.batch_size)
         asked = self._time.asked()
 
+        served = self.served
+
         def claim(store: Store) -> tuple[Claimed, float]:
             started = time.perf_counter()  # the transaction's own time, on its thread
-            claimed = store.claim_jobs(self.owner, self.lease_ms, limit, now_ms=self._time.given())
+            if served is None:  # the queue's own jobs: the call as it was before endpoints
+                claimed = store.claim_jobs(self.owner, self.lease_ms, limit,
+                                           now_ms=self._time.given())
+            else:
+                claimed = store.claim_jobs(self.owner, self.lease_ms, limit,
+                                           now_ms=self._time.given(), endpoints=served)
             return claimed, time.perf_counter() - started
 
         self._claim_in_flight = in_flight = asyncio.get_running_loop().create_future()
@@ -650,6 +722,10 @@ class Dispatcher:
             in_flight.set_result(None)  # a finish group waiting for it goes ahead
         if not self._time.injected:
             self._time.observe(claimed.now_ms, asked)
+        routes = self._routes
+        if routes is not None and any(routes.get(job.endpoint) is None
+                                      for job in claimed.leased):
+            await routes.refresh()  # an endpoint added since: read them again, at once
         self._slots.measure_line()
         self._claimed(claimed, seconds)
         return bool(claimed.leased)
@@ -681,10 +757,18 @@ class Dispatcher:
         stats.in_flight += len(claimed.leased)
         first_ms = claimed.now_ms
         slots, watch, start = self._slots, self._keeper.watch, self._start
+        routes = self._routes
+        route: Route | None = None
         for job in claimed.leased:
             ticket = job.ticket
+            if routes is not None:
+                route = routes.get(job.endpoint)
+                if route is None:
+                    self._unknown_endpoint(job.endpoint, ticket)
+                    continue
+                route.figures.claimed += 1
             held = Held(ticket, job.event, first_ms, half_way(first_ms, ticket["lease_until"]),
-                        job.digest)
+                        job.digest, route)
             held.can_extend = ticket["lease_until"] - first_ms >= self.lease_ms  # else capped
             watch(held)  # its lease is kept from the claim, whether it sends or waits
             if slots.free:
@@ -692,6 +776,19 @@ class Dispatcher:
                 start(held)
             else:
                 slots.wait(held)
+
+    def _unknown_endpoint(self, endpoint: str | None, ticket: dict) -> None:
+        """A delivery of an endpoint it does not have, even after reading them
+        again (removed since): never sent, left leased; its lease expiry and
+        its attempt budget recover it. Logged once per endpoint."""
+        self.stats.in_flight -= 1
+        self.stats.unknown_endpoint += 1
+        assert self._routes is not None
+        if self._routes.tell_unknown(endpoint):
+            log.warning("delivery of an unknown endpoint left leased (further ones of this "
+                        "endpoint are counted, not logged)",
+                        extra={"id": ticket["id"], "token": ticket["token"], "owner": self.owner,
+                               "endpoint": endpoint, "status": "leased"})
 
     def _start(self, held: Held) -> None:
         """The job's task: its send, with the slot it holds."""
@@ -727,6 +824,8 @@ class Dispatcher:
             await held.settled()  # an extension in flight first: its ticket is the store's
         except Exception as exc:
             self.stats.errors += 1
+            if held.route is not None:
+                held.route.figures.errors += 1
             log.exception("job failed", extra=self._facts(held, status="leased",
                                                           error=_error_line(exc)))
             return
@@ -768,6 +867,8 @@ class Dispatcher:
             self._keeper.unwatch(held)
             self._give_back(held)
         self.metrics.observe_send(took)  # a send that ended: not one a shutdown cancelled
+        if held.route is not None:
+            held.route.figures.send.observe(took)
         seen = Attempt.of(held.first_ms, round(took * 1000), error, held.http_status)
         if error is None:
             return Judged("ok", 0, seen)
@@ -793,11 +894,16 @@ class Dispatcher:
         verdict = self.policy.judge(error, ticket["attempt"], self._draw())
         if verdict is not None:
             return Judged(verdict[0], verdict[1], seen)
+        figures = None if held.route is None else held.route.figures
         if isinstance(error, BadAck):
             self.stats.bad_acks += 1
+            if figures is not None:
+                figures.bad_acks += 1
             log.warning("bad ACK", extra=self._facts(held, seen, status="leased"))
         else:
             self.stats.errors += 1
+            if figures is not None:
+                figures.errors += 1
             log.error("send failed", extra=self._facts(held, seen, status="leased"))
         return Judged(None, 0, seen)
 
@@ -807,6 +913,9 @@ class Dispatcher:
             if self.send_timeout_ms is None:  # the lease keeper's cut is its bound
                 return await self._send(held.event, token)
             return await _within(self._send(held.event, token), window_ms / 1000)
+        route = held.route
+        if route is not None:
+            return await self._send_to_endpoint(held, route, token, window_ms)
         destination = self.destination
         assert destination is not None
         # A signature's time is this host's (or the injected clock's): the
@@ -816,6 +925,23 @@ class Dispatcher:
                                          token=token, session=self._session, timestamp=stamp,
                                          digest=held.digest)
         return True  # delivered: its status is the attempt's evidence
+
+    async def _send_to_endpoint(self, held: Held, route: Route, token: int,
+                                window_ms: int) -> object:
+        """A delivery, to its endpoint's destination (its newest configuration:
+        URL, ACK policy, secrets, static headers) over the endpoint's own pool."""
+        destination = route.destination
+        stamp = (self._time.given() or wall_clock_ms()) // 1000 if destination.secrets else None
+        assert self._routes is not None
+        self._routes.sending(route)
+        try:
+            held.http_status = await deliver(destination, held.event,
+                                             timeout=window_ms / 1000, token=token,
+                                             session=route.client, timestamp=stamp,
+                                             digest=held.digest)
+        finally:
+            self._routes.sent(route)
+        return True
 
     def _draw(self) -> float:
         return check_jitter(self._jitter())
@@ -837,6 +963,8 @@ class Dispatcher:
         stats.in_flight -= 1
         if judged.outcome is None:  # evidence only: counted as the bad ACK or error it is
             return
+        if held.route is not None:
+            _count_endpoint(held.route.figures, recorded)
         status, reason = recorded
         if status == "done":
             stats.ok += 1
@@ -870,6 +998,9 @@ class Dispatcher:
         Called while the group's exception is being handled: it is the record's."""
         self.stats.in_flight -= len(helds)
         self.stats.errors += sum(1 for one in judged if one.outcome is not None)
+        for held, one in zip(helds, judged, strict=True):
+            if held.route is not None and one.outcome is not None:
+                held.route.figures.errors += 1
         log.exception("finish failed, %d jobs left leased: %s", len(helds),
                       _some_ids([held.ticket for held in helds]),
                       extra={"owner": self.owner, "jobs": len(helds), "status": "leased",
@@ -882,6 +1013,8 @@ class Dispatcher:
         ticket = held.ticket
         facts: dict[str, object] = {"id": ticket["id"], "token": ticket["token"],
                                     "owner": self.owner, "attempt": ticket["attempt"]}
+        if held.route is not None:
+            facts["endpoint"] = held.route.name
         if seen is not None:
             if seen.http_status is not None:
                 facts["http_status"] = seen.http_status
@@ -891,11 +1024,27 @@ class Dispatcher:
         return facts
 
 
-def _one_destination(url: str | None, destination: object,
-                     send: object) -> Destination | None:
-    """The destination of exactly one of url, destination and send (None: send)."""
-    if sum(given is not None for given in (url, destination, send)) != 1:
-        raise ValueError("give exactly one of url, destination and send")
+def _count_endpoint(figures: EndpointFigures, recorded: Recorded) -> None:
+    """A recorded outcome in its endpoint's figures, as ``_recorded`` counts the totals."""
+    status, reason = recorded
+    if status == "done":
+        figures.ok += 1
+    elif recorded == BUSY:
+        figures.unrecorded_busy += 1
+    elif status is False:
+        figures.stale += 1
+    elif status == "pending":
+        figures.retried += 1
+    elif reason is not None:
+        figures.count_dead(reason)
+
+
+def _one_destination(url: str | None, destination: object, send: object,
+                     endpoints: object = None) -> Destination | None:
+    """The destination of exactly one of url, destination, send and endpoints
+    (None: send, or each delivery's endpoint's)."""
+    if sum(given is not None for given in (url, destination, send, endpoints)) != 1:
+        raise ValueError("give exactly one of url, destination, send and endpoints")
     if url is not None:
         return Destination(url)  # every check of a destination, the type of url included
     if destination is not None and not isinstance(destination, Destination):

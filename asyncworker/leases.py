@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from asyncworker.store import AsyncStore
 from lease.worker import Busy, check_now
@@ -78,10 +79,11 @@ class Held:
     is made per job, so it stays small."""
 
     __slots__ = ("ticket", "event", "digest", "first_ms", "extend_at", "claimed_at", "task",
-                 "cut", "can_extend", "extension", "handed_over", "has_slot", "http_status")
+                 "cut", "can_extend", "extension", "handed_over", "has_slot", "http_status",
+                 "route")
 
     def __init__(self, ticket: dict, event: dict, first_ms: int, extend_at: int,
-                 digest: str | None = None) -> None:
+                 digest: str | None = None, route: Any = None) -> None:
         self.ticket = ticket
         self.event = event  # what is sent: {"id", "qty"} or {"id", "body"}
         self.digest = digest  # a body's sha256 from its intake: its text's check
@@ -95,6 +97,9 @@ class Held:
         self.handed_over = False  # its outcome is the finisher's: counted there
         self.has_slot = False  # it holds a send slot (from its claim to the end of its send)
         self.http_status: int | None = None  # the status of the answer taken as delivered
+        # a delivery's endpoint (asyncworker.routes.Route): where it goes, and whose
+        # figures it counts in; None for a job of the queue's own
+        self.route = route
 
     async def settled(self) -> None:
         """Wait for an extension in flight: after it, ``ticket`` is the store's."""

@@ -3,11 +3,12 @@
 ``configure(level, fmt)`` puts one handler on the root logger (stderr). The
 dispatcher logs every retry, dead job, stale finish, lost lease, bad ACK,
 send error and finish failure as one record whose facts (job id, token,
-owner, attempt, outcome, status, reason, HTTP status or error, retry delay)
-are ``extra=`` fields: the JSON format emits them as keys, the text format
-appends them as ``key=value``. Neither ever spells a record over two lines:
-a traceback is a field of the JSON object, and text shows it only at the
-debug level (below it, the exception's one-line summary is the ``exc`` field).
+owner, attempt, outcome, status, reason, HTTP status or error, retry delay,
+and for a delivery its endpoint) are ``extra=`` fields: the JSON format
+emits them as keys, the text format appends them as ``key=value``. Neither
+ever spells a record over two lines: a traceback is a field of the JSON
+object, and text shows it only at the debug level (below it, the
+exception's one-line summary is the ``exc`` field).
 """
 
 from __future__ import annotations

@@ -33,6 +33,16 @@ Metric names (prefix ``asyncworker_``), each the figure of ``d.stats`` named:
   that ended, cut off by its lease included; its count is the sends),
   ``claim_transaction_duration_seconds`` (its count is claim_calls),
   ``finish_transaction_duration_seconds`` (its count is finish_batches).
+
+A dispatcher serving endpoints (``Dispatcher(endpoints=...)``) also counts
+``deliveries_unknown_endpoint_total`` (unknown_endpoint), and keeps the
+figures of each delivery per endpoint (``EndpointFigures``). With
+``by_endpoint`` the per-delivery metrics (``PER_DELIVERY``, ``jobs_dead``
+and ``send_duration_seconds``) carry an ``endpoint`` label instead of one
+total: one series per endpoint it has served, bounded by the queue's
+endpoints table (a death the claim's quarantine made has ``endpoint=""``:
+the claim counts those by reason alone). Without it they are the totals,
+as for a dispatcher with one ``--url``.
 """
 
 from __future__ import annotations
@@ -48,7 +58,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["BUCKETS", "HEALTH_TIMEOUT_S", "DispatcherMetrics", "LoopHistogram", "Observed",
+__all__ = ["BUCKETS", "HEALTH_TIMEOUT_S", "DispatcherMetrics", "EndpointFigures", "LoopHistogram",
+           "Observed",
            "add_metrics_routes", "health_handler", "metrics_app", "start_metrics_server"]
 
 HEALTH_TIMEOUT_S = 2.0  # how long /healthz waits for the store's answer
@@ -102,6 +113,12 @@ COUNTERS = (
     ("lease_extensions", "extended", "Leases pushed forward for sends still running."),
     ("claim_transactions_leasing", "claim_batches", "Claim transactions that leased a job."),
 )
+# the counters that are a sum over deliveries: labelled by endpoint when asked
+PER_DELIVERY = frozenset({"claimed", "ok", "retried", "stale", "unrecorded_busy", "bad_acks",
+                          "errors"})
+UNKNOWN_ENDPOINT = ("deliveries_unknown_endpoint", "unknown_endpoint",
+                    "Deliveries claimed for an endpoint this dispatcher does not know (removed "
+                    "since): left leased, their lease expiry and budget recover them.")
 GAUGES = (
     ("jobs_in_flight", "in_flight", "Jobs claimed and not yet recorded."),
     ("sends_in_flight", "sending", "Send slots in use: claimed jobs whose send has not ended."),
@@ -115,18 +132,40 @@ class _StatsCollector:
     """The counters and gauges, read from the dispatcher at scrape time (on the
     event loop, where the figures change: a scrape sees one consistent moment)."""
 
-    def __init__(self, dispatcher: Observed) -> None:
+    def __init__(self, dispatcher: Observed, metrics: DispatcherMetrics) -> None:
         self._d = dispatcher
+        self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        d, stats = self._d, self._d.stats
+        d, stats, metrics = self._d, self._d.stats, self._metrics
+        by_endpoint = metrics.by_endpoint
+        figures = sorted(metrics.endpoints.items()) if by_endpoint else []
         for name, figure, text in COUNTERS:
+            if by_endpoint and figure in PER_DELIVERY:
+                family = CounterMetricFamily(PREFIX + name, text, labels=["endpoint"])
+                for endpoint, figured in figures:
+                    family.add_metric([endpoint], getattr(figured, figure))
+                yield family
+            else:
+                yield CounterMetricFamily(PREFIX + name, text, value=getattr(stats, figure))
+        if metrics.serving_endpoints:
+            name, figure, text = UNKNOWN_ENDPOINT
             yield CounterMetricFamily(PREFIX + name, text, value=getattr(stats, figure))
-        dead = CounterMetricFamily(PREFIX + "jobs_dead", "Jobs this dispatcher moved to dead, "
-                                   "by its finishes and its claims' quarantine.",
-                                   labels=["reason"])
-        for reason, n in sorted(stats.dead_by_reason.items()):
-            dead.add_metric([reason], n)
+        text = "Jobs this dispatcher moved to dead, by its finishes and its claims' quarantine."
+        if by_endpoint:
+            dead = CounterMetricFamily(PREFIX + "jobs_dead", text, labels=["endpoint", "reason"])
+            by_finish: dict[str, int] = {}
+            for endpoint, figured in figures:
+                for reason, n in sorted(figured.dead_by_reason.items()):
+                    dead.add_metric([endpoint, reason], n)
+                    by_finish[reason] = by_finish.get(reason, 0) + n
+            # the claim's quarantine names no endpoint: the rest of each reason
+            for reason, n in sorted(stats.dead_by_reason.items()):
+                dead.add_metric(["", reason], n - by_finish.get(reason, 0))
+        else:
+            dead = CounterMetricFamily(PREFIX + "jobs_dead", text, labels=["reason"])
+            for reason, n in sorted(stats.dead_by_reason.items()):
+                dead.add_metric([reason], n)
         yield dead
         for name, figure, text in GAUGES:
             yield GaugeMetricFamily(PREFIX + name, text, value=getattr(stats, figure))
@@ -172,27 +211,76 @@ class LoopHistogram:
 
     def collect(self) -> Iterator[Metric]:
         family = Metric(self.name, self.documentation, "histogram")
+        self.add_samples(family, {})
+        yield family
+
+    def add_samples(self, family: Metric, labels: dict[str, str]) -> None:
+        """This histogram's samples, with ``labels`` on each, to ``family``."""
         total = 0
         for bound, n in zip((*map(floatToGoString, self._bounds), "+Inf"), self._counts,
                             strict=True):
             total += n
-            family.add_sample(self.name + "_bucket", {"le": bound}, total)
-        family.add_sample(self.name + "_count", {}, total)
-        family.add_sample(self.name + "_sum", {}, self._sum)
-        family.add_sample(self.name + "_created", {}, self._created)
+            family.add_sample(family.name + "_bucket", {**labels, "le": bound}, total)
+        family.add_sample(family.name + "_count", labels, total)
+        family.add_sample(family.name + "_sum", labels, self._sum)
+        family.add_sample(family.name + "_created", labels, self._created)
+
+
+class EndpointFigures:
+    """One endpoint's share of a dispatcher's per-delivery figures, counted on
+    the event loop as ``DispatcherStats``' totals are (each delivery counts in
+    both), and its sends' durations."""
+
+    __slots__ = ("claimed", "ok", "retried", "dead_by_reason", "stale", "unrecorded_busy",
+                 "bad_acks", "errors", "send")
+
+    def __init__(self) -> None:
+        self.claimed = self.ok = self.retried = self.stale = 0
+        self.unrecorded_busy = self.bad_acks = self.errors = 0
+        self.dead_by_reason: dict[str, int] = {}
+        self.send = LoopHistogram(PREFIX + "send_duration_seconds", "", BUCKETS)
+
+    def count_dead(self, reason: str) -> None:
+        self.dead_by_reason[reason] = self.dead_by_reason.get(reason, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        figures = {name: getattr(self, name) for name in self.__slots__ if name != "send"}
+        figures["dead_by_reason"] = dict(figures["dead_by_reason"])
+        return figures
+
+
+class _EndpointSends:
+    """``send_duration_seconds`` with an ``endpoint`` label: one histogram per endpoint."""
+
+    def __init__(self, metrics: DispatcherMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        total = self._metrics.send
+        family = Metric(total.name, total.documentation, "histogram")
+        for endpoint, figures in sorted(self._metrics.endpoints.items()):
+            figures.send.add_samples(family, {"endpoint": endpoint})
         yield family
 
 
 class DispatcherMetrics:
     """A dispatcher's registry: the stats' collector and the three histograms.
     ``observe_send`` and friends are the histograms' own bound ``observe``,
-    called on the dispatcher's event loop: no lock per job."""
+    called on the dispatcher's event loop: no lock per job.
 
-    def __init__(self, dispatcher: Observed) -> None:
+    ``serving_endpoints``: the dispatcher serves a queue's endpoints, and
+    ``endpoints`` holds each one's figures (``figures_of``); ``by_endpoint``
+    (only then): the per-delivery metrics are labelled by endpoint."""
+
+    def __init__(self, dispatcher: Observed, *, serving_endpoints: bool = False,
+                 by_endpoint: bool = False) -> None:
         # No describe(): the collector reads the dispatcher only when scraped,
         # never while the dispatcher is still being built.
+        self.serving_endpoints = serving_endpoints
+        self.by_endpoint = serving_endpoints and by_endpoint
+        self.endpoints: dict[str, EndpointFigures] = {}
         self.registry = CollectorRegistry()
-        self.registry.register(_StatsCollector(dispatcher))
+        self.registry.register(_StatsCollector(dispatcher, self))
         self.send = LoopHistogram(PREFIX + "send_duration_seconds",
                                   "Each send's own duration, from its start to its answer, "
                                   "error or cut-off.", BUCKETS)
@@ -202,11 +290,20 @@ class DispatcherMetrics:
         self.finish = LoopHistogram(PREFIX + "finish_transaction_duration_seconds",
                                     "Each committed finish transaction's (group commit's) "
                                     "time on the store.", BUCKETS)
-        for histogram in (self.send, self.claim, self.finish):
+        self.registry.register(_EndpointSends(self) if self.by_endpoint else self.send)
+        for histogram in (self.claim, self.finish):
             self.registry.register(histogram)
         self.observe_send = self.send.observe
         self.observe_claim = self.claim.observe
         self.observe_finish = self.finish.observe
+
+    def figures_of(self, endpoint: str) -> EndpointFigures:
+        """The endpoint's figures, made when the dispatcher first knows it and
+        kept (a counter never goes back, even across its removal and return)."""
+        figures = self.endpoints.get(endpoint)
+        if figures is None:
+            figures = self.endpoints[endpoint] = EndpointFigures()
+        return figures
 
     def exposition(self, accept: str = "") -> tuple[bytes, str]:
         """The registry in the format ``accept`` asks for (Prometheus text by

@@ -17,6 +17,11 @@ HTML and status codes), and neither imports the other.
 - the dead letters' reasons (``DEAD_REASONS``) and a bulk change applied in
   transactions of ``MAX_BATCH`` (``chunks``, ``apply_in_chunks``)
 - text: one line (``one_line``), a moment in UTC (``when``)
+- a queue's endpoints: read from files (``read_secret_texts``,
+  ``read_header_file``), made (``new_endpoint``), added, updated, enabled or
+  disabled, removed (``add_endpoint``, ``update_endpoint``,
+  ``set_endpoint_enabled``, ``remove_endpoint``), each with a note and an
+  actor for its audit row, and read (``endpoint_record``)
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from lease.stores import is_postgres_url, open_store
 from lease.worker import MAX_BATCH
 
 if TYPE_CHECKING:
+    from lease.endpoints import Endpoint
     from lease.http import Destination
 
 DEAD_REASONS = ("deadline", "exhausted", "permanent", "cancelled")
@@ -369,3 +375,294 @@ def apply_in_chunks(ids: list[str], apply: Callable[[list[str]], list],
             raise WorkFailed(f"{exc}; {count} {done} before it, the rest untouched") from None
         results += zip(chunk, answers, strict=True)
     return results
+
+
+# ------------------------------------------------------------------ endpoints
+#
+# What the command line (``asyncworker endpoint ...``) and the operator's page
+# both do to a queue's endpoints. Each action checks what it is given before
+# the store is asked (a bad field: UsageError; an unknown name:
+# EndpointNotFound; a name taken or a removal refused: EndpointRefused), and
+# the store writes the change and its audit row in one transaction. A secret
+# or a header's value is never in a message any of these raise.
+
+# The fields an operator may name, as the command line calls them; the page
+# passes its own words (its form's field names) where it wants them.
+ENDPOINT_FIELD_NAMES = {field: field for field in (
+    "name", "url", "ack", "ca_file", "secrets", "headers", "types", "max_in_flight", "rate",
+    "burst", "insecure_http", "enabled", "note", "actor")}
+
+
+class EndpointNotFound(WorkFailed):
+    """No endpoint of that name in the queue (the command line's exit 1, the page's 404)."""
+
+
+class EndpointRefused(WorkFailed):
+    """The change cannot be made as things stand: a name taken, a removal with
+    live deliveries (the command line's exit 1, the page's 409)."""
+
+
+def read_secret_texts(path: str, flag: str = "--secret-file") -> tuple[str, ...]:
+    """The ``whsec_`` secrets of a secrets file (one a line, ``#`` comments; two
+    or more during a rotation), as an endpoint keeps them: the checks of
+    ``read_secret_file``, the same one-line errors, never a secret in them."""
+    from lease.signing import parse_secret
+
+    lines = _read_private_lines(flag, path)
+    texts = []
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        try:
+            parse_secret(text)
+        except ValueError as exc:
+            raise UsageError(f"{flag}: {path} line {number}: {exc}") from None
+        texts.append(text)
+    if not texts:
+        raise UsageError(f"{flag}: {path} holds no secret")
+    return tuple(texts)
+
+
+def read_header_file(path: str, flag: str = "--header-file") -> tuple[tuple[str, str], ...]:
+    """The static headers of a headers file: ``Name: value`` a line (blank lines
+    and lines starting with ``#`` skipped), each value a secret (an
+    ``Authorization`` a customer asked for): the file is checked as a secrets
+    file is, and no message shows a value. A file with no header: none."""
+    from lease.endpoints import check_headers
+
+    pairs = []
+    for number, line in enumerate(_read_private_lines(flag, path), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, colon, value = line.partition(":")
+        if not colon or not name.strip():
+            raise UsageError(f"{flag}: {path} line {number}: not a 'Name: value' line")
+        if name != name.strip():
+            raise UsageError(f"{flag}: {path} line {number}: no space may come before the "
+                             f"':' of a header's name")
+        try:
+            check_headers([(name, value.strip())])
+        except ValueError as exc:  # its messages name the header, never its value
+            raise UsageError(f"{flag}: {path} line {number}: {exc}") from None
+        pairs.append((name, value.strip()))
+    try:
+        return check_headers(pairs)
+    except ValueError as exc:  # a name given twice, too many
+        raise UsageError(f"{flag}: {path}: {exc}") from None
+
+
+def _read_private_lines(flag: str, path: str) -> list[str]:
+    """A secret's small file, read whole and checked: not every user's to write."""
+    check_small_file(flag, path, MAX_SECRETS_FILE_BYTES)
+    try:
+        with open(path, encoding="utf-8") as file:
+            lines = file.read().splitlines()
+    except UnicodeDecodeError:
+        raise UsageError(f"{flag}: {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise UsageError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
+    check_private_file(flag, path)
+    return lines
+
+
+def _named(field: str, names: dict[str, str] | None) -> str:
+    return (names or ENDPOINT_FIELD_NAMES).get(field, field)
+
+
+def _endpoint_problem(exc: ValueError, names: dict[str, str] | None) -> UsageError:
+    """A field's refusal in the front end's words (plain http: the flag that allows it)."""
+    from lease.http import PlainHttpRefused
+
+    if isinstance(exc, PlainHttpRefused):
+        return UsageError(f"{_named('url', names)}: "
+                          f"{PlainHttpRefused(exc.host, _named('insecure_http', names))}")
+    return UsageError(str(exc))
+
+
+def _check_audit(note: str | None, actor: str | None) -> None:
+    from lease.policy import check_actor, check_note
+
+    try:
+        if note is not None:
+            check_note(note)
+        check_actor(actor)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def new_endpoint(fields: dict[str, Any], names: dict[str, str] | None = None) -> Endpoint:
+    """An ``Endpoint`` of ``fields`` (its constructor's names), checked whole;
+    a CA file is loaded to see that it is one. UsageError naming the fault."""
+    from lease.endpoints import Endpoint
+
+    if fields.get("ca_file") is not None:
+        if not str(fields.get("url", "")).startswith("https://"):
+            raise UsageError(f"{_named('ca_file', names)} goes with an https:// "
+                             f"{_named('url', names)}")
+        _check_ca_file_named(fields["ca_file"], names)
+    try:
+        return Endpoint(**fields)
+    except TypeError as exc:  # a field that is not one: the caller's mistake, said plainly
+        raise UsageError(f"not an endpoint's field: {exc}") from None
+    except ValueError as exc:
+        raise _endpoint_problem(exc, names) from None
+
+
+def _check_ca_file_named(path: str, names: dict[str, str] | None) -> None:
+    try:
+        check_ca_file(path)
+    except UsageError as exc:  # its message in the front end's words
+        raise UsageError(str(exc).replace("--ca-file", _named("ca_file", names), 1)) from None
+
+
+def _endpoint_names(store: Store) -> set[str]:
+    return {row["name"] for row in store.endpoints()}
+
+
+def _known(store: Store, name: str) -> None:
+    if name not in _endpoint_names(store):
+        raise EndpointNotFound(f"no endpoint {name!r} in {shown(store.name)}")
+
+
+def add_endpoint(store: Store, endpoint: Endpoint, *, note: str | None = None,
+                 actor: str | None = None) -> None:
+    """A new endpoint of the queue; from now on each message subscribed to its
+    types fans out to it too."""
+    from lease.endpoints import EndpointError
+
+    _check_audit(note, actor)
+    if endpoint.name in _endpoint_names(store):
+        raise EndpointRefused(f"endpoint {endpoint.name!r} exists already in "
+                              f"{shown(store.name)} (update changes it)")
+    try:
+        store.add_endpoint(endpoint, note=note, actor=actor)
+    except EndpointError as exc:  # taken meanwhile
+        raise EndpointRefused(about(store.name, exc)) from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def update_endpoint(store: Store, name: str, changes: dict[str, Any], *,
+                    note: str | None = None, actor: str | None = None,
+                    names: dict[str, str] | None = None) -> Endpoint:
+    """The endpoint with ``changes`` (``Endpoint.changed``'s fields), checked
+    whole before anything is written; its audit row names the fields changed."""
+    from lease.endpoints import EDITABLE, EndpointError
+
+    _check_audit(note, actor)
+    if not changes:
+        raise UsageError("nothing to change")
+    unknown = sorted(set(changes) - set(EDITABLE))
+    if unknown:
+        raise UsageError(f"cannot change {', '.join(unknown)} of an endpoint")
+    _known(store, name)
+    if changes.get("ca_file") is not None:
+        _check_ca_file_named(changes["ca_file"], names)
+    try:
+        [current] = store.endpoint_configs((name,))
+    except EndpointError:  # removed meanwhile, or its stored fields no longer valid
+        current = None  # the store's own check, below, says which
+    if current is not None:
+        try:
+            current.changed(**changes)  # checked whole before anything is written
+        except ValueError as exc:
+            raise _endpoint_problem(exc, names) from None
+    try:
+        return store.update_endpoint(name, changes, note=note, actor=actor)
+    except EndpointError as exc:  # removed meanwhile
+        raise EndpointRefused(about(store.name, exc)) from None
+    except ValueError as exc:
+        raise _endpoint_problem(exc, names) from None
+
+
+def set_endpoint_enabled(store: Store, name: str, enabled: bool, *, note: str | None = None,
+                         actor: str | None = None) -> Endpoint:
+    """Enable, or disable: a disabled endpoint's deliveries are kept (and new
+    messages still fan out to it); none is claimed until it is enabled again."""
+    return update_endpoint(store, name, {"enabled": enabled}, note=note, actor=actor)
+
+
+def live_deliveries(store: Store, name: str) -> tuple[int, int]:
+    """(pending, leased): an endpoint's deliveries that are not finished."""
+    for row in store.endpoint_stats():
+        if row["name"] == name:
+            return int(row["ready"]), int(row["in_flight"])
+    raise EndpointNotFound(f"no endpoint {name!r} in {shown(store.name)}")
+
+
+def remove_endpoint(store: Store, name: str, *, cancel_deliveries: bool = False,
+                    note: str | None = None, actor: str | None = None,
+                    cancel_named: str = "cancel_deliveries with a note") -> int:
+    """Remove an endpoint; how many of its pending deliveries were cancelled.
+
+    Refused (EndpointRefused, nothing changed) while it has live deliveries,
+    unless ``cancel_deliveries`` (``cancel_named``: how the front end calls
+    that): then each pending one is cancelled with its audit row (``note``
+    required, and ``actor``), in the removal's transaction; a leased one
+    refuses the removal still (its send may be on the wire). Its finished
+    deliveries keep its name."""
+    from lease.endpoints import EndpointError
+
+    _check_audit(note, actor)
+    if cancel_deliveries and note is None:
+        raise UsageError("cancelling the deliveries needs a note: each cancelled delivery "
+                         "gets an audit row")
+    pending, leased = live_deliveries(store, name)
+    if leased:
+        raise EndpointRefused(
+            f"endpoint {name!r} has {_deliveries(leased)} in flight (leased: a send may be on "
+            f"the wire) and {pending} pending; nothing removed. Disable it so that no more "
+            f"are claimed, and remove it once the ones in flight have finished"
+            f"{'' if cancel_deliveries else f' (with {cancel_named} for the pending ones)'}")
+    if pending and not cancel_deliveries:
+        raise EndpointRefused(
+            f"endpoint {name!r} has {_deliveries(pending)} pending; nothing removed. "
+            f"{cancel_named} cancels them with the removal, each with an audit row; or "
+            f"remove it once they are delivered")
+    try:
+        return store.remove_endpoint(name, cancel_live=cancel_deliveries, note=note,
+                                     actor=actor)
+    except EndpointError as exc:  # a delivery leased or added meanwhile: the store's words
+        raise EndpointRefused(f"{about(store.name, exc)}; nothing removed") from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _deliveries(n: int) -> str:
+    return f"{n} {'delivery' if n == 1 else 'deliveries'}"
+
+
+def endpoint_record(store: Store, name: str) -> dict[str, Any]:
+    """One endpoint as a read shows it: its public fields (no secret, no
+    header value), created and updated, its figures (``endpoint_stats``) and
+    its audit rows, oldest first. EndpointNotFound when there is none."""
+    row = next((one for one in endpoint_list(store) if one["name"] == name), None)
+    if row is None:
+        raise EndpointNotFound(f"no endpoint {name!r} in {shown(store.name)}")
+    figures = next((one for one in store.endpoint_stats() if one["name"] == name), {})
+    return {**figures, **row, "audit": store.endpoint_audit(name)}
+
+
+STATS_FIGURES = ("ready", "in_flight", "done", "retried", "dead", "last_error",
+                 "last_success_ms")
+
+
+def endpoint_figures(store: Store) -> list[dict[str, Any]]:
+    """Per endpoint, by name, what ``stats`` and the overview show of it: its
+    name, whether it is enabled, and its deliveries' figures (ready, in
+    flight, done, retried, dead, the last error and the last success). Empty
+    for a queue without endpoints (and for a file older than them, read
+    read-only: it has none)."""
+    from lease.endpoints import ALL
+
+    rows = store.endpoint_stats()
+    return [{"name": row["name"], "enabled": row.get("enabled", True),
+             "types": row.get("types", [ALL]),
+             **{key: row.get(key) for key in STATS_FIGURES}} for row in rows]
+
+
+def endpoint_list(store: Store) -> list[dict[str, Any]]:
+    """Every endpoint's public fields (no secret, no header value), with
+    ``created_ms`` and ``updated_ms``, by name; none in a file older than them."""
+    return store.endpoints()

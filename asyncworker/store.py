@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, Union
 
 from lease import worker
+from lease.endpoints import Endpoint
 from lease.policy import DEFAULT_POLICY, RetryPolicy
 from lease.retrying import PATIENT, BusyRetry
 from lease.sqlite.errors import store_errors
@@ -234,6 +235,25 @@ class AsyncStore:
 
     async def is_idle(self) -> bool:
         return await self.call(lambda s: s.is_idle())
+
+    async def is_idle_for(self, endpoints: str | tuple[str, ...] | None) -> bool:
+        """Idle as far as a claim with these ``endpoints`` can tell (``Store.is_idle_for``).
+        A store of before endpoints has only its own jobs: its ``is_idle`` is theirs."""
+
+        def idle(store: Store) -> bool:
+            if endpoints is None and not hasattr(store, "is_idle_for"):
+                return store.is_idle()
+            return store.is_idle_for(endpoints)
+
+        return await self.call(idle)
+
+    async def endpoint_configs(self, names: tuple[str, ...] | None = None, *,
+                               keep_trying: Callable[[], bool] | None = None,
+                               on_busy: Callable[[Busy], None] | None = None) -> list[Endpoint]:
+        """The queue's endpoints (all, or the ones named that exist), secrets
+        and static headers included: for a dispatcher that sends to them."""
+        return await self.call(lambda s: s.endpoint_configs(names), keep_trying=keep_trying,
+                               on_busy=on_busy)
 
     # ------------------------------------------------------------ the contract's functions
 

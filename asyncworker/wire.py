@@ -476,6 +476,10 @@ class WireClient:
             self._wake()
 
     async def close(self) -> None:
+        self.close_now()
+
+    def close_now(self) -> None:
+        """``close()`` from a plain function: nothing in it waits."""
         self.closed = True
         if self._sweeper is not None:
             self._sweeper.cancel()

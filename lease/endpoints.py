@@ -16,26 +16,27 @@ store state judged inside the claim's transaction:
 - a cap on an endpoint's sends in flight (its live leases);
 - a token bucket per endpoint (``rate`` requests a second, ``burst`` at
   once), refilled by the store's clock at each claim;
-- fairness by start-time fair queuing with equal weights: each delivery
-  gets a *fair rank* at intake, ``max(the endpoint's next rank, the queue's
-  virtual time)``, and a claim takes ready deliveries in (rank, seq) order.
-  An endpoint with a million deliveries holds ranks far ahead; one with ten
-  gets ranks beside the ones being served now, so the two are served in
-  turn (round robin) and neither waits for the other's backlog. Equal
+- fairness by rotation, with equal weights: the endpoints that have work
+  take turns, the least recently served first; each endpoint a claim serves
+  gets an equal share of it, one delivery of each in turn. So an endpoint
+  with a million deliveries waiting does not starve one with ten, an
+  endpoint at its cap, paused, open or disabled does not hold back the
+  others (it is passed over, its backlog never read), and one that was
+  blocked for a day gets its turn and no more when it comes back. Equal
   weights because endpoints are usually customers, each owed the same
   share; a cap or a rate is the knob for one that should get less.
+  Within an endpoint, deliveries go in the order they became due.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lease.breaker import DAY_MS, DISABLE_AFTER_MS
-from lease.http import ACK_POLICIES, Destination
+from lease.http import ACK_POLICIES, Destination, check_static_headers
 from lease.policy import PRODUCT, check_event_type
 from lease.signing import parse_secret
 from lease.worker import check_identifier, check_int, check_job_id
@@ -44,32 +45,24 @@ __all__ = [
     "ALL",
     "Endpoint",
     "EndpointError",
-    "MAX_ENDPOINT_HEADERS",
     "allowance",
     "check_endpoint_name",
     "check_event_type",
     "check_served",
     "delivery_id",
-    "fair_pick",
-    "fair_rank",
+    "round_robin",
+    "rotation_batch",
+    "shares",
     "refill",
     "subscribes",
 ]
 
 ALL = "*"  # every type (an endpoint's subscription), every endpoint (a claim's)
 MAX_TYPES = 100
-MAX_ENDPOINT_HEADERS = 20
 MAX_IN_FLIGHT = 100_000
 MAX_RATE = 1_000_000.0  # requests a second
 MAX_BURST = 1_000_000
 
-_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}")
-_HEADER_VALUE = re.compile(r"[\x20-\x7e]{0,4096}")
-# What the sender writes itself: a static header may not replace any of them.
-RESERVED_HEADERS = frozenset({
-    "host", "content-type", "content-length", "transfer-encoding", "connection",
-    "x-lease-token", "webhook-id", "webhook-timestamp", "webhook-signature",
-})
 
 
 class EndpointError(ValueError):
@@ -100,32 +93,9 @@ def check_types(types: object) -> tuple[str, ...]:
 
 def check_headers(headers: object) -> tuple[tuple[str, str], ...]:
     """Static headers sent with every request: (name, value) pairs; a value
-    is a secret like a signing secret (an ``Authorization`` a customer asked for)."""
-    if isinstance(headers, Mapping):
-        headers = tuple(headers.items())
-    if not isinstance(headers, (list, tuple)):
-        raise ValueError("headers must be a list of (name, value) pairs")
-    if len(headers) > MAX_ENDPOINT_HEADERS:
-        raise ValueError(f"at most {MAX_ENDPOINT_HEADERS} headers")
-    seen: set[str] = set()
-    checked = []
-    for pair in headers:
-        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise ValueError("each header must be a (name, value) pair")
-        header, value = pair
-        if type(header) is not str or not _HEADER_NAME.fullmatch(header):
-            raise ValueError(f"header name {header!r:.40} is not an HTTP token")
-        if header.lower() in RESERVED_HEADERS:
-            raise ValueError(f"header {header!r} is the sender's own and cannot be set")
-        if header.lower() in seen:
-            raise ValueError(f"header {header!r} is given twice")
-        # never echo a value: it may be a credential
-        if type(value) is not str or not _HEADER_VALUE.fullmatch(value):
-            raise ValueError(f"header {header!r}: its value must be printable ASCII, "
-                             "at most 4096 characters")
-        seen.add(header.lower())
-        checked.append((header, value))
-    return tuple(checked)
+    is a secret like a signing secret (an ``Authorization`` a customer asked
+    for). The destinations' own rule (lease.http.check_static_headers)."""
+    return check_static_headers(headers)
 
 
 def _check_secret_texts(secrets: object) -> tuple[str, ...]:
@@ -197,7 +167,7 @@ class Endpoint:
         set_(self, "destination", Destination(
             self.url, ack=self.ack, ca_file=self.ca_file,
             secrets=tuple(parse_secret(text) for text in self.secrets),
-            insecure_http=self.insecure_http))
+            insecure_http=self.insecure_http, headers=self.headers))
 
     def __repr__(self) -> str:
         return (f"Endpoint({self.name!r}, {self.url!r}, secrets=<{len(self.secrets)}>, "
@@ -272,13 +242,6 @@ def key_of_line(line: str | None, endpoint: str | None) -> str | None:
     return line.rsplit(" ", 1)[0]
 
 
-def fair_rank(next_rank: int, virtual_time: int) -> int:
-    """A new delivery's rank: after the endpoint's last one, and not before
-    the ranks being served now (an endpoint idle for a while does not jump
-    ahead of everyone by its old, small ranks)."""
-    return max(next_rank, virtual_time)
-
-
 # ------------------------------------------------------------------ the claim
 
 
@@ -315,18 +278,29 @@ def allowance(endpoint: Mapping[str, Any], live: int, tokens: float | None,
     return room if breaker_room is None else min(room, breaker_room)
 
 
-def fair_pick(candidates: Iterable[tuple[Any, str]], allowances: dict[str, int],
-              limit: int) -> list[Any]:
-    """The rows one claim leases, from ready ``candidates`` (row, endpoint) in
-    fair (rank, seq) order: each taken while its endpoint has allowance left,
-    up to ``limit``. ``allowances`` is spent as it goes."""
+def shares(rooms: dict[str, int], limit: int) -> dict[str, int]:
+    """How many deliveries to read of each endpoint a claim serves, in turn:
+    an equal share of ``limit`` (rounded up), never more than its room."""
+    open_ = [name for name, room in rooms.items() if room > 0]
+    if not open_:
+        return {}
+    share = -(-limit // len(open_))
+    return {name: min(rooms[name], share) for name in open_}
+
+
+def round_robin(found: dict[str, list[Any]], order: list[str], limit: int) -> list[Any]:
+    """The rows one claim leases: one of each endpoint in turn, in rotation
+    ``order``, again and again, up to ``limit``."""
+    queues = [list(found[name]) for name in order if found.get(name)]
     taken: list[Any] = []
-    for row, endpoint in candidates:
-        if allowances.get(endpoint, 0) > 0:
-            allowances[endpoint] -= 1
-            taken.append(row)
-            if len(taken) == limit:
-                break
+    depth = 0
+    while len(taken) < limit and any(depth < len(q) for q in queues):
+        for queue in queues:
+            if depth < len(queue):
+                taken.append(queue[depth])
+                if len(taken) == limit:
+                    break
+        depth += 1
     return taken
 
 
@@ -342,7 +316,7 @@ def check_recover_ids(ids: object) -> list[str]:
     return ids
 
 
-def claim_window(limit: int) -> int:
-    """How many ready rows a claim reads at a time to fill ``limit`` fairly:
-    enough that endpoints at their cap in front do not leave it empty."""
-    return max(256, 4 * limit)
+def rotation_batch(limit: int) -> int:
+    """How many endpoints a claim takes from the rotation at a time: enough
+    that a claim of ``limit`` fills although some are at their cap."""
+    return max(16, limit)

@@ -83,6 +83,9 @@ Webhooks name), ``Content-Type: application/json`` and, with a token, the
 ``X-Lease-Token`` header. A destination with secrets adds
 ``webhook-timestamp`` and ``webhook-signature`` (``lease.signing``): one
 signature per secret, over the id, the timestamp and the exact body bytes.
+A destination's static ``headers`` (an endpoint's ``Authorization``, say)
+are added as they are, by both senders; their values are secrets, never
+shown in a repr, an error or a log line.
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ import ipaddress
 import json
 import math
 import os
+import re
 import socket
 import ssl
 import threading
@@ -133,9 +137,11 @@ __all__ = [
     "Destination",
     "Outgoing",
     "PlainHttpRefused",
+    "SENDER_HEADERS",
     "ack_verdict",
     "answer_verdict",
     "as_destination",
+    "check_static_headers",
     "check_timeout",
     "check_token",
     "check_url",
@@ -236,9 +242,14 @@ class Destination:
       is signed with each of them. Empty: unsigned.
     - ``insecure_http``: allow plain http to a host that is not loopback:
       the body, the token and the signature cross the network in the clear.
+    - ``headers``: static (name, value) pairs sent with every request (an
+      ``Authorization`` a receiver asks for). A value is a secret like a
+      signing secret; a name may not be one the sender writes itself
+      (``SENDER_HEADERS``); the signature does not cover them.
 
-    Every problem is a one-line ValueError that never shows a secret; the
-    repr counts the secrets and shows none.
+    Every problem is a one-line ValueError that never shows a secret or a
+    header's value; the repr counts the secrets and the headers and shows
+    none of them.
     """
 
     url: str
@@ -246,6 +257,7 @@ class Destination:
     ca_file: str | os.PathLike[str] | None = None
     secrets: tuple[bytes, ...] = ()
     insecure_http: bool = False
+    headers: tuple[tuple[str, str], ...] = ()
     route: _Route = field(init=False, compare=False)
     ssl_context: ssl.SSLContext | None = field(init=False, compare=False)
 
@@ -257,11 +269,12 @@ class Destination:
             raise ValueError(f"ack must be one of {', '.join(ACK_POLICIES)}, "
                              f"got {self.ack!r:.40}")
         object.__setattr__(self, "secrets", _check_secrets(self.secrets))
+        object.__setattr__(self, "headers", check_static_headers(self.headers))
         context = None
         if route.tls:
             ca_file = _check_ca_path(self.ca_file)
             object.__setattr__(self, "ca_file", ca_file)
-            context = client_context(ca_file)
+            context = _shared_context(ca_file)
         elif self.ca_file is not None:
             raise ValueError("ca_file applies to https:// URLs only")
         object.__setattr__(self, "route", route)
@@ -269,8 +282,51 @@ class Destination:
 
     def __repr__(self) -> str:
         signed = f"<{len(self.secrets)} secrets>" if self.secrets else "()"
+        static = f", headers=<{len(self.headers)}>" if self.headers else ""
         return (f"Destination({self.url!r}, ack={self.ack!r}, ca_file={self.ca_file!r}, "
-                f"secrets={signed}, insecure_http={self.insecure_http!r})")
+                f"secrets={signed}, insecure_http={self.insecure_http!r}{static})")
+
+
+# What every sender writes itself: a static header may not replace any of them.
+SENDER_HEADERS = frozenset({
+    "host", "content-type", "content-length", "transfer-encoding", "connection",
+    TOKEN_HEADER.lower(), ID_HEADER, "webhook-timestamp", "webhook-signature",
+})
+MAX_STATIC_HEADERS = 20
+_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}")
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]{0,4096}")
+
+
+def check_static_headers(headers: object) -> tuple[tuple[str, str], ...]:
+    """A destination's static headers: (name, value) pairs (or a mapping), each
+    name an HTTP token given once (any case) and none of ``SENDER_HEADERS``,
+    each value printable ASCII (no line break: it cannot split a request), at
+    most 4096 characters. A message never shows a value: it may be a credential."""
+    if isinstance(headers, dict):
+        headers = tuple(headers.items())
+    if not isinstance(headers, (list, tuple)):
+        raise ValueError(f"headers must be (name, value) pairs, got {type(headers).__name__}")
+    if len(headers) > MAX_STATIC_HEADERS:
+        raise ValueError(f"at most {MAX_STATIC_HEADERS} headers")
+    seen: set[str] = set()
+    checked = []
+    for pair in headers:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ValueError("each header must be a (name, value) pair")
+        name, value = pair
+        if type(name) is not str or not _HEADER_NAME.fullmatch(name):
+            raise ValueError(f"header name {name!r:.40} is not an HTTP token")
+        lowered = name.lower()
+        if lowered in SENDER_HEADERS:
+            raise ValueError(f"header {name!r} is the sender's own and cannot be set")
+        if lowered in seen:
+            raise ValueError(f"header {name!r} is given twice")
+        if type(value) is not str or not _HEADER_VALUE.fullmatch(value):
+            raise ValueError(f"header {name!r}: its value must be printable ASCII, "
+                             "at most 4096 characters")
+        seen.add(lowered)
+        checked.append((name, value))
+    return tuple(checked)
 
 
 def _check_route(url: object, insecure_http: bool) -> _Route:
@@ -329,6 +385,26 @@ def client_context(ca_file: str | None) -> ssl.SSLContext:
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.sslsocket_class = _DeadlineSSLSocket  # the sync sender's bound on every read
     return context
+
+
+def _shared_context(ca_file: str | None) -> ssl.SSLContext:
+    """``client_context``, made once per CA file as it is now (its path, inode,
+    size and modification time) and shared by the destinations that name it:
+    loading a trust store takes tens of milliseconds, and a dispatcher serving
+    endpoints reads them (each with its destination) every few seconds. A
+    file replaced or rewritten is loaded afresh; the system's store once."""
+    if ca_file is None:
+        return _context_of(None, None)
+    try:
+        found = os.stat(ca_file)
+    except OSError:
+        return client_context(ca_file)  # the error it names
+    return _context_of(ca_file, (found.st_ino, found.st_size, found.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=64)
+def _context_of(ca_file: str | None, version: tuple[int, int, int] | None) -> ssl.SSLContext:
+    return client_context(ca_file)
 
 
 def as_destination(target: object) -> Destination:
@@ -405,6 +481,8 @@ def signed_parts(destination: Destination, event: object, token: object,
     checked, signed or not, before anything is sent."""
     outgoing = request_parts(event, check_token(token), digest)
     stamp = _check_timestamp(timestamp)
+    if destination.headers:  # names checked apart from the sender's own: none replaced
+        outgoing.headers.update(destination.headers)
     if destination.secrets:
         stamp = int(time.time()) if stamp is None else stamp
         outgoing.headers.update(signature_headers(

@@ -74,11 +74,11 @@ CIRCUIT_COLUMNS = ("circuit", "circuit_since_ms", "circuit_why", "failures", "wi
 ENDPOINT_TABLES = {
     "endpoints": ["name", "url", "ack", "ca_file", "secrets", "headers", "types",
                   "max_in_flight", "rate", "burst", "insecure_http", "enabled", "tokens",
-                  "refilled_ms", "next_rank", "created_ms", "updated_ms",
+                  "refilled_ms", "has_work", "served_at", "created_ms", "updated_ms",
                   *CIRCUIT_COLUMNS, "disable_after_ms", "disabled_why", "saved"],
     "endpoint_audit": ["seq", "endpoint", "at_ms", "action", "fields", "note", "actor"],
 }
-DELIVERY_COLUMNS = ["endpoint", "message", "event_type", "fair_rank"]
+DELIVERY_COLUMNS = ["endpoint", "message", "event_type"]
 TABLES = {**TABLES_V4, "jobs": TABLES_V4["jobs"] + DELIVERY_COLUMNS, **ENDPOINT_TABLES}
 # PostgreSQL's versions have these tables (its jobs keep their bodies)
 TABLES_PG4 = {name: columns for name, columns in TABLES.items() if name != "bodies"}
@@ -216,10 +216,11 @@ def cancel_decisions(rows: Mapping[str, Mapping], job_ids: list) -> tuple[list, 
 
 def list_filters(status: str | None, reason: str | None, id_prefix: str | None,
                  after_seq: int | None, limit: int,
-                 key: str | None = None) -> list[tuple[str, list]]:
+                 key: str | None = None, endpoint: str | None = None) -> list[tuple[str, list]]:
     """Pure: list_jobs's filters, checked, as (name, arguments) in order:
     "status", "reason", "id_prefix" (its length and itself), "after_seq",
-    "key". Each driver writes its own condition for each name."""
+    "key", "endpoint" (a delivery's, exactly). Each driver writes its own
+    condition for each name."""
     filters: list[tuple[str, list]] = []
     if status is not None:
         if status not in STATUSES:
@@ -239,6 +240,9 @@ def list_filters(status: str | None, reason: str | None, id_prefix: str | None,
     if key is not None:
         check_ordering_key(key, "key")
         filters.append(("key", [key]))
+    if endpoint is not None:
+        check_identifier("endpoint", endpoint)
+        filters.append(("endpoint", [endpoint]))
     if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be an int in 1..{MAX_PAGE}, got {limit!r:.40}")
     return filters

@@ -133,20 +133,22 @@ class Store(Protocol):
     def job_history(self, job_id: str) -> dict[str, Any] | None: ...
 
     def dead_jobs(self, reason: str | None = None, limit: int | None = None, *,
-                  key: str | None = None) -> list[dict[str, Any]]:
-        """Dead jobs in seq order, optionally of one reason and of one ordering
-        ``key`` (an exact match; a job without a key has none), at most
-        ``limit`` of them; each with ``last_error`` where attempts are recorded."""
+                  key: str | None = None, endpoint: str | None = None) -> list[dict[str, Any]]:
+        """Dead jobs in seq order, optionally of one reason, of one ordering
+        ``key`` (an exact match; a job without a key has none) and of one
+        ``endpoint`` (its deliveries), at most ``limit`` of them; each with
+        ``last_error`` where attempts are recorded."""
         ...
 
     def jobs_with_status(self, status: str) -> list[dict[str, Any]]: ...
 
     def list_jobs(self, *, status: str | None = None, reason: str | None = None,
                   id_prefix: str | None = None, after_seq: int | None = None,
-                  limit: int = 50, key: str | None = None) -> list[dict[str, Any]]:
+                  limit: int = 50, key: str | None = None,
+                  endpoint: str | None = None) -> list[dict[str, Any]]:
         """One page of whole rows in seq order after ``after_seq`` (keyset
-        pagination), filtered (``key``: one ordering key, exactly); a dead row
-        with ``last_error``."""
+        pagination), filtered (``key``: one ordering key, exactly;
+        ``endpoint``: one endpoint's deliveries); a dead row with ``last_error``."""
         ...
 
     def stale_finishes(self) -> int: ...
@@ -202,8 +204,8 @@ class Store(Protocol):
 
     def endpoint_stats(self) -> list[dict[str, Any]]:
         """Per endpoint, by name: ready, in_flight, done, retried (attempts
-        that ended in a retry), dead, last_error (text and when), last_success
-        (when), and the public fields."""
+        that ended in a retry), dead and dead_by_reason, last_error (text and
+        when), last_success (when), and the public fields."""
         ...
 
     def endpoint_audit(self, name: str | None = None) -> list[dict[str, Any]]:

@@ -2,7 +2,9 @@
 
 The SQLite scenarios (``asyncworker.bench.sqlite``), each in a fresh child
 process, then the CPU table (``asyncworker.bench.cpu``) and, with a store,
-the PostgreSQL table (``asyncworker.bench.postgres``). This module is the top
+the PostgreSQL table (``asyncworker.bench.postgres``). With ``endpoints``, the
+targets of endpoints as data instead (``asyncworker.bench.endpoints``), on
+the SQLite file and, with a store, on PostgreSQL. This module is the top
 of the benchmarks: it imports the scenario modules, none of them imports it.
 """
 
@@ -30,14 +32,25 @@ def _peers_installed() -> list[str]:
 
 
 def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
-              store: str | None = None, pin: bool = True) -> list[dict]:
+              store: str | None = None, pin: bool = True, endpoints: bool = False,
+              full_size: bool = False) -> list[dict]:
     """Measure everything once and print the table; return the rows. ``pin``:
     each receiver on half of the CPUs and its clients on the other (False:
     both left to the scheduler). With
     ``store`` (a ``postgresql://`` URL, or ``postgres`` for a server started
     for the run) the PostgreSQL table follows, from the same run
-    (``asyncworker.bench.postgres``)."""
+    (``asyncworker.bench.postgres``). ``endpoints``: the endpoint targets
+    alone (``asyncworker.bench.endpoints``), ``full_size`` with 1,000,000
+    ready deliveries; one row per store and scenario."""
     out = out or sys.stdout
+    if endpoints:
+        from asyncworker.bench.endpoints import run_endpoint_bench
+
+        found = run_endpoint_bench(full=full_size, quick=quick, store=store, out=out)
+        return [{"scenario": f"endpoints {name}", "store": label, **figures}
+                for label, results in found.items() for name, figures in results.items()]
+    if full_size:
+        raise ValueError("--full-size sizes the endpoint benchmarks: give --endpoints too")
     size = (lambda full, small: small) if quick else (lambda full, small: full)
     rows: list[dict] = []
 

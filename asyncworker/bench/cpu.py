@@ -233,6 +233,9 @@ class MemoryStore:
     def is_idle(self) -> bool:  # no ordering keys here: idle is drained
         return self.is_drained()
 
+    def is_idle_for(self, endpoints: object) -> bool:  # no endpoints here either
+        return self.is_drained()
+
     def blocked_heads(self, limit: int = 0) -> list:
         return []
 
@@ -252,6 +255,8 @@ class MemoryStore:
     enqueue_events = redrive_jobs = cancel_jobs = prune_done = counts = snapshot = _not_here
     job_history = dead_jobs = jobs_with_status = list_jobs = stale_finishes = _not_here
     schema_version = _not_here
+    add_endpoint = update_endpoint = remove_endpoint = endpoint_configs = _not_here
+    endpoints = endpoint_stats = endpoint_audit = recover_endpoint = _not_here
 
 
 async def _dispatch(queue: str, concurrency: int, batch: int, *, url: str | None = None,

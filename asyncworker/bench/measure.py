@@ -1,14 +1,17 @@
 """What the benchmarks share: how a run is measured (CPU, peak RSS,
 percentiles), where a receiver and its clients run (``split_cpus``,
-``receiver_apart``), the bulk redrive both stores measure, and how a figure
-is printed. The scenario modules (``sqlite``, ``cpu``, ``postgres``) import
-it; it imports none of them."""
+``receiver_apart``), the bulk redrive both stores measure, a PostgreSQL
+server and a database of its own per scenario (``server_for``,
+``database``), and how a figure is printed. The scenario modules
+(``sqlite``, ``cpu``, ``postgres``, ``endpoints``) import it; it imports
+none of them."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import resource
+import secrets
 import statistics
 import subprocess
 import sys
@@ -16,6 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from lease import worker
 
@@ -208,3 +212,45 @@ def fmt(value: Any, digits: int = 0) -> str:
     if isinstance(value, float):
         return f"{value:,.{digits}f}"
     return str(value)
+
+
+# ----------------------------------------------------------------- PostgreSQL
+
+
+def admin_connection(url: str) -> Any:
+    """An autocommit connection to ``url`` (psycopg, imported only here)."""
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True, connect_timeout=10)
+
+
+@contextlib.contextmanager
+def database(url: str) -> Iterator[str]:
+    """A fresh database on the server of ``url`` for one scenario; dropped after."""
+    from psycopg import sql
+
+    name = f"bench_{secrets.token_hex(6)}"
+    with admin_connection(url) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(
+            sql.Identifier(name)))
+    try:
+        yield urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+    finally:
+        with admin_connection(url) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
+
+
+@contextlib.contextmanager
+def server_for(store: str) -> Iterator[str]:
+    """The URL to measure on: the one given, or for ``postgres`` a server
+    started for this run with durable settings, closed after it."""
+    if store != "postgres":
+        yield store
+        return
+    from asyncworker.devtools.postgres_server import PostgresServer
+
+    # durable: every commit waits for its WAL flush (fsync and synchronous_commit on)
+    with PostgresServer(fsync=True, settings={"synchronous_commit": "on",
+                                              "shared_buffers": "256MB"}) as server:
+        yield server.url

@@ -27,7 +27,6 @@ import importlib.util
 import json
 import os
 import platform
-import secrets
 import statistics
 import subprocess
 import sys
@@ -36,8 +35,9 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
+from asyncworker.bench.measure import admin_connection as _admin
+from asyncworker.bench.measure import database, server_for
 from lease.policy import RetryPolicy
 from lease.postgres import redact
 from lease.stores import is_postgres_url
@@ -56,29 +56,6 @@ TARGET_HISTORY_RATIO = 1.5
 
 
 # ----------------------------------------------------------------- databases
-
-
-def _admin(url: str) -> Any:
-    import psycopg
-
-    return psycopg.connect(url, autocommit=True, connect_timeout=10)
-
-
-@contextlib.contextmanager
-def database(url: str) -> Iterator[str]:
-    """A fresh database on the server of ``url`` for one scenario; dropped after."""
-    from psycopg import sql
-
-    name = f"bench_{secrets.token_hex(6)}"
-    with _admin(url) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(
-            sql.Identifier(name)))
-    try:
-        yield urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
-    finally:
-        with _admin(url) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(name)))
 
 
 def _enqueue(url: str, n: int, prefix: str = "job") -> None:
@@ -359,24 +336,6 @@ def _rss_mb() -> float:
     import resource
 
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # KiB on Linux
-
-
-# ----------------------------------------------------------------- the server
-
-
-@contextlib.contextmanager
-def server_for(store: str) -> Iterator[str]:
-    """The URL to measure on: the one given, or for ``postgres`` a server
-    started for this run with durable settings, closed after it."""
-    if store != "postgres":
-        yield store
-        return
-    from asyncworker.devtools.postgres_server import PostgresServer
-
-    # durable: every commit waits for its WAL flush (fsync and synchronous_commit on)
-    with PostgresServer(fsync=True, settings={"synchronous_commit": "on",
-                                              "shared_buffers": "256MB"}) as server:
-        yield server.url
 
 
 def _server_version(url: str) -> str:

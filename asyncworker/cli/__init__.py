@@ -16,7 +16,8 @@ version, and write nothing.
 The package, by module: ``parser`` (every command's arguments), one module
 per group of commands (``intake``: init, enqueue; ``running``: run, serve;
 ``reads``: stats, dead, inspect; ``actions``: redrive, cancel, prune,
-prune-inbox; ``launchers``: ui, bench, demo, each importing what it starts on
+prune-inbox; ``endpoints``: endpoint add, list, show, update, disable, enable,
+remove; ``launchers``: ui, bench, demo, each importing what it starts on
 use), ``output`` (what they print), ``exits`` (the codes below) and ``demo``
 (the demo's story). What the operator's page does too is in
 ``asyncworker.operations``. ``main`` turns each error into one line and its
@@ -26,7 +27,8 @@ Exit codes (the same text is in ``--help`` and in the README):
 
 - 0: done; for ``run``, no job went dead in this run.
 - 1: the work failed: a conflict (``enqueue``), a refused redrive or cancel,
-  no such job (``inspect``), a receiver that did not answer (``stats``),
+  no such job (``inspect``), no such endpoint, an endpoint's name taken or its
+  removal refused (``endpoint``), a receiver that did not answer (``stats``),
   evidence that contradicts itself (``demo``), a database or file error such
   as a read-only or locked queue, a folder it cannot write in, or a database
   server it cannot reach or log in to (any command). Standard output closed
@@ -95,10 +97,14 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
         message = message.replace(password, "***")
     from asyncworker.logs import current_format, say
 
+    command = args.command
+    if getattr(args, "action", None):  # endpoint add, endpoint remove, ...
+        command = f"{command} {args.action}"
     if current_format() == "json":  # the error as the object of a record, its facts as keys
-        say(one_line(message), f"asyncworker.{args.command}", "error", exit_code=code)
+        say(one_line(message), f"asyncworker.{command.replace(' ', '.')}", "error",
+            exit_code=code)
     else:
-        to_stderr(f"asyncworker {args.command}: {one_line(message)}\n")
+        to_stderr(f"asyncworker {command}: {one_line(message)}\n")
     return code
 
 

@@ -9,6 +9,7 @@ EXIT_CODES = """\
 exit codes:
   0    done (run: and no job went dead in this run)
   1    the work failed: a conflict, a refused redrive or cancel, no such job,
+       no such endpoint, an endpoint's name taken or its removal refused,
        no answer from the receiver, a database or file error (read-only,
        locked, a server it cannot reach or log in to); also, quietly, when
        standard output is closed early (| head)

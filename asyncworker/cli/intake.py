@@ -170,11 +170,11 @@ def _single_event(args: argparse.Namespace) -> dict | None:
     return event
 
 
-def _keyed(events: Any, key: str | None) -> Any:
-    """Every event with --key, unless it carries a key of its own."""
+def _keyed(events: Any, key: str | None, field: str = "key") -> Any:
+    """Every event with --key (``field``: or --type), unless it carries one of its own."""
     if key is None:
         return events
-    return ({**event, "key": key} if isinstance(event, dict) and "key" not in event
+    return ({**event, field: key} if isinstance(event, dict) and field not in event
             else event for event in events)
 
 
@@ -193,7 +193,8 @@ def enqueue(args: argparse.Namespace) -> int:
                 stack.enter_context(source)
             lines = JsonLines(source)
         store = stack.enter_context(closing(open_queue_store(args.queue, migrate=False)))
-        events = _keyed([event] if lines is None else lines, args.key)
+        events = _keyed(_keyed([event] if lines is None else lines, args.key),
+                        args.type, "type")
         # a file is all or nothing, unless asked to skip; one event is either
         on_conflict = "return" if lines is None or args.skip_conflicts else "raise"
         try:
@@ -223,7 +224,7 @@ def _intake(store: Store, events: Any, policy: RetryPolicy, delay_ms: int,
         where = f"line {lines.number}: " if lines is not None else ""
         raise UsageError(f"{where}{exc}; nothing was enqueued") from None
     finally:
-        if live and events.number >= PROGRESS_EVERY:
+        if live and lines is not None and lines.number >= PROGRESS_EVERY:
             to_stderr("\r\x1b[2K")  # the live line erased: the summary follows on stdout
 
 

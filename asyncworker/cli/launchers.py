@@ -28,7 +28,8 @@ def bench(args: argparse.Namespace) -> int:
         raise UsageError(f"--store must be a postgresql:// URL or 'postgres' (a server "
                          f"started for the run), got {args.store!r:.80}")
     try:
-        run_bench(quick=args.quick, peers=args.peers, store=args.store, pin=args.pin)
+        run_bench(quick=args.quick, peers=args.peers, store=args.store, pin=args.pin,
+                  endpoints=args.endpoints, full_size=args.full_size)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return EXIT_OK

@@ -110,9 +110,14 @@ def say_left_leased(left: list[dict]) -> None:
              f"leases run out (the last at {when(last)}): {named}{more}", leases_left=left)
 
 
+def _to(head: dict) -> str:
+    """A delivery's line is its key to one endpoint: named with it."""
+    return f" to {head['endpoint']}" if head.get("endpoint") is not None else ""
+
+
 def say_blocked(blocked: list[dict]) -> None:
     """An idle run's last line: each key blocked by a dead first job, and that job."""
-    named = ", ".join(f"{one['key']} (dead head {one['id']}, {one['reason']}; "
+    named = ", ".join(f"{one['key']}{_to(one)} (dead head {one['id']}, {one['reason']}; "
                       f"{one['waiting']} waiting)" for one in blocked[:SHOW_EACH])
     more = f" and {len(blocked) - SHOW_EACH} more" if len(blocked) > SHOW_EACH else ""
     announce(f"idle: {count(len(blocked), 'ordering key')} blocked by a dead job, nothing to "
@@ -155,6 +160,7 @@ def print_history(history: dict) -> None:
     job = history["job"]
     rows: list[tuple] = [
         ("id", job["id"]),
+        *delivery_rows(job),
         *((("key", cell(job["ordering_key"])),) if "ordering_key" in job else ()),
         ("event", event_cell(job)),
         ("status", job["status"] if job["reason"] is None else f"{job['status']} "
@@ -188,6 +194,21 @@ def print_history(history: dict) -> None:
         _print_records("cancels", history["cancels"], (
             ("token", "token"), ("at", lambda r: when(r["at_ms"])), ("was", "was"),
             ("note", "note"), *_actor_column(history["cancels"])))
+
+
+def event_type(job: dict) -> str | None:
+    """A job's event type, where its file records one."""
+    return job.get("type", job.get("event_type"))
+
+
+def delivery_rows(job: dict) -> tuple:
+    """A delivery's endpoint and message, and any job's event type: rows of its record."""
+    rows: tuple = ()
+    if job.get("endpoint") is not None:
+        rows += (("endpoint", job["endpoint"]), ("message", cell(job.get("message"))))
+    if event_type(job) is not None:
+        rows += (("type", event_type(job)),)
+    return rows
 
 
 def _actor_column(records: list[dict]) -> tuple:

@@ -12,14 +12,17 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from asyncworker.cli import actions, intake, launchers, reads, running
+from asyncworker.cli import actions, endpoints, intake, launchers, reads, running
 from asyncworker.cli.exits import EXIT_CODES, EXIT_USAGE
 from asyncworker.cli.output import AGE_UNITS, SHOW_EACH, duration
 from asyncworker.operations import DEAD_REASONS, one_line
+from lease.endpoints import MAX_BURST, MAX_IN_FLIGHT, MAX_RATE, check_endpoint_name
 from lease.policy import (
     DEFAULT_POLICY,
     MAX_BODY_BYTES,
     PRODUCT,
+    check_actor,
+    check_event_type,
     check_note,
     check_ordering_key,
     check_product_event,
@@ -128,6 +131,47 @@ def _body(text: str) -> dict:
         raise argparse.ArgumentTypeError(str(exc)) from None
     assert isinstance(body, dict)  # check_product_event refused anything else
     return body
+
+
+def _actor(text: str) -> str:
+    try:
+        checked = check_actor(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    assert checked is not None
+    return checked
+
+
+def _event_type(text: str) -> str:
+    try:
+        return check_event_type(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _subscription(text: str) -> str:
+    """--type of an endpoint: an event type, or '*' (every type)."""
+    return text if text == "*" else _event_type(text)
+
+
+def _endpoint_name(text: str) -> str:
+    try:
+        return check_endpoint_name(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"an endpoint's name is 1-64 ASCII letters, digits, '_' or '-': {text!r:.80}"
+        ) from None
+
+
+def _rate(text: str) -> float:
+    """--rate: requests a second, a positive finite number up to MAX_RATE."""
+    if not re.fullmatch(r"[0-9]+(\.[0-9]*)?|\.[0-9]+", text):
+        raise argparse.ArgumentTypeError(f"not a number of requests a second: {text!r:.40}")
+    value = float(text)
+    if not 0 < value <= MAX_RATE:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most {MAX_RATE:g}, "
+                                         f"got {text}")
+    return value
 
 
 def parse_age(text: str) -> int:
@@ -293,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the whole record as JSON")
 
     _operator_commands(command)
+    _endpoint_commands(commands)
 
     p = command("bench", "measure throughput and latency against their limits", launchers.bench)
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not figures")
@@ -305,6 +350,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-pin", dest="pin", action="store_false",
                    help="leave each receiver and its clients to the scheduler (default: the "
                         "receiver on half of the CPUs, its clients on the other half)")
+    p.add_argument("--endpoints", action="store_true",
+                   help="measure the endpoint targets instead (the claim with 10,000 "
+                        "endpoints, fairness, fan-out), on SQLite and with --store on "
+                        "PostgreSQL")
+    p.add_argument("--full-size", action="store_true",
+                   help="with --endpoints: 1,000,000 ready deliveries (default 100,000)")
 
     p = command("demo", "the crash-after-ACK story, end to end, on loopback", launchers.demo)
     p.add_argument("--jobs", metavar="N", type=_int_in(10, 100_000), default=300,
@@ -332,7 +383,8 @@ def _enqueue_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"the payload: one JSON object, at most {MAX_BODY_BYTES} bytes as "
                         "canonical JSON (sorted keys, no spaces)")
     p.add_argument("--file", metavar="PATH",
-                   help="UTF-8 JSON lines, {\"id\", \"qty\"} or {\"id\", \"body\": {...}} (a "
+                   help="UTF-8 JSON lines, {\"id\", \"qty\"} or {\"id\", \"body\": {...}}, each "
+                        "with an optional \"key\" and \"type\" (a "
                         "file, pipe or FIFO; '-' reads standard input), streamed into one "
                         "transaction: all or nothing. A bad line, or any line whose id is "
                         "kept with other content (a conflict), enqueues nothing; each "
@@ -343,6 +395,10 @@ def _enqueue_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", metavar="KEY", type=_ordering_key,
                    help="ordering key: jobs with the same key are delivered one at a time, in "
                         "intake order (given to every event that has none of its own)")
+    p.add_argument("--type", metavar="TYPE", type=_event_type,
+                   help="event type (invoice.paid, user/created: 1-100 letters, digits or "
+                        "_ . : / -): a queue's endpoints subscribe by it (given to every "
+                        "event that has no \"type\" of its own)")
     p.add_argument("--ttl-ms", metavar="MS", type=_int_in(1, PRODUCT.max_ttl_ms),
                    default=DEFAULT_POLICY.ttl_ms,
                    help=f"time to live from the first moment it may run, up to "
@@ -382,11 +438,17 @@ def _loop_argument(p: argparse.ArgumentParser) -> None:
 
 def _run_arguments(p: argparse.ArgumentParser) -> None:
     _queue_argument(p)
-    p.add_argument("--url", metavar="URL", required=True,
-                   help="the receiver: https://HOST[:PORT]/PATH (its certificate and host "
-                        "name verified), or http:// to a loopback address (127.0.0.1, ::1, "
-                        "localhost); plain http to any other host only with "
-                        "--insecure-plain-http")
+    p.add_argument("--url", metavar="URL", default=None,
+                   help="the receiver of the queue's own jobs: https://HOST[:PORT]/PATH (its "
+                        "certificate and host name verified), or http:// to a loopback "
+                        "address (127.0.0.1, ::1, localhost); plain http to any other host "
+                        "only with --insecure-plain-http. Without --url: the deliveries to "
+                        "the queue's endpoints (asyncworker endpoint), each sent as its "
+                        "endpoint says")
+    p.add_argument("--endpoint", metavar="NAME", dest="endpoints", action="append",
+                   type=_endpoint_name, default=None,
+                   help="without --url: serve only this endpoint's deliveries (repeatable; "
+                        "default every endpoint of the queue, those added later included)")
     _destination_arguments(p)
     p.add_argument("--concurrency", metavar="N", type=_int_in(1, 10_000), default=16,
                    help="sends in flight (default 16)")
@@ -442,7 +504,7 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _destination_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ack", choices=ACK_POLICIES, default="echo-id",
+    p.add_argument("--ack", choices=ACK_POLICIES, default=None,
                    help="what counts as delivered: echo-id (default) a 2xx JSON object naming "
                         "the job's id, the receiver's proof it read this request; status any "
                         "2xx (the webhook convention: weaker evidence, see the README)")
@@ -560,3 +622,142 @@ def _bulk_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="bulk: list, change nothing")
     p.add_argument("--verbose", action="store_true",
                    help=f"a line per job however many (by default only up to {SHOW_EACH})")
+
+
+# ------------------------------------------------------------------ endpoint
+
+
+ENDPOINT_HELP = """\
+a queue's endpoints: the destinations of its messages. Once a queue has one,
+each event enqueued is a message that fans out, in its intake's transaction,
+to one delivery per endpoint subscribed to its type (--type; '*' takes every
+type). A delivery is a job like any other (lease, attempts, dead letter,
+redrive, cancel); `run QUEUE` without --url sends them. An endpoint's cap
+(--max-in-flight) and rate (--rate, --burst) hold across every dispatcher.
+Secrets and header values are read from files only, never shown."""
+
+
+def _endpoint_commands(commands: Any) -> None:
+    """``endpoint add|list|show|update|disable|enable|remove QUEUE ...``."""
+    group = commands.add_parser("endpoint", help="add, list, show, change and remove a "
+                                "queue's endpoints (its messages' destinations)",
+                                description=ENDPOINT_HELP)
+    actions_ = group.add_subparsers(dest="action", required=True, metavar="ACTION",
+                                    parser_class=Parser)
+
+    def action(name: str, help_text: str, description: str | None = None
+               ) -> argparse.ArgumentParser:
+        sub = actions_.add_parser(name, help=help_text, description=description or help_text)
+        sub.set_defaults(handler=endpoints.HANDLERS[name])
+        _log_arguments(sub)
+        _queue_argument(sub)
+        return sub
+
+    p = action("add", "add an endpoint: from now on each message of its types fans out to it",
+               "add an endpoint. From now on each message subscribed to its types (--type) "
+               "gets a delivery to it; messages enqueued before are not sent to it.")
+    p.add_argument("name", metavar="NAME", type=_endpoint_name,
+                   help="its name: 1-64 ASCII letters, digits, '_' or '-' (it ends each of "
+                        "its deliveries' ids: MESSAGE@NAME)")
+    p.add_argument("url", metavar="URL",
+                   help="where its deliveries are POSTed: https://HOST[:PORT]/PATH, or "
+                        "http:// to a loopback address (another host with "
+                        "--insecure-plain-http)")
+    _endpoint_options(p, adding=True)
+
+    p = action("list", "the queue's endpoints, one a line (reads only)")
+    p.add_argument("--json", action="store_true",
+                   help="a JSON array of their public fields (no secret, no header value)")
+
+    p = action("show", "one endpoint: its fields, its deliveries' figures, its audit rows "
+               "(reads only)")
+    p.add_argument("name", metavar="NAME", type=_endpoint_name, help="the endpoint")
+    p.add_argument("--json", action="store_true",
+                   help="the whole record as JSON (no secret, no header value)")
+
+    p = action("update", "change an endpoint's fields (only the ones given); an audit row "
+               "names the fields changed, never their values")
+    p.add_argument("name", metavar="NAME", type=_endpoint_name, help="the endpoint")
+    p.add_argument("--url", metavar="URL", default=None, help="a new URL")
+    _endpoint_options(p, adding=False)
+
+    for verb, what in (("disable", "its deliveries are kept, and wait; none is claimed "
+                        "until it is enabled again (new messages still fan out to it)"),
+                       ("enable", "its waiting deliveries are claimed again")):
+        p = action(verb, f"{verb} an endpoint: {what}")
+        p.add_argument("name", metavar="NAME", type=_endpoint_name, help="the endpoint")
+        _audit_options(p)
+
+    p = action("remove", "remove an endpoint (refused while it has live deliveries)",
+               "remove an endpoint. Refused, nothing changed, while it has deliveries pending "
+               "or in flight: --cancel-deliveries (with --note) cancels the pending ones with "
+               "the removal, each with an audit row; one in flight (its send may be on the "
+               "wire) refuses the removal still: disable the endpoint, and remove it once "
+               "they have finished. Its finished deliveries keep its name.")
+    p.add_argument("name", metavar="NAME", type=_endpoint_name, help="the endpoint")
+    p.add_argument("--cancel-deliveries", action="store_true",
+                   help="cancel its pending deliveries with the removal (needs --note)")
+    _audit_options(p)
+
+
+def _audit_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--note", metavar="NOTE", type=_note, default=None,
+                   help="audit note: free text, 1-500 characters, no control characters")
+    p.add_argument("--actor", metavar="NAME", type=_actor, default=None,
+                   help="who makes the change, for the audit row (1-100 characters)")
+
+
+def _endpoint_options(p: argparse.ArgumentParser, *, adding: bool) -> None:
+    """add's options; update takes each of them too, and the ways to clear one."""
+    keep = "" if adding else " (update: replaces the ones it has)"
+    p.add_argument("--ack", choices=ACK_POLICIES, default=None,
+                   help="what counts as delivered: echo-id (default) a 2xx JSON object naming "
+                        "the delivery's id; status any 2xx")
+    p.add_argument("--ca-file", metavar="PATH", default=None,
+                   help="an https URL: trust only the CA certificates (PEM) in this file")
+    p.add_argument("--secret-file", metavar="PATH", default=None,
+                   help=f"sign its requests (Standard Webhooks) with the whsec_ secrets in this "
+                        f"file, one a line (# comments; two or more: a rotation, each request "
+                        f"signed with every one){keep}; refused if every user may write it, a "
+                        f"warning if others may read it")
+    p.add_argument("--header-file", metavar="PATH", default=None,
+                   help=f"static headers sent with each request: 'Name: value' a line "
+                        f"(# comments; values are secrets, never shown){keep}; checked as a "
+                        f"--secret-file is")
+    p.add_argument("--type", metavar="TYPE", dest="types", action="append",
+                   type=_subscription, default=None,
+                   help=f"an event type it subscribes to (repeatable; '*': every type, "
+                        f"alone){' (default *)' if adding else keep}")
+    p.add_argument("--max-in-flight", metavar="N", type=_int_in(1, MAX_IN_FLIGHT), default=None,
+                   help="at most N of its sends in flight at once, across every dispatcher "
+                        "(default: no cap)")
+    p.add_argument("--rate", metavar="R", type=_rate, default=None,
+                   help="at most R requests a second to it, across every dispatcher "
+                        "(default: no limit)")
+    p.add_argument("--burst", metavar="B", type=_int_in(1, MAX_BURST), default=None,
+                   help="with --rate: up to B requests at once after a quiet spell "
+                        "(default: the rate rounded up)")
+    p.add_argument("--insecure-plain-http", action="store_true", default=None,
+                   help="allow a plain http URL to a host that is not loopback: anyone on "
+                        "the path can read and change what crosses it")
+    if adding:
+        p.add_argument("--disabled", action="store_true",
+                       help="add it disabled: its deliveries wait until it is enabled")
+    else:
+        enabled = p.add_mutually_exclusive_group()
+        enabled.add_argument("--disabled", dest="enabled", action="store_false", default=None,
+                             help="disable it (as endpoint disable does)")
+        enabled.add_argument("--enabled", dest="enabled", action="store_true", default=None,
+                             help="enable it (as endpoint enable does)")
+        p.add_argument("--secure-only", action="store_true",
+                       help="take back --insecure-plain-http (its URL must then be https or "
+                            "loopback)")
+        p.add_argument("--clear-ca-file", action="store_true",
+                       help="trust the system's CA store again")
+        p.add_argument("--clear-secrets", action="store_true",
+                       help="send its requests unsigned")
+        p.add_argument("--clear-headers", action="store_true", help="send no static header")
+        p.add_argument("--clear-max-in-flight", action="store_true", help="no cap")
+        p.add_argument("--clear-rate", action="store_true",
+                       help="no rate limit (its burst goes with it)")
+    _audit_options(p)

@@ -8,15 +8,26 @@ import json
 import sys
 from contextlib import closing
 
+from asyncworker.cli.endpoints import endpoint_stats_rows
 from asyncworker.cli.exits import EXIT_OK
 from asyncworker.cli.output import cell, event_cell, print_history, print_table, stats_rows
-from asyncworker.operations import WorkFailed, open_queue_store, reached, receiver_stats, shown
+from asyncworker.operations import (
+    WorkFailed,
+    endpoint_figures,
+    open_queue_store,
+    reached,
+    receiver_stats,
+    shown,
+)
 
 
 def stats(args: argparse.Namespace) -> int:
     reached(args, "--receiver", args.receiver)  # checked before the queue is opened
     with closing(open_queue_store(args.queue, read_only=True)) as store:
         snap = store.snapshot()  # at the store's clock: a database's is its server's
+        endpoints = endpoint_figures(store)
+    if endpoints:  # a queue without endpoints shows what it always did
+        snap["endpoints"] = endpoints
     if args.receiver:
         try:
             snap["receiver"] = receiver_stats(args.receiver, args.ca_file,
@@ -29,6 +40,9 @@ def stats(args: argparse.Namespace) -> int:
         print(json.dumps(snap, indent=2, sort_keys=True))
         return EXIT_OK
     print_table(stats_rows(snap))
+    if endpoints:
+        print()
+        print_table(endpoint_stats_rows(endpoints))
     return EXIT_OK
 
 
@@ -42,11 +56,14 @@ def dead(args: argparse.Namespace) -> int:
         print(json.dumps(jobs, indent=2, ensure_ascii=False))
     elif jobs:
         has = jobs[0].keys()
-        columns = (_JOB_COLUMNS[:1] + (("key",) if "ordering_key" in has else ())
+        deliveries = any(j.get("endpoint") is not None for j in jobs)
+        columns = (_JOB_COLUMNS[:1] + (("endpoint",) if deliveries else ())
+                   + (("key",) if "ordering_key" in has else ())
                    + _JOB_COLUMNS[1:] + (("last_error",) if "last_error" in has else ()))
         print_table([columns] + [
-            tuple(event_cell(j) if c == "qty" else cell(j["ordering_key" if c == "key" else c])
-                  for c in columns) for j in jobs])
+            tuple(event_cell(j) if c == "qty" else cell(j.get("ordering_key" if c == "key"
+                                                              else c)) for c in columns)
+            for j in jobs])
     sys.stdout.flush()  # the table first, then its count, in a terminal too
     print(f"{len(jobs)} dead", file=sys.stderr)
     return EXIT_OK

@@ -11,6 +11,7 @@ import socket
 import sqlite3
 import sys
 import time
+from contextlib import closing
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asyncworker.cli.exits import EXIT_DEAD, EXIT_INTERRUPTED, EXIT_OK
@@ -49,9 +50,43 @@ def _retry_policy(args: argparse.Namespace) -> RetryPolicy:
 def _destination(args: argparse.Namespace) -> Destination:
     """run's --url and its flags: every fault a usage error, before the queue is opened."""
     secrets = () if args.secret_file is None else read_secret_file(args.secret_file)
-    destination = reached(args, "--url", args.url, ack=args.ack, secrets=secrets)
-    assert destination is not None  # --url is required
+    destination = reached(args, "--url", args.url, ack=args.ack or "echo-id", secrets=secrets)
+    assert destination is not None  # --url is given
     return destination
+
+
+def _served(args: argparse.Namespace) -> str | tuple[str, ...]:
+    """run without --url: the endpoints it serves ("*": every one, those added
+    later too), its flags checked before the queue is opened."""
+    if args.url is not None:
+        raise UsageError("--endpoint goes without --url: --url sends the queue's own jobs, "
+                         "--endpoint the deliveries to that endpoint")
+    given = [flag for flag, value in (("--ack", args.ack), ("--ca-file", args.ca_file),
+                                      ("--secret-file", args.secret_file),
+                                      ("--insecure-plain-http", args.insecure_plain_http))
+             if value]
+    if given:
+        raise UsageError(f"{', '.join(given)} go{'es' if len(given) == 1 else ''} with --url: "
+                         f"an endpoint is sent as it says (asyncworker endpoint update changes "
+                         f"it)")
+    if args.crash_after_acks is not None:
+        raise UsageError("--crash-after-acks goes with --url")
+    return "*" if args.endpoints is None else tuple(sorted(set(args.endpoints)))
+
+
+def _check_served(queue: str, served: str | tuple[str, ...]) -> list[str]:
+    """The endpoints a run will serve, read from the queue (migrated here, once):
+    none at all, or one named that is not there, is a usage error."""
+    with closing(open_queue_store(queue)) as store:
+        names = [row["name"] for row in store.endpoints()]
+    if not names:
+        raise UsageError(f"{shown(queue)} has no endpoints: give --url (the receiver of the "
+                         f"queue's own jobs), or add one (asyncworker endpoint add)")
+    unknown = [] if served == "*" else sorted(set(served) - set(names))
+    if unknown:
+        raise UsageError(f"no endpoint {', '.join(map(repr, unknown))} in {shown(queue)} "
+                         f"(it has {', '.join(names)})")
+    return names if served == "*" else list(served)
 
 
 def _default_owner() -> str:
@@ -61,29 +96,39 @@ def _default_owner() -> str:
 
 def run(args: argparse.Namespace) -> int:
     policy = _retry_policy(args)
-    destination = _destination(args)
-    # missing or foreign: exit 2 before anything runs; a file is migrated here, once
-    open_queue_store(args.queue).close()
+    if args.url is None:  # the deliveries to the queue's endpoints
+        served = _served(args)
+        send_timeout_ms = _send_timeout_ms(args, policy)
+        names = _check_served(args.queue, served)  # missing or foreign: exit 2; migrated once
+        target: dict[str, Any] = {"endpoints": served}
+        sends_to = (f"endpoints {', '.join(names)}"
+                    f"{' (and any added while it runs)' if served == '*' else ''}")
+    else:
+        if args.endpoints is not None:
+            _served(args)  # the error that says why
+        destination = _destination(args)
+        # missing or foreign: exit 2 before anything runs; a file is migrated here, once
+        open_queue_store(args.queue).close()
+        send_timeout_ms = _send_timeout_ms(args, policy)
+        target = {"destination": destination}
+        if args.crash_after_acks is not None:
+            target = {"send": _crashing_sender(destination, send_timeout_ms or args.lease_ms,
+                                               args.crash_after_acks)}
+        keys = len(destination.secrets)  # how many, never which
+        signed = f"signed with {keys} secret{'s' if keys > 1 else ''}" if keys else "unsigned"
+        sends_to = f"url {args.url} (ack {destination.ack}, {signed})"
     from asyncworker.dispatcher import Dispatcher
 
     owner = args.owner or _default_owner()
-    send_timeout_ms = _send_timeout_ms(args, policy)
-    send = None
-    if args.crash_after_acks is not None:
-        send = _crashing_sender(destination, send_timeout_ms or args.lease_ms,
-                                args.crash_after_acks)
     try:
-        dispatcher = Dispatcher(args.queue, owner, destination=None if send else destination,
-                                send=send, concurrency=args.concurrency, lease_ms=args.lease_ms,
-                                send_timeout_ms=send_timeout_ms,
+        dispatcher = Dispatcher(args.queue, owner, **target, concurrency=args.concurrency,
+                                lease_ms=args.lease_ms, send_timeout_ms=send_timeout_ms,
                                 poll_interval=args.poll_ms / 1000, batch_size=args.batch_size,
                                 prefetch=args.prefetch, policy=policy)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    keys = len(destination.secrets)  # how many, never which
-    signed = f"signed with {keys} secret{'s' if keys > 1 else ''}" if keys else "unsigned"
-    banner = (f"run: owner {owner}, queue {shown(args.queue)}, url {args.url} (ack {args.ack}, "
-              f"{signed}), concurrency {args.concurrency}, lease {args.lease_ms} ms, backoff "
+    banner = (f"run: owner {owner}, queue {shown(args.queue)}, {sends_to}, concurrency "
+              f"{args.concurrency}, lease {args.lease_ms} ms, backoff "
               f"{policy.backoff_base_ms}..{policy.backoff_cap_ms} ms, jitter {policy.jitter}")
     from asyncworker import eventloop
 
@@ -188,7 +233,8 @@ async def _dispatch(dispatcher: Dispatcher, until_idle: bool, banner: str,
                     # printed once a signal means a graceful stop: a supervisor may wait for it
                     on_ready=lambda: announce(banner, owner=dispatcher.owner))
                 if until_idle and not signalled:  # idle: is anything blocked?
-                    blocked = await dispatcher.queue.call(lambda store: store.blocked_heads())
+                    blocked = _heads(await dispatcher.queue.call(
+                        lambda store: store.blocked_heads()))
             finally:
                 progress.cancel()
                 seconds = time.monotonic() - started
@@ -202,6 +248,13 @@ async def _dispatch(dispatcher: Dispatcher, until_idle: bool, banner: str,
     finally:
         if served is not None:
             await served.cleanup()
+
+
+def _heads(blocked: list[dict]) -> list[dict]:
+    """The blocked heads as a run names them: a delivery's with its endpoint, a
+    job of the queue's own as it always was (no endpoint key)."""
+    return [head if head.get("endpoint") is not None
+            else {k: v for k, v in head.items() if k != "endpoint"} for head in blocked]
 
 
 async def _serve_metrics(dispatcher: Dispatcher, host: str, port: int) -> Any:

@@ -1,7 +1,8 @@
 """The operator's web page: ``asyncworker ui QUEUE``, or mounted in an aiohttp app.
 
-Overview, jobs, a job's evidence record and the dead letters with bulk
-redrive and cancel, rendered on the server (no script at all), each also as
+Overview, jobs, a job's evidence record, the dead letters with bulk redrive
+and cancel, and the endpoints (each with its deliveries, dead letters and
+audit rows), rendered on the server (no script at all), each also as
 JSON (``?format=json``). Safe by default: read-only unless changes are
 allowed, loopback only unless a token is required, every change a same-site
 POST with a CSRF token. ``docs/operator-ui.md`` says what each figure means.

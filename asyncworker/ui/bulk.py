@@ -1,7 +1,7 @@
 """Bulk redrive and cancel of everything a filter matches: the pure parts.
 
-The operator names a filter (a reason, an id prefix, an ordering key) and a
-note; the dry run lists the dead letters it matches and a fingerprint of the
+The operator names a filter (a reason, an id prefix, an ordering key, an
+endpoint) and a note; the dry run lists the dead letters it matches and a fingerprint of the
 filter and that set; the confirmation carries the filter and the fingerprint
 back and is refused when the set it matches now is another one (a job
 redriven, retried, gone dead since), or the filter is. What is confirmed is
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from asyncworker.operations import DEAD_REASONS
+from lease.endpoints import check_endpoint_name
 from lease.policy import DEFAULT_POLICY, PRODUCT, check_note, check_ordering_key
 
 __all__ = ["ACTIONS", "BadRequest", "BulkRequest", "Filter", "Member", "MAX_BULK", "SAMPLE",
@@ -45,6 +46,7 @@ class BulkRequest:
     note: str
     ttl_ms: int = DEFAULT_POLICY.ttl_ms
     key: str | None = None  # one ordering key's dead letters only
+    endpoint: str | None = None  # one endpoint's dead deliveries only
 
     @property
     def past(self) -> str:
@@ -61,10 +63,12 @@ class Filter(NamedTuple):
     reason: str | None
     id_prefix: str | None
     key: str | None
+    endpoint: str | None = None  # one endpoint's deliveries (ids ending "@NAME")
 
 
 def parse_filter(query: Mapping[str, str]) -> Filter:
-    """The jobs' filter: reason, id prefix and ordering key, each None if not given."""
+    """The jobs' filter: reason, id prefix, ordering key and endpoint, each None
+    if not given."""
     reason = query.get("reason") or None
     if reason is not None and reason not in DEAD_REASONS:
         raise BadRequest(f"reason must be one of {', '.join(DEAD_REASONS)}, got {reason!r:.40}")
@@ -78,7 +82,14 @@ def parse_filter(query: Mapping[str, str]) -> Filter:
             check_ordering_key(key, "key")
         except ValueError:
             raise BadRequest(f"key must be an ordering key: {PRODUCT.job_id_rule}") from None
-    return Filter(reason, prefix, key)
+    endpoint = query.get("endpoint") or None
+    if endpoint is not None:
+        try:
+            check_endpoint_name(endpoint)
+        except ValueError:
+            raise BadRequest("endpoint must be an endpoint's name: 1-64 ASCII letters, "
+                             "digits, '_' or '-'") from None
+    return Filter(reason, prefix, key, endpoint)
 
 
 def parse_bulk(form: Mapping[str, str]) -> BulkRequest:
@@ -86,7 +97,7 @@ def parse_bulk(form: Mapping[str, str]) -> BulkRequest:
     action = form.get("action", "")
     if action not in ACTIONS:
         raise BadRequest(f"action must be one of {', '.join(ACTIONS)}, got {action!r:.40}")
-    reason, prefix, key = parse_filter(form)
+    reason, prefix, key, endpoint = parse_filter(form)
     if action == "cancel" and reason == "cancelled":
         raise BadRequest("reason cancelled: those jobs are cancelled already")
     note = form.get("note", "").strip()
@@ -100,16 +111,19 @@ def parse_bulk(form: Mapping[str, str]) -> BulkRequest:
     if not re.fullmatch(r"[0-9]{1,15}", ttl_text) or not (
             1 <= int(ttl_text) <= PRODUCT.max_ttl_ms):
         raise BadRequest(f"ttl_ms must be an integer in 1..{PRODUCT.max_ttl_ms}")
-    return BulkRequest(action, reason, prefix, note, int(ttl_text), key)
+    return BulkRequest(action, reason, prefix, note, int(ttl_text), key, endpoint)
 
 
 def fingerprint(request: BulkRequest, members: Sequence[Member]) -> str:
     """sha256 of the action, the filter and the sorted (id, token, reason) of
     every job matched: equal only for the same filter matching the same set in
-    the same state. (No field of the filter holds a NUL or a newline.)"""
+    the same state. (No field of the filter holds a NUL or a newline.) The
+    endpoint is part of the filter only when one is named, so a fingerprint
+    of a filter without one is what it was before endpoints."""
     digest = hashlib.sha256()
+    endpoint = "" if request.endpoint is None else f"\0endpoint={request.endpoint}"
     digest.update(f"{request.action}\0{request.reason or ''}\0{request.id_prefix or ''}"
-                  f"\0{request.key or ''}\n".encode())
+                  f"\0{request.key or ''}{endpoint}\n".encode())
     for member in sorted(members):
         digest.update(f"{member.id}\0{member.token}\0{member.reason or ''}\n".encode())
     return digest.hexdigest()

@@ -51,6 +51,7 @@ from asyncworker.ui.safety import (
     check_token,
     cross_site,
 )
+from lease.endpoints import check_endpoint_name
 from lease.http import Destination
 from lease.policy import PRODUCT, check_actor
 from lease.records import StoreError
@@ -68,6 +69,11 @@ HERE = Path(__file__).parent
 PAGE_SIZE = 50  # jobs a list page shows
 RECEIVER_TIMEOUT_S = 2.0  # the overview waits this long for the receiver's /stats
 SHOW_RESULTS = 1000  # result lines a bulk change's page lists (its JSON lists every one)
+# Rows one page filtered by endpoint reads at most: the store's list_jobs has no
+# endpoint filter, so such a page reads the rows of the other filters in seq order
+# and keeps the endpoint's; past this many it ends where it stopped (a next page).
+MAX_SCAN = 100_000
+MAX_BULK_SCAN = 1_000_000  # dead letters a bulk change of one endpoint reads at most
 PUBLIC_ROUTES = ("login", "login_form", "css")  # reachable without the token
 
 
@@ -139,19 +145,126 @@ def _look_once(target: str, fn: Callable[[Store], T]) -> T:
 
 
 def matched(store: Store, bulk: BulkRequest) -> list[Member]:
-    """Every dead letter of the bulk's filter, in seq order, page by page."""
+    """Every dead letter of the bulk's filter, in seq order, page by page; of
+    one endpoint: its deliveries only (each row's ``endpoint``)."""
     members: list[Member] = []
     after: int | None = None
+    read = 0
     while True:
         page = store.list_jobs(status="dead", reason=bulk.reason, id_prefix=bulk.id_prefix,
                                key=bulk.key, after_seq=after, limit=MAX_PAGE)
-        members += [Member(row["id"], row["token"], row["reason"]) for row in page]
+        members += [Member(row["id"], row["token"], row["reason"]) for row in page
+                    if bulk.endpoint is None or row.get("endpoint") == bulk.endpoint]
+        read += len(page)
         if len(members) > MAX_BULK:
             raise BadRequest(f"the filter matches more than {MAX_BULK} jobs: narrow it "
                              f"(a reason, an id prefix, an ordering key)")
         if len(page) < MAX_PAGE:
             return members
+        if read >= MAX_BULK_SCAN:
+            raise BadRequest(f"more than {MAX_BULK_SCAN} dead letters to read for one "
+                             f"endpoint's: narrow the filter (a reason, an id prefix, an "
+                             f"ordering key)")
         after = page[-1]["seq"]
+
+
+def job_page(store: Store, status: str | None, found: Filter, after: int | None,
+             limit: int, scan: int = MAX_SCAN) -> tuple[list[dict], int | None]:
+    """One page of the jobs ``found`` matches after the seq ``after``: at most
+    ``limit`` rows in seq order, and the seq the next page starts after (None:
+    there is no more).
+
+    Of one endpoint: the store's pages of the other filters, each row kept when
+    its ``endpoint`` is that one (a delivery's id is MESSAGE@ENDPOINT). At most
+    ``scan`` rows are read; the page then ends where reading stopped, with
+    fewer rows and a next page that continues from there: keyset pagination
+    still, never a row repeated or skipped."""
+    def read(after_seq: int | None, size: int) -> list[dict]:
+        return store.list_jobs(status=status, reason=found.reason, id_prefix=found.id_prefix,
+                               key=found.key, after_seq=after_seq, limit=size)
+
+    if found.endpoint is None:
+        rows = read(after, limit + 1)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return rows, (rows[-1]["seq"] if more else None)
+    rows = []
+    done = 0
+    while True:
+        page = read(after, MAX_PAGE)
+        for row in page:
+            if row.get("endpoint") == found.endpoint:
+                if len(rows) == limit:
+                    return rows, rows[-1]["seq"]
+                rows.append(row)
+        done += len(page)
+        if len(page) < MAX_PAGE:
+            return rows, None
+        after = page[-1]["seq"]
+        if done >= scan:
+            return rows, after
+
+
+def dead_by_reason(store: Store, found: Filter, scan: int = MAX_SCAN
+                   ) -> tuple[dict[str, int], bool]:
+    """The dead letters by reason: the snapshot's, or of one endpoint its dead
+    deliveries counted (at most ``scan`` dead rows read: False then, the
+    counts those rows hold)."""
+    if found.endpoint is None:
+        return store.snapshot()["dead_by_reason"], True
+    counts: Counter[str] = Counter()
+    after: int | None = None
+    done = 0
+    while done < scan:
+        page = store.list_jobs(status="dead", after_seq=after, limit=MAX_PAGE)
+        counts.update(row["reason"] for row in page if row.get("endpoint") == found.endpoint)
+        done += len(page)
+        if len(page) < MAX_PAGE:
+            return dict(sorted(counts.items())), True
+        after = page[-1]["seq"]
+    return dict(sorted(counts.items())), False
+
+
+# What the pages show of an endpoint: Store.endpoint_stats's public fields and
+# figures, and nothing else a store might add to a row.
+ENDPOINT_FIELDS = ("name", "url", "ack", "ca_file", "secrets", "headers", "types",
+                   "max_in_flight", "rate", "burst", "insecure_http", "enabled", "created_ms",
+                   "updated_ms", "ready", "in_flight", "done", "retried", "dead", "last_error",
+                   "last_success_ms")
+
+
+def endpoint_figures(store: Store) -> list[dict[str, Any]]:
+    """Every endpoint with its figures (``Store.endpoint_stats``), by name;
+    none from a store that keeps no endpoints. Only ENDPOINT_FIELDS are kept,
+    ``secrets`` as a count and ``headers`` as names: the page never shows a
+    secret or a header's value, whatever a store's row held."""
+    stats = getattr(store, "endpoint_stats", None)
+    return [] if stats is None else [_public(row) for row in stats()]
+
+
+def _public(row: Mapping[str, Any]) -> dict[str, Any]:
+    kept = {name: row.get(name) for name in ENDPOINT_FIELDS}
+    secrets = kept["secrets"]
+    kept["secrets"] = secrets if isinstance(secrets, int) else len(secrets or ())
+    kept["headers"] = [header[0] if isinstance(header, (list, tuple)) else header
+                       for header in kept["headers"] or ()]
+    return kept
+
+
+def endpoint_record(store: Store, name: str) -> tuple[dict[str, Any] | None, list[dict]]:
+    """One endpoint's figures (None: no such endpoint) and its audit rows."""
+    found = [row for row in endpoint_figures(store) if row["name"] == name]
+    if not found:
+        return None, []
+    return found[0], store.endpoint_audit(name)
+
+
+def delivery_columns(rows: list[dict]) -> dict[str, bool]:
+    """Which of a delivery's columns a table of jobs shows: the endpoint and
+    the message when a row is a delivery, the event type when a row has one
+    (a queue without endpoints or types shows its table as before)."""
+    return {"endpoint": any(row.get("endpoint") is not None for row in rows),
+            "type": any(row.get("event_type") is not None for row in rows)}
 
 
 # ------------------------------------------------------------------ settings
@@ -214,6 +327,8 @@ def _routes(app: web.Application) -> None:
     add("GET", "/jobs", jobs, name="jobs")
     add("GET", "/job", job, name="job")
     add("GET", "/dead", dead, name="dead")
+    add("GET", "/endpoints", endpoints, name="endpoints")
+    add("GET", "/endpoint", endpoint, name="endpoint")
     add("POST", "/dead/preview", preview, name="preview")
     add("POST", "/dead/apply", apply, name="apply")
     add("GET", "/login", login_form, name="login_form")
@@ -323,8 +438,9 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
                   {"WWW-Authenticate": 'Bearer realm="asyncworker ui"'})
 
 
-def _url(request: web.Request, name: str, **query: Any) -> str:
-    """A route of this app (with its prefix when mounted), its query kept in order."""
+def _url(request: web.Request, name: str, /, **query: Any) -> str:
+    """A route of this app (with its prefix when mounted), its query kept in order
+    (a query may have a ``name`` of its own: one endpoint's page)."""
     url = request.app.router[name].url_for()
     given = {key: str(value) for key, value in query.items() if value not in (None, "")}
     return str(url.with_query(given) if given else url)
@@ -345,7 +461,7 @@ def _render(request: web.Request, template: str, *, status: int = 200,
     settings = request.app[SETTINGS]
     page = request.app[TEMPLATES].get_template(template).render(
         settings=settings, csrf=settings.guard.csrf(), token_required=settings.guard.required,
-        url=lambda name, **query: _url(request, name, **query),
+        url=lambda route, /, **query: _url(request, route, **query),
         json_url=str(request.rel_url.update_query(format="json"))
         if request.method == "GET" and status == 200 else None, **context)
     return web.Response(text=page, status=status, headers=headers, content_type="text/html",
@@ -424,17 +540,17 @@ def _page_query(request: web.Request) -> tuple[int | None, int]:
 
 
 async def _job_page(request: web.Request, status: str | None, found: Filter
-                    ) -> tuple[list[dict], int | None]:
-    """One page of jobs and the seq the next page starts after (None: the last)."""
+                    ) -> tuple[list[dict], int | None, bool]:
+    """One page of jobs, the seq the next page starts after (None: the last),
+    and whether the page ended early (an endpoint's page that read MAX_SCAN
+    rows)."""
     after, limit = _page_query(request)
-    rows = await request.app[QUEUE].look(lambda store: store.list_jobs(
-        status=status, reason=found.reason, id_prefix=found.id_prefix, key=found.key,
-        after_seq=after, limit=limit + 1))
-    more = len(rows) > limit
-    rows = rows[:limit]
+    rows, next_after = await request.app[QUEUE].look(
+        lambda store: job_page(store, status, found, after, limit))
+    short = next_after is not None and len(rows) < limit
     if not _shows_body(request):
         rows = [hide_body(row) for row in rows]
-    return rows, (rows[-1]["seq"] if more else None)
+    return rows, next_after, short
 
 
 async def jobs(request: web.Request) -> web.Response:
@@ -443,10 +559,11 @@ async def jobs(request: web.Request) -> web.Response:
     if status is not None and status not in STATUSES:
         raise BadRequest(f"status must be one of {', '.join(STATUSES)}, got {status!r:.40}")
     found = parse_filter(request.query)
-    rows, next_after = await _job_page(request, status, found)
+    rows, next_after, short = await _job_page(request, status, found)
     filters = {"status": status, **found._asdict()}
     return _answer(request, "jobs.html", {"jobs": rows, "next_after_seq": next_after},
-                   rows=rows, filters=filters, next_after=next_after, statuses=STATUSES)
+                   rows=rows, filters=filters, next_after=next_after, statuses=STATUSES,
+                   columns=delivery_columns(rows), short=short, scan=MAX_SCAN)
 
 
 async def job(request: web.Request) -> web.Response:
@@ -471,11 +588,44 @@ async def job(request: web.Request) -> web.Response:
 async def dead(request: web.Request) -> web.Response:
     _wants_json(request)
     found = parse_filter(request.query)
-    by_reason = await request.app[QUEUE].look(lambda store: store.snapshot()["dead_by_reason"])
-    rows, next_after = await _job_page(request, "dead", found)
-    data = {"dead_by_reason": by_reason, "jobs": rows, "next_after_seq": next_after}
+    by_reason, complete = await request.app[QUEUE].look(
+        lambda store: dead_by_reason(store, found))
+    rows, next_after, short = await _job_page(request, "dead", found)
+    data: dict[str, Any] = {"dead_by_reason": by_reason, "jobs": rows,
+                            "next_after_seq": next_after}
+    if found.endpoint is not None:
+        data["endpoint"] = found.endpoint
+        data["dead_by_reason_complete"] = complete
     return _answer(request, "dead.html", data, by_reason=by_reason, rows=rows,
-                   next_after=next_after, filters=found._asdict())
+                   next_after=next_after, filters=found._asdict(), complete=complete,
+                   columns=delivery_columns(rows), short=short, scan=MAX_SCAN)
+
+
+async def endpoints(request: web.Request) -> web.Response:
+    """Every endpoint with its figures; none: how to add one."""
+    _wants_json(request)
+    found = await request.app[QUEUE].look(endpoint_figures)
+    queue = shlex.quote(request.app[SETTINGS].queue)
+    return _answer(request, "endpoints.html", {"endpoints": found}, endpoints=found,
+                   add_command=f"asyncworker endpoint add {queue} NAME URL")
+
+
+async def endpoint(request: web.Request) -> web.Response:
+    """One endpoint: its figures, where its deliveries and dead letters are,
+    and its audit rows."""
+    _wants_json(request)
+    name = request.query.get("name", "")
+    try:
+        check_endpoint_name(name)
+    except ValueError:
+        raise BadRequest("name must be an endpoint's name: 1-64 ASCII letters, digits, "
+                         "'_' or '-'") from None
+    record, audit = await request.app[QUEUE].look(lambda store: endpoint_record(store, name))
+    if record is None:
+        raise Refused(404, f"no endpoint {name!r} in this queue (a removed endpoint's "
+                           f"finished deliveries are on the jobs page, by endpoint)")
+    return _answer(request, "endpoint.html", {"endpoint": record, "audit": audit},
+                   ep=record, audit=audit)
 
 
 # ------------------------------------------------------------------ bulk changes
@@ -503,7 +653,8 @@ async def preview(request: web.Request) -> web.Response:
 
 def _bulk_data(bulk: BulkRequest, members: list[Member]) -> dict[str, Any]:
     return {"action": bulk.action, "reason": bulk.reason, "id_prefix": bulk.id_prefix,
-            "key": bulk.key, "note": bulk.note, "ttl_ms": bulk.ttl_ms, "count": len(members),
+            "key": bulk.key, "endpoint": bulk.endpoint, "note": bulk.note,
+            "ttl_ms": bulk.ttl_ms, "count": len(members),
             "sample": [member.id for member in members[:SAMPLE]],
             "fingerprint": fingerprint(bulk, members)}
 

@@ -24,13 +24,13 @@ from lease.endpoints import (
     allowance,
     changed_fields,
     check_endpoint_name,
-    claim_window,
     delivery_id,
-    fair_pick,
-    fair_rank,
     key_of_line,
     line_key,
     refill,
+    rotation_batch,
+    round_robin,
+    shares,
 )
 from lease.policy import Intake, RetryPolicy, check_actor, check_note
 from lease.records import Attempt
@@ -41,62 +41,59 @@ from lease.sqlite.statements import (
     CIRCUIT_OF,
     CONTENT_OF,
     DELETE_ENDPOINT,
+    DUE_OF,
     ENDPOINT_COLUMNS,
-    ENDPOINT_LIMITS,
     ENDPOINT_ROW,
     ENDPOINT_ROWS,
-    FAIR_WINDOW,
     HALF_OPEN,
+    HAS_WORK,
     INSERT_BODY,
     INSERT_DELIVERY,
     INSERT_ENDPOINT,
+    LEASES_OF,
     LIVE_DELIVERIES,
-    LIVE_LEASES,
     MESSAGE_CONTENT,
-    NEXT_RANK,
+    NO_WORK,
     PICK_FAIR,
     PICK_FAIR_NAMES,
     RELEASE_WAITING,
     RESET_BUCKET,
+    ROTATE,
+    ROTATION,
     SPEND_TOKENS,
     SUBSCRIBERS,
     UPDATE_ENDPOINT,
-    VIRTUAL_TIME,
     WRITE_CIRCUIT,
 )
 from lease.worker import Conflict, select_rows
 
-# How many windows of due deliveries one claim reads at most: endpoints at
-# their cap in front cannot make a claim read the whole line.
-MAX_WINDOWS = 4
+# How many batches of endpoints one claim takes from the rotation at most:
+# endpoints at their cap or in a backoff cannot make a claim read them all.
+MAX_BATCHES = 4
 
 # ------------------------------------------------------------------ intake
 
 
 class Fanout:
-    """One intake transaction's view of the endpoints: who subscribes to what,
-    and the rank each one's next delivery gets. None when the queue has no
-    endpoint: its events are jobs of its own, as before endpoints."""
+    """One intake transaction's view of the endpoints: who subscribes to what.
+    None when the queue has no endpoint: its events are jobs of its own, as
+    before endpoints."""
 
-    def __init__(self, rows: list, virtual_time: int) -> None:
+    def __init__(self, rows: list) -> None:
         # by type: an intake of many events to many endpoints costs one
-        # look-up an event, not one test per endpoint
+        # look-up an event, not one test per endpoint (lease.endpoints.subscribes)
         self.every: list[str] = []
         self.by_type: dict[str, list[str]] = {}
-        for name, types, _ in rows:
+        for name, types in rows:
             for event_type in json.loads(types):
                 (self.every if event_type == ALL else self.by_type.setdefault(
                     event_type, [])).append(name)
-        self.next_rank = {name: rank for name, _, rank in rows}
-        self.virtual_time = virtual_time
         self.touched: set[str] = set()
 
     @classmethod
     def of(cls, con: sqlite3.Connection | sqlite3.Cursor) -> Fanout | None:
         rows = con.execute(SUBSCRIBERS).fetchall()
-        if not rows:
-            return None
-        return cls(rows, int(con.execute(VIRTUAL_TIME).fetchone()[0]))
+        return cls(rows) if rows else None
 
     def insert(self, con: sqlite3.Connection | sqlite3.Cursor, intake: Intake,
                available_at: int, policy: RetryPolicy) -> list[str] | None:
@@ -120,23 +117,25 @@ class Fanout:
                                f"an id the queue's own job has")
         lines = []
         for name, job_id in zip(names, ids, strict=True):
-            rank = fair_rank(self.next_rank[name], self.virtual_time)
-            self.next_rank[name] = rank + 1
             self.touched.add(name)
             line = line_key(intake.key, name)
             con.execute(INSERT_DELIVERY, (
                 job_id, intake.qty, policy.max_attempts, available_at,
                 available_at + policy.ttl_ms, intake.digest, line, 0 if line is None else 1,
-                name, intake.id, intake.type, rank))
+                name, intake.id, intake.type))
             if intake.body is not None:
                 con.execute(INSERT_BODY, (intake.body,))
             if line is not None:
                 lines.append(line)
         return lines
 
-    def write_ranks(self, con: sqlite3.Connection | sqlite3.Cursor) -> None:
-        con.executemany(NEXT_RANK, [(self.next_rank[name], name)
-                                    for name in sorted(self.touched)])
+    def write_work(self, con: sqlite3.Connection | sqlite3.Cursor) -> None:
+        """The endpoints that got deliveries join the rotation."""
+        has_work(con, self.touched)
+
+
+def has_work(con: sqlite3.Connection | sqlite3.Cursor, names: Iterable[str]) -> None:
+    con.executemany(HAS_WORK, [(name,) for name in sorted(set(names))])
 
 
 # ------------------------------------------------------------------ the claim
@@ -144,35 +143,33 @@ class Fanout:
 
 def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_ms: int,
                     limit: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Inside the claim's transaction: the due deliveries to lease, in fair
-    order, each endpoint's within its allowance; and the bucket levels to
-    write back, before the tokens the leases spend."""
-    window = claim_window(limit)
+    """Inside the claim's transaction: the deliveries to lease, the endpoints
+    with work taking turns (the least recently served first), each one's
+    within its allowance and its equal share; and the bucket levels to write
+    back, before the tokens the leases spend. Every endpoint examined goes to
+    the back of the rotation; one with nothing left leaves it."""
     only, names = _served_filter(served)
-    sql = FAIR_WINDOW.replace("AND (fair_rank", f"{only} AND (fair_rank")
-    allowances: dict[str, int] = {}
+    sql = ROTATION.format(only=only)
+    batch_size = rotation_batch(limit)
+    found: dict[str, list[int]] = {}
+    order: list[str] = []
     buckets: dict[str, float] = {}
     probes: set[str] = set()
-    picked: list[int] = []
-    after = {"rank": -1, "seq": 0}
-    for _ in range(MAX_WINDOWS):
-        rows = con.execute(sql, {**names, **after, "now": now_ms, "limit": window}).fetchall()
-        if not rows:
+    after: dict[str, Any] = {"served": -1, "name": ""}
+    for _ in range(MAX_BATCHES):
+        endpoints = select_rows(con, sql, {**names, **after, "now": now_ms,
+                                           "limit": batch_size}).fetchall()
+        if not endpoints:
             break
-        after = {"rank": rows[-1][2], "seq": rows[-1][0]}
-        # judged a slice at a time: with many endpoints in line, a claim
-        # judges about as many as it leases, not the whole window's
-        for start in range(0, len(rows), limit):
-            part = rows[start:start + limit]
-            fresh = sorted({endpoint for _, endpoint, _ in part} - allowances.keys())
-            if fresh:
-                _judge_endpoints(con, fresh, now_ms, allowances, buckets, probes)
-            picked += fair_pick(((seq, endpoint) for seq, endpoint, _ in part), allowances,
-                                limit - len(picked))
-            if len(picked) == limit:
-                break
-        if len(picked) == limit or len(rows) < window:
+        after = {"served": endpoints[-1]["served_at"], "name": endpoints[-1]["name"]}
+        rooms = {row["name"]: _room(con, row, now_ms, buckets, probes, found)
+                 for row in endpoints}
+        order += [row["name"] for row in endpoints]
+        _fill(con, rooms, found, limit - sum(len(rows) for rows in found.values()), now_ms)
+        if sum(len(rows) for rows in found.values()) >= limit or len(endpoints) < batch_size:
             break
+    picked = round_robin(found, order, limit)
+    _rotate(con, order, now_ms)
     if not picked:
         return [], {}
     marks = ", ".join("?" * len(picked))
@@ -183,30 +180,54 @@ def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_
     return rows, buckets
 
 
+def _room(con: sqlite3.Connection, row: Any, now_ms: int, buckets: dict[str, float],
+          probes: set[str], found: dict[str, list[int]]) -> int:
+    """One endpoint's allowance for this claim (lease.endpoints.allowance) by
+    its live leases, its bucket and its breaker, less its leases run out,
+    which go in ``found`` first."""
+    leases = con.execute(LEASES_OF, (row["name"],)).fetchall()
+    live = sum(1 for _, until in leases if until > now_ms)
+    tokens = None
+    if row["rate"] is not None:
+        tokens = refill(row["tokens"], row["refilled_ms"], now_ms, row["rate"], row["burst"])
+        buckets[row["name"]] = tokens
+    room, probe = claim_room(circuit_of(row), live, now_ms)
+    if probe:
+        probes.add(row["name"])
+    room = allowance(row, live, tokens, room)
+    found[row["name"]] = [seq for seq, until in leases if until <= now_ms][:room]
+    return room - len(found[row["name"]])
+
+
+def _fill(con: sqlite3.Connection, rooms: dict[str, int], found: dict[str, list[int]],
+          wanted: int, now_ms: int) -> None:
+    """Read each endpoint's due deliveries in equal shares of ``wanted``, and
+    again from those that had more, until it is filled or none has any left."""
+    read = dict.fromkeys(rooms, 0)
+    while wanted > 0 and rooms:
+        for name, share in shares(rooms, wanted).items():
+            due = [seq for (seq,) in con.execute(DUE_OF, (name, now_ms, share, read[name]))]
+            found[name] += due
+            read[name] += len(due)
+            wanted -= len(due)
+            rooms[name] = 0 if len(due) < share else rooms[name] - len(due)
+        rooms = {name: room for name, room in rooms.items() if room > 0}
+
+
+def _rotate(con: sqlite3.Connection, order: list[str], now_ms: int) -> None:
+    """The endpoints examined to the back of the rotation; the ones with
+    nothing pending or leased out of it."""
+    con.executemany(ROTATE, [(now_ms, name) for name in order])
+    for name in order:
+        con.execute(NO_WORK, {"name": name})
+
+
 def _served_filter(served: str | tuple[str, ...]) -> tuple[str, dict[str, str]]:
-    """The window's narrowing to the endpoints a claim serves (none for all)."""
+    """The rotation narrowed to the endpoints a claim serves (none for all)."""
     if served == ALL:
         return "", {}
     names = {f"e{index}": name for index, name in enumerate(served)}
-    return f"AND endpoint IN ({', '.join(':' + key for key in names)})", names
-
-
-def _judge_endpoints(con: sqlite3.Connection, names: list[str], now_ms: int,
-                     allowances: dict[str, int], buckets: dict[str, float],
-                     probes: set[str]) -> None:
-    """Each endpoint's allowance for this claim (lease.endpoints.allowance),
-    the level of each bucket now, and the endpoints whose lease is a probe."""
-    marks = ", ".join("?" * len(names))
-    live = dict(con.execute(LIVE_LEASES.format(marks=marks), (*names, now_ms)).fetchall())
-    for row in select_rows(con, ENDPOINT_LIMITS.format(marks=marks), names):
-        tokens = None
-        if row["rate"] is not None:
-            tokens = refill(row["tokens"], row["refilled_ms"], now_ms, row["rate"], row["burst"])
-            buckets[row["name"]] = tokens
-        room, probe = claim_room(circuit_of(row), live.get(row["name"], 0), now_ms)
-        if probe:
-            probes.add(row["name"])
-        allowances[row["name"]] = allowance(row, live.get(row["name"], 0), tokens, room)
+    return f"AND name IN ({', '.join(':' + key for key in names)})", names
 
 
 def spend_tokens(con: sqlite3.Connection, rows: list[dict[str, Any]],

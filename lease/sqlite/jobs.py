@@ -167,7 +167,7 @@ def _intake(con: sqlite3.Connection | sqlite3.Cursor, events: Iterable[object],
         if on_progress is not None and len(results) % 1000 == 0:
             on_progress(len(results))
     if fanout is not None:
-        fanout.write_ranks(con)
+        fanout.write_work(con)
     _promote(con, lines)
     return results
 
@@ -282,7 +282,7 @@ def _rows_by_id(con: sqlite3.Connection, job_ids: list) -> dict[str, Any]:
     if not unique:
         return {}
     marks = ", ".join("?" * len(unique))
-    sql = (f"SELECT seq, id, status, reason, token, ordering_key FROM jobs"
+    sql = (f"SELECT seq, id, status, reason, token, ordering_key, endpoint FROM jobs"
            f" WHERE id IN ({marks})")
     return {row["id"]: row for row in select_rows(con, sql, unique)}
 
@@ -551,6 +551,8 @@ def redrive_jobs(
             con.executemany(
                 RELEASE,
                 [(now_ms, now_ms + ttl_ms, seq) for seq in releases])
+            endpoints.has_work(con, {rows[job_id]["endpoint"] for job_id, _ in audits
+                                     if rows[job_id]["endpoint"] is not None})
             for key in keys:
                 con.execute(DEMOTE, {"key": key})
             _promote(con, keys)
@@ -645,6 +647,7 @@ def recover_endpoint(con: sqlite3.Connection, name: str, since_ms: int, now_ms: 
         con.executemany(AUDIT_REDRIVES, [(row["id"], row["token"], now_ms, note, actor)
                                          for row in rows])
         con.executemany(RECOVER, [(now_ms, now_ms + ttl_ms, row["seq"]) for row in rows])
+        endpoints.has_work(con, (name,))
         keys = sorted({row["ordering_key"] for row in rows if row["ordering_key"] is not None})
         for key in keys:
             con.execute(DEMOTE, {"key": key})

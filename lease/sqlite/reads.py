@@ -331,8 +331,8 @@ def _attempts(con: sqlite3.Connection, job_id: str) -> list[dict[str, Any]]:
 
 
 def dead_jobs(con: sqlite3.Connection, reason: str | None = None,
-              limit: int | None = None, *, key: str | None = None
-              ) -> list[dict[str, Any]]:
+              limit: int | None = None, *, key: str | None = None,
+              endpoint: str | None = None) -> list[dict[str, Any]]:
     """Dead jobs in seq order, optionally of one reason and of one ordering
     ``key`` (exactly that key: a file from before keys has no job with one), at
     most `limit` of them; on a product queue each with ``last_error``: the
@@ -354,6 +354,12 @@ def dead_jobs(con: sqlite3.Connection, reason: str | None = None,
     if key is not None:
         sql += f" AND {KEY_MATCH}"
         args += key_args(key)
+    if endpoint is not None:
+        check_identifier("endpoint", endpoint)
+        if "endpoint" not in _columns(con, "jobs"):
+            return []
+        sql += " AND endpoint = ?"
+        args.append(endpoint)
     sql += " ORDER BY seq"
     if limit is not None:
         sql += " LIMIT ?"
@@ -368,13 +374,15 @@ FROM ({sql}) d"""
 def list_jobs(con: sqlite3.Connection, *, status: str | None = None,
               reason: str | None = None, id_prefix: str | None = None,
               after_seq: int | None = None, limit: int = 50,
-              key: str | None = None) -> list[dict[str, Any]]:
+              key: str | None = None, endpoint: str | None = None) -> list[dict[str, Any]]:
     """One page of jobs in seq order (keyset pagination: those after
     ``after_seq``), filtered by status, reason, id prefix and ordering key;
     whole rows, a product queue's dead rows each with ``last_error``."""
-    where, args = _job_filter(status, reason, id_prefix, after_seq, limit, key)
+    where, args = _job_filter(status, reason, id_prefix, after_seq, limit, key, endpoint)
     if key is not None and not _has_keys(con):
         return []  # a file from before keys: no job has one
+    if endpoint is not None and "endpoint" not in _columns(con, "jobs"):
+        return []  # a file from before endpoints: no job has one
     sql = f"SELECT * FROM {_jobs(con)} WHERE {where} ORDER BY seq LIMIT ?"
     if _has_table(con, "attempts"):
         sql = f"""SELECT d.*, CASE WHEN d.status = 'dead' THEN
@@ -388,7 +396,7 @@ FROM ({sql}) d ORDER BY d.seq"""
 # A key matches a job's own and every delivery's line of it ("key endpoint").
 KEY_MATCH = "(ordering_key = ? OR (ordering_key > ? AND ordering_key < ?))"
 _FILTERS = {"status": "status = ?", "reason": "reason = ?", "id_prefix": "substr(id, 1, ?) = ?",
-            "after_seq": "seq > ?", "key": KEY_MATCH}
+            "after_seq": "seq > ?", "key": KEY_MATCH, "endpoint": "endpoint = ?"}
 
 
 def key_args(key: str) -> list[str]:
@@ -399,9 +407,9 @@ def key_args(key: str) -> list[str]:
 
 def _job_filter(status: str | None, reason: str | None, id_prefix: str | None,
                 after_seq: int | None, limit: int,
-                key: str | None = None) -> tuple[str, list[Any]]:
+                key: str | None = None, endpoint: str | None = None) -> tuple[str, list[Any]]:
     """The WHERE of list_jobs and its arguments, checked."""
-    filters = list_filters(status, reason, id_prefix, after_seq, limit, key)
+    filters = list_filters(status, reason, id_prefix, after_seq, limit, key, endpoint)
     clauses = ["1 = 1", *(_FILTERS[name] for name, _ in filters)]
     return " AND ".join(clauses), [arg for name, args in filters
                                    for arg in (key_args(*args) if name == "key" else args)]
@@ -492,6 +500,8 @@ _LAST_ERROR = ("SELECT j.endpoint, MAX(a.seq), a.error, a.http_status, a.ended_m
                " FROM attempts a JOIN jobs j ON j.id = a.id WHERE j.endpoint IS NOT NULL"
                " AND (a.error IS NOT NULL OR a.http_status NOT BETWEEN 200 AND 299)"
                " GROUP BY j.endpoint")
+_DEAD_BY_REASON = ("SELECT endpoint, reason, COUNT(*) FROM jobs INDEXED BY jobs_by_endpoint"
+                   " WHERE endpoint IS NOT NULL AND status = 'dead' GROUP BY endpoint, reason")
 _LAST_SUCCESS = ("SELECT endpoint, MAX(available_at) FROM jobs INDEXED BY jobs_by_endpoint"
                  " WHERE endpoint IS NOT NULL AND status = 'done' GROUP BY endpoint")
 
@@ -510,11 +520,15 @@ def endpoint_stats(con: sqlite3.Connection) -> list[dict[str, Any]]:
         errors = {name: {"error": error, "http_status": status, "at_ms": at}
                   for name, _, error, status, at in con.execute(_LAST_ERROR)}
         success = dict(con.execute(_LAST_SUCCESS).fetchall())
+        dead: dict[str, dict[str, int]] = {}
+        for name, reason, n in con.execute(_DEAD_BY_REASON):
+            dead.setdefault(name, {})[reason] = n
     finally:
         con.execute("COMMIT")
     return [{**row, **endpoint_figures(by_status.get(row["name"], {}),
                                       retried.get(row["name"], 0), errors.get(row["name"]),
-                                      success.get(row["name"]))} for row in found]
+                                      success.get(row["name"])),
+             "dead_by_reason": dead.get(row["name"], {})} for row in found]
 
 
 def endpoint_figures(by_status: dict[str, int], retried: int,

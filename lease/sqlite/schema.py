@@ -7,7 +7,7 @@ import sqlite3
 
 from lease.rules import TABLES
 from lease.sqlite.reads import BODIES_SINCE
-from lease.sqlite.statements import FAIR_READY, LINE, OWN_READY
+from lease.sqlite.statements import DUE_LINE, LINE, OWN_READY
 from lease.worker import (
     CONTRACT_SCHEMA,
     NotAQueue,
@@ -87,16 +87,16 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     ENDPOINTS_SINCE: (
         # Endpoints as data (lease.endpoints). A job of the queue's own has
-        # NULL in all four; a delivery names its endpoint and its message.
+        # NULL in all three; a delivery names its endpoint and its message.
         "ALTER TABLE jobs ADD COLUMN endpoint TEXT",
         "ALTER TABLE jobs ADD COLUMN message TEXT",
         "ALTER TABLE jobs ADD COLUMN event_type TEXT",
-        "ALTER TABLE jobs ADD COLUMN fair_rank INTEGER",
         """CREATE TABLE endpoints (name TEXT PRIMARY KEY, url TEXT NOT NULL, ack TEXT NOT NULL,
   ca_file TEXT, secrets TEXT NOT NULL, headers TEXT NOT NULL, types TEXT NOT NULL,
   max_in_flight INTEGER, rate REAL, burst INTEGER, insecure_http INTEGER NOT NULL,
   enabled INTEGER NOT NULL, tokens REAL NOT NULL, refilled_ms INTEGER NOT NULL,
-  next_rank INTEGER NOT NULL, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL,
+  has_work INTEGER NOT NULL, served_at INTEGER NOT NULL,
+  created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL,
   circuit TEXT NOT NULL DEFAULT 'closed', circuit_since_ms INTEGER, circuit_why TEXT,
   failures INTEGER NOT NULL DEFAULT 0, window_ms INTEGER,
   window_failed INTEGER NOT NULL DEFAULT 0, window_total INTEGER NOT NULL DEFAULT 0,
@@ -111,11 +111,14 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # send deliveries to its own --url; its claims now fail whole instead.
         "DROP INDEX jobs_claimable",
         f"CREATE INDEX jobs_own ON jobs(seq) WHERE {OWN_READY}",
-        f"CREATE INDEX jobs_fair ON jobs(fair_rank, seq) WHERE {FAIR_READY}",
+        # An endpoint's due deliveries, in the order they became due, and
+        # its leases (live and run out), each one index range per endpoint.
+        f"CREATE INDEX jobs_endpoint_due ON jobs(endpoint, available_at, seq) WHERE {DUE_LINE}",
         "CREATE INDEX jobs_in_flight ON jobs(endpoint, lease_until)"
         " WHERE status = 'leased' AND endpoint IS NOT NULL",
-        "CREATE INDEX jobs_serving ON jobs(fair_rank)"
-        " WHERE status = 'leased' AND endpoint IS NOT NULL",
+        # The rotation: the endpoints with work, the least recently served first.
+        "CREATE INDEX endpoints_rotation ON endpoints(served_at, name)"
+        " WHERE has_work = 1 AND enabled = 1",
         "CREATE INDEX jobs_by_message ON jobs(message) WHERE message IS NOT NULL",
         "CREATE INDEX jobs_by_endpoint ON jobs(endpoint, status) WHERE endpoint IS NOT NULL",
     ),

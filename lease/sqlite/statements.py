@@ -47,7 +47,7 @@ WHERE ordering_key = ? AND held = 0 AND {LINE}"""
 # job's body is one probe of its table, made for the rows returned only (the
 # index gives the order: no join to sort again).
 OWN_READY = "endpoint IS NULL AND status IN ('pending', 'leased') AND held = 0"
-FAIR_READY = "endpoint IS NOT NULL AND status IN ('pending', 'leased') AND held = 0"
+DUE_LINE = "endpoint IS NOT NULL AND status = 'pending' AND held = 0"
 _DUE = ("((status = 'pending' AND available_at <= :now)"
         " OR (status = 'leased' AND lease_until <= :now))")
 PICK_READY_NAMES = (*PICK_NAMES, "digest", "body")
@@ -60,27 +60,36 @@ ORDER BY seq LIMIT :limit
 """
 
 # ------------------------------------------------------------------ endpoints
-# A claim of deliveries reads windows of due rows in fair order (rank, seq),
-# after the last row of the window before (keyset), then leases the ones its
-# endpoints allow (lease.endpoints.fair_pick): a delivery's body is read for
-# the rows leased only.
-FAIR_WINDOW = f"""
-SELECT seq, endpoint, fair_rank FROM jobs INDEXED BY jobs_fair
-WHERE {FAIR_READY} AND {_DUE} AND (fair_rank, seq) > (:rank, :seq)
-ORDER BY fair_rank, seq LIMIT :limit
-"""
+# A claim of deliveries takes the endpoints with work from the rotation (the
+# least recently served first, passing over the disabled, the paused and the
+# open ones in the index's own scan), then each one's due rows by one index
+# range: its leases run out first, then its pending deliveries in the order
+# they became due. A backlog an endpoint may not send now is never read.
+ROTATION = f"""SELECT name, served_at, enabled, max_in_flight, rate, burst, tokens, refilled_ms,
+  {', '.join(CIRCUIT_COLUMNS)} FROM endpoints INDEXED BY endpoints_rotation
+WHERE has_work = 1 AND enabled = 1 {{only}}
+  AND (paused_until_ms IS NULL OR paused_until_ms <= :now)
+  AND (circuit <> 'open' OR open_until_ms <= :now)
+  AND (served_at, name) > (:served, :name)
+ORDER BY served_at, name LIMIT :limit"""
+LEASES_OF = """SELECT seq, lease_until FROM jobs INDEXED BY jobs_in_flight
+WHERE endpoint = ? AND status = 'leased' ORDER BY lease_until"""
+DUE_OF = f"""SELECT seq FROM jobs INDEXED BY jobs_endpoint_due
+WHERE endpoint = ? AND {DUE_LINE} AND available_at <= ? ORDER BY available_at, seq
+LIMIT ? OFFSET ?"""
 PICK_FAIR_NAMES = (*PICK_READY_NAMES, "endpoint", "message")
 PICK_FAIR = f"""
 SELECT {', '.join(PICK_NAMES)}, digest,
   (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body, endpoint, message
-FROM jobs WHERE seq IN ({{marks}}) ORDER BY fair_rank, seq
+FROM jobs WHERE seq IN ({{marks}})
 """
-# Live leases of the endpoints named: a lease past its end is no send in flight.
-LIVE_LEASES = """SELECT endpoint, COUNT(*) FROM jobs INDEXED BY jobs_in_flight
-WHERE status = 'leased' AND endpoint IS NOT NULL AND endpoint IN ({marks})
-  AND lease_until > ? GROUP BY endpoint"""
-ENDPOINT_LIMITS = f"""SELECT name, enabled, max_in_flight, rate, burst, tokens, refilled_ms,
-  {', '.join(CIRCUIT_COLUMNS)} FROM endpoints WHERE name IN ({{marks}})"""
+ROTATE = "UPDATE endpoints SET served_at = ? WHERE name = ?"
+# An endpoint with nothing pending or leased leaves the rotation (until its
+# next delivery: an intake, a redrive, a recovery puts it back).
+NO_WORK = """UPDATE endpoints SET has_work = 0 WHERE name = :name
+  AND NOT EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_by_endpoint
+    WHERE endpoint = :name AND status IN ('pending', 'leased'))"""
+HAS_WORK = "UPDATE endpoints SET has_work = 1 WHERE name = ? AND has_work = 0"
 # The breaker (lease.breaker): an endpoint's circuit, read and written whole.
 CIRCUIT_OF = f"""SELECT name, enabled, disable_after_ms, {', '.join(CIRCUIT_COLUMNS)}
 FROM endpoints WHERE name IN ({{marks}})"""
@@ -88,13 +97,13 @@ WRITE_CIRCUIT = (f"UPDATE endpoints SET {', '.join(f'{c} = ?' for c in CIRCUIT_C
                  " WHERE name = ?")
 # a probe leased: the circuit half-open, and the deliveries that came due while
 # it was open counted as attempts the breaker saved
-HALF_OPEN = """UPDATE endpoints SET circuit = 'half-open', circuit_since_ms = :now,
-  saved = saved + (SELECT COUNT(*) FROM jobs INDEXED BY jobs_by_endpoint
-    WHERE endpoint = :name AND status = 'pending' AND available_at <= :now)
+HALF_OPEN = f"""UPDATE endpoints SET circuit = 'half-open', circuit_since_ms = :now,
+  saved = saved + (SELECT COUNT(*) FROM jobs INDEXED BY jobs_endpoint_due
+    WHERE endpoint = :name AND {DUE_LINE} AND available_at <= :now)
 WHERE name = :name AND circuit = 'open'"""
 # the circuit closed: the endpoint's waiting deliveries are due at once
-RELEASE_WAITING = """UPDATE jobs SET available_at = :now
-WHERE endpoint = :name AND status = 'pending' AND available_at > :now"""
+RELEASE_WAITING = f"""UPDATE jobs SET available_at = :now
+WHERE endpoint = :name AND {DUE_LINE} AND available_at > :now"""
 AUTO_DISABLE = "UPDATE endpoints SET enabled = 0, disabled_why = ? WHERE name = ?"
 # Recovery: an endpoint's deliveries finished (done or dead) since a time, sent
 # again with a fresh budget; a done one's delivering attempt moves to the
@@ -108,21 +117,13 @@ RECOVER = ("UPDATE jobs SET status = 'pending', attempts = 0, available_at = ?, 
     " done_latency_ms = NULL, done_http_status = NULL, done_after = NULL,"
     " held = CASE WHEN ordering_key IS NOT NULL THEN 1 ELSE 0 END WHERE seq = ?")
 SPEND_TOKENS = "UPDATE endpoints SET tokens = ?, refilled_ms = ? WHERE name = ?"
-# The queue's virtual time: the rank being served now (the largest leased),
-# else the first in line, else 0. Two probes of partial indexes.
-VIRTUAL_TIME = f"""SELECT COALESCE(
-  (SELECT MAX(fair_rank) FROM jobs INDEXED BY jobs_serving
-     WHERE status = 'leased' AND endpoint IS NOT NULL),
-  (SELECT fair_rank FROM jobs INDEXED BY jobs_fair WHERE {FAIR_READY}
-     ORDER BY fair_rank, seq LIMIT 1), 0)"""
-SUBSCRIBERS = "SELECT name, types, next_rank FROM endpoints ORDER BY name"
+SUBSCRIBERS = "SELECT name, types FROM endpoints ORDER BY name"
 MESSAGE_CONTENT = ("SELECT qty, digest, ordering_key, event_type, endpoint FROM jobs"
                    " INDEXED BY jobs_by_message WHERE message = ? LIMIT 1")
 INSERT_DELIVERY = ("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
     " available_at, deadline, owner, lease_until, reason, digest, ordering_key, held,"
-    " endpoint, message, event_type, fair_rank)"
-    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?, ?, ?, ?)")
-NEXT_RANK = "UPDATE endpoints SET next_rank = ? WHERE name = ?"
+    " endpoint, message, event_type)"
+    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?, ?, ?)")
 ENDPOINT_COLUMNS = ("name", "url", "ack", "ca_file", "secrets", "headers", "types",
                     "max_in_flight", "rate", "burst", "insecure_http", "enabled",
                     "disable_after_ms", "disabled_why", "created_ms", "updated_ms",
@@ -131,8 +132,8 @@ ENDPOINT_ROWS = f"SELECT {', '.join(ENDPOINT_COLUMNS)} FROM endpoints ORDER BY n
 ENDPOINT_ROW = f"SELECT {', '.join(ENDPOINT_COLUMNS)} FROM endpoints WHERE name = ?"
 INSERT_ENDPOINT = ("INSERT INTO endpoints (name, url, ack, ca_file, secrets, headers, types,"
     " max_in_flight, rate, burst, insecure_http, enabled, disable_after_ms, tokens, refilled_ms,"
-    " next_rank, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-    " 0, ?, ?)")
+    " has_work, served_at, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+    " ?, ?, 0, 0, ?, ?)")
 # An operator's update; enabling by hand clears an automatic disable's reason.
 UPDATE_ENDPOINT = ("UPDATE endpoints SET url = ?, ack = ?, ca_file = ?, secrets = ?,"
     " headers = ?, types = ?, max_in_flight = ?, rate = ?, burst = ?, insecure_http = ?,"

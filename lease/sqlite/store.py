@@ -207,9 +207,9 @@ class SQLiteStore:
             return reads.job_history(self.connection, job_id)
 
     def dead_jobs(self, reason: str | None = None, limit: int | None = None, *,
-                  key: str | None = None) -> list[dict[str, Any]]:
+                  key: str | None = None, endpoint: str | None = None) -> list[dict[str, Any]]:
         with store_errors():
-            return reads.dead_jobs(self.connection, reason, limit, key=key)
+            return reads.dead_jobs(self.connection, reason, limit, key=key, endpoint=endpoint)
 
     def jobs_with_status(self, status: str) -> list[dict[str, Any]]:
         with store_errors():
@@ -217,11 +217,12 @@ class SQLiteStore:
 
     def list_jobs(self, *, status: str | None = None, reason: str | None = None,
                   id_prefix: str | None = None, after_seq: int | None = None,
-                  limit: int = 50, key: str | None = None) -> list[dict[str, Any]]:
+                  limit: int = 50, key: str | None = None,
+                  endpoint: str | None = None) -> list[dict[str, Any]]:
         with store_errors():
             return reads.list_jobs(self.connection, status=status, reason=reason,
                                      id_prefix=id_prefix, after_seq=after_seq, limit=limit,
-                                     key=key)
+                                     key=key, endpoint=endpoint)
 
     def stale_finishes(self) -> int:
         with store_errors():

@@ -258,3 +258,70 @@ def test_a_bulk_redrive_in_a_real_browser(queue: str, ui_process: str, tmp_path:
         assert (tmp_path / f"{shot}.png").stat().st_size > 10_000, shot
     if os.environ.get(SCREENSHOT_ENV):
         shutil.copyfile(dead_page, os.environ[SCREENSHOT_ENV])
+
+
+def test_the_endpoints_page_in_a_real_browser(tmp_path: Path) -> None:
+    """A queue with two endpoints (a secret and header values set): the
+    Endpoints page renders their figures under the CSP, shows no secret, and
+    one endpoint's link opens its page, then its deliveries, and only its."""
+    _browser_or_fail()
+    from playwright.sync_api import sync_playwright
+
+    from lease.endpoints import Endpoint
+    from lease.signing import new_secret
+
+    secret = new_secret(random=b"b" * 32)
+    header_value = "Bearer header-value-never-shown"
+    name = str(tmp_path / "queue.db")
+    with open_store(name, create=True) as store:
+        store.add_endpoint(Endpoint("billing", "http://127.0.0.1:9/billing", secrets=(secret,),
+                                    headers=(("Authorization", header_value),),
+                                    types=("invoice.paid",), max_in_flight=4))
+        store.add_endpoint(Endpoint("crm", "http://127.0.0.1:9/crm"))
+        store.enqueue_events([{"id": f"m{i}", "type": "invoice.paid", "body": {"n": i}}
+                              for i in range(3)] + [{"id": "u1", "type": "user.created",
+                                                     "body": {"n": 9}}])
+        claimed = store.claim_jobs("worker-1", 600_000, 100, endpoints="*")
+        tickets = {job.ticket["id"]: job.ticket for job in claimed.leased}
+        store.finish_jobs([(tickets["m0@billing"], "ok", 0, Attempt(claimed.now_ms, 3, 200)),
+                           (tickets["m1@crm"], "permanent", 0,
+                            Attempt(claimed.now_ms, 3, None, "HTTPError: 410 Gone"))])
+    refused: list[str] = []
+    with _ui(name, 0) as url, sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
+            args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 900})
+        try:
+            page = context.new_page()
+            page.on("console", lambda message: refused.append(message.text)
+                    if "Content Security Policy" in message.text else None)
+            page.goto(url)
+            page.click("header nav >> text=Endpoints")
+            page.wait_for_url(re.compile(r"/endpoints$"))
+            assert page.locator("a.endpoint").all_inner_texts() == ["billing", "crm"]
+            figures = {key: page.locator(f'[data-key="{key}"]').inner_text() for key in (
+                "billing.ready", "billing.in_flight", "billing.done", "billing.dead",
+                "crm.in_flight", "crm.dead")}
+            assert figures == {"billing.ready": "0", "billing.in_flight": "2",
+                               "billing.done": "1", "billing.dead": "0",
+                               "crm.in_flight": "3", "crm.dead": "1"}
+            assert page.locator('[data-key="crm.last_error"]').inner_text().startswith(
+                "HTTPError: 410 Gone, at ")
+            content = page.content()
+            assert secret not in content and header_value not in content
+            page.screenshot(path=str(tmp_path / "endpoints.png"), full_page=True)
+
+            page.click("a.endpoint >> text=billing")
+            page.wait_for_url(re.compile(r"/endpoint\?name=billing$"))
+            assert page.locator("#endpoint-name").inner_text() == "billing"
+            assert page.locator("#types").inner_text() == "invoice.paid"
+            page.click("#deliveries")
+            page.wait_for_url(re.compile(r"/jobs\?endpoint=billing$"))
+            assert page.locator("a.job").all_inner_texts() == [
+                f"m{i}@billing" for i in range(3)]
+            assert page.locator("td.message").all_inner_texts() == ["m0", "m1", "m2"]
+            page.screenshot(path=str(tmp_path / "deliveries.png"), full_page=True)
+        finally:
+            context.close()
+    assert not refused, refused
+    assert (tmp_path / "endpoints.png").stat().st_size > 10_000

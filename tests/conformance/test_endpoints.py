@@ -260,6 +260,46 @@ def test_an_endpoint_back_from_idle_does_not_jump_the_line(store):
         done(store, leased, now)
 
 
+def test_a_backlog_that_may_not_be_sent_never_holds_back_the_others(store):
+    """An endpoint at its cap and a disabled one, each with thousands waiting
+    in front, leave every claim to the healthy one's deliveries."""
+    store.add_endpoint(endpoint("capped", types=("c",), max_in_flight=8), now_ms=T0)
+    store.add_endpoint(endpoint("off", types=("o",), enabled=False), now_ms=T0)
+    store.add_endpoint(endpoint("healthy", types=("h",)), now_ms=T0)
+    enqueue(store, *(message(f"c{i}", "c") for i in range(2000)))
+    enqueue(store, *(message(f"o{i}", "o") for i in range(2000)))
+    enqueue(store, *(message(f"h{i}", "h") for i in range(600)), now=T0 + 1)
+    now, served = T0 + 1, 0
+    for _ in range(12):
+        now += 1
+        leased = claim(store, now, limit=64)
+        healthy = [job_ for job_ in leased if job_.endpoint == "healthy"]
+        assert len(healthy) == min(64 - (8 if now == T0 + 2 else 0), 600 - served)
+        served += len(healthy)
+        done(store, healthy, now)
+    assert served == 600
+
+
+def test_an_endpoint_back_from_a_long_block_gets_its_turn_and_no_more(store):
+    store.add_endpoint(endpoint("big", types=("b",)), now_ms=T0)
+    store.add_endpoint(endpoint("steady", types=("s",)), now_ms=T0)
+    enqueue(store, *(message(f"b{i}", "b") for i in range(500)))
+    store.update_endpoint("big", {"enabled": False}, now_ms=T0)
+    enqueue(store, *(message(f"s{i}", "s") for i in range(500)))
+    now = T0
+    for _ in range(20):  # a while without "big": its deliveries wait
+        now += 1
+        leased = claim(store, now, limit=8)
+        assert by_endpoint(leased) == {"steady": 8}
+        done(store, leased, now)
+    store.update_endpoint("big", {"enabled": True}, now_ms=now)
+    for _ in range(10):
+        now += 1
+        leased = claim(store, now, limit=8)
+        assert by_endpoint(leased) == {"big": 4, "steady": 4}
+        done(store, leased, now)
+
+
 def test_endpoints_at_their_cap_in_front_do_not_leave_a_claim_empty(store):
     store.add_endpoint(endpoint("capped", max_in_flight=1), now_ms=T0)
     store.add_endpoint(endpoint("open", types=("open",)), now_ms=T0)
@@ -355,6 +395,7 @@ def test_stats_per_endpoint(store):
     stats = {row["name"]: row for row in store.endpoint_stats()}
     a = stats["a"]
     assert (a["ready"], a["in_flight"], a["done"], a["dead"], a["retried"]) == (1, 0, 1, 1, 1)
+    assert a["dead_by_reason"] == {"permanent": 1} and stats["b"]["dead_by_reason"] == {}
     assert a["last_success_ms"] == T0 + 10
     assert a["last_error"]["at_ms"] == T0 + 10 and a["last_error"]["http_status"] in (503, 410)
     assert (stats["b"]["ready"], stats["b"]["last_error"], stats["b"]["last_success_ms"]) == (
@@ -392,3 +433,19 @@ def test_an_endpoint_whose_ca_file_is_gone_can_be_given_another_or_removed(store
     second.unlink()
     store.remove_endpoint("tls", now_ms=T0 + 2)
     assert store.endpoints() == []
+
+
+def test_one_endpoints_deliveries_listed_and_its_dead_letters(store):
+    store.add_endpoint(endpoint("a"), now_ms=T0)
+    store.add_endpoint(endpoint("b"), now_ms=T0)
+    enqueue(store, message("m1"), message("m2"))
+    leased = claim(store, T0, endpoints=("a",))
+    store.finish_jobs([(leased[0].ticket, "permanent", 0, Attempt(T0, 1, 410, "gone"))],
+                      now_ms=T0 + 1)
+    assert [row["id"] for row in store.list_jobs(endpoint="a")] == ["m1@a", "m2@a"]
+    assert [row["id"] for row in store.list_jobs(endpoint="b", status="pending")] == [
+        "m1@b", "m2@b"]
+    assert [row["id"] for row in store.dead_jobs(endpoint="a")] == [leased[0].ticket["id"]]
+    assert store.dead_jobs(endpoint="b") == [] and store.list_jobs(endpoint="zz") == []
+    with pytest.raises(ValueError, match="endpoint"):
+        store.list_jobs(endpoint="not an endpoint")
