@@ -132,7 +132,8 @@ class EndpointMachine(RuleBasedStateMachine):
     @rule(data=st.data(), outcome=st.sampled_from(["ok", "retry"]))
     def finish(self, data: st.DataObject, outcome: str) -> None:
         job = self.held.pop(data.draw(st.integers(0, len(self.held) - 1)))
-        [result] = self.store.finish_jobs([(job.ticket, outcome, 500, Attempt(self.now, 1))],
+        # a retry the receiver answered (409): the endpoint is up, its breaker stays closed
+        [result] = self.store.finish_jobs([(job.ticket, outcome, 500, Attempt(self.now, 1, 409))],
                                           now_ms=self.now)
         delivery = self.model.deliveries[job.ticket["id"]]
         if delivery["status"] != "leased" or delivery["until"] <= self.now:
