@@ -1,19 +1,33 @@
 """The PostgreSQL driver's endpoints (``lease.endpoints``): the intake's
-fan-out, the claim of deliveries, the operator's changes and the reads.
+fan-out, the claim of deliveries by rotation, the operator's changes and the
+reads. The rules are ``lease.endpoints``'s and ``lease.breaker``'s; what is
+here is how the rows are locked.
 
-The rules are ``lease.endpoints``'s; what is here is how the rows are locked.
-An endpoint's row is the lock of its caps: a claim locks the rows of the
-endpoints with a cap or a rate (FOR UPDATE, in name order) before it counts
-their live leases and reads their buckets, so at READ COMMITTED (each
-statement a new snapshot) it counts the leases of every claim before it, and
-none after it can count before it commits. Lock order, everywhere: endpoint
-rows (by name), then the keys' advisory locks, then job rows (by seq); a
-claim takes its endpoints' locks before its quarantine locks any row.
+An endpoint's row is the lock of its caps, its bucket and its breaker. Lock
+order, everywhere: endpoint rows (by name), then the keys' advisory locks,
+then job rows (by seq).
 
-An intake into a queue with endpoints locks every endpoint's row (it moves
-their next ranks): such intakes run one after another, and a claim of a
-limited endpoint waits for the intake in flight to commit (with
-``enqueue_in``, for the service's transaction: keep it short).
+- A claim of deliveries never waits for a lock: the quarantine and the lease
+  take job rows SKIP LOCKED, the rotation takes endpoint rows FOR NO KEY
+  UPDATE SKIP LOCKED (claims at once serve disjoint endpoints), and the
+  clearing of has_work takes FOR UPDATE SKIP LOCKED on rows it holds. A
+  transaction that never waits is in no cycle.
+- A finish locks endpoint rows (FOR NO KEY UPDATE, by name) only when a
+  signal of a delivery still leased by its ticket moves a circuit, before its
+  keys and rows.
+- An intake locks the rows of the endpoints its events subscribe to FOR KEY
+  SHARE (by name, each chunk's before its keys): no claim, finish or other
+  intake waits for that; only a removal and an operator's change (FOR
+  UPDATE) do, and a claim clearing has_work passes the row over. At its end
+  it writes has_work = 1 on those of its endpoints at 0 (FOR NO KEY UPDATE,
+  by name): an endpoint in the rotation already is neither written nor
+  locked. Such a row is held by no one waiting for a key: not a finish (its
+  delivery is leased, so the row's has_work is 1 and the intake leaves it),
+  not an operator (the intake's FOR KEY SHARE keeps them out), not a claim
+  (it never waits).
+- A redrive does as an intake (FOR KEY SHARE on its deliveries' endpoints
+  first, has_work at its end); a removal, a recovery and an operator's
+  change lock their endpoint's row FOR UPDATE first, then keys, then rows.
 """
 
 from __future__ import annotations
@@ -40,13 +54,13 @@ from lease.endpoints import (
     EndpointError,
     allowance,
     changed_fields,
-    claim_window,
     delivery_id,
-    fair_pick,
-    fair_rank,
     key_of_line,
     line_key,
     refill,
+    rotation_batch,
+    round_robin,
+    shares,
 )
 from lease.policy import Intake, RetryPolicy
 from lease.postgres.reads import dicts
@@ -56,38 +70,45 @@ from lease.postgres.statements import (
     AUTO_DISABLE,
     CIRCUITS,
     CONTENTS,
+    DUE_OF,
     ENDPOINT_AUDIT,
     ENDPOINT_COLUMNS,
+    ENDPOINT_DEAD,
     ENDPOINT_LAST_ERROR,
     ENDPOINT_RETRIED,
     ENDPOINT_STATS,
     ENDPOINTS_FOR_INTAKE,
     ENDPOINTS_OF,
+    ENDPOINTS_OF_IDS,
     HALF_OPEN,
+    HAS_WORK,
+    IDLE_ENDPOINTS,
     INSERT_NEW,
     LEASE_PICKED,
-    LIVE,
+    LEASES_OF,
     LOCK_CIRCUITS,
+    LOCK_KEY_SHARE,
     LOCK_KEYS,
-    LOCK_LIMITED,
-    LOCK_LIMITED_SKIP,
+    LOCK_TO_CLEAR,
     MESSAGES,
-    NEXT_RANKS,
+    NO_WORK,
     PROMOTE,
     PUBLIC_COLUMNS,
     RELEASE_WAITING,
+    ROTATE,
+    ROTATION,
     SPEND_TOKENS,
-    UNLIMITED,
     UPDATE_ENDPOINT,
-    VIRTUAL_TIME,
-    WINDOW,
     WRITE_CIRCUIT,
 )
 from lease.records import Attempt, Leased
 from lease.rules import CIRCUIT_COLUMNS, conflict
 from lease.worker import Busy, Conflict
 
-MAX_WINDOWS = 4  # windows a claim reads before it settles for fewer than its limit
+# How many batches of endpoints one claim takes from the rotation at most
+# (as the SQLite driver): endpoints at their cap or in a backoff cannot make
+# a claim read them all.
+MAX_BATCHES = 4
 
 
 def columns(rows: list[tuple]) -> list[list]:
@@ -100,13 +121,13 @@ def columns(rows: list[tuple]) -> list[list]:
 
 @dataclass
 class Fanout:
-    """An intake's endpoints (locked for the transaction), their next ranks
-    as the intake moves them, and the virtual time, read once."""
+    """An intake's endpoints: who subscribes to what, read once; the ones
+    its events go to locked FOR KEY SHARE as they come (``lock``), and the
+    ones it wrote deliveries to (they join the rotation at its end)."""
 
     every: list[str]  # the endpoints subscribed to every type
     by_type: dict[str, list[str]]  # the others, by the types they take
-    next_rank: dict[str, int]
-    virtual_time: int
+    locked: set[str] = field(default_factory=set)
     touched: set[str] = field(default_factory=set)
 
     @classmethod
@@ -115,14 +136,13 @@ class Fanout:
         found = conn.execute(ENDPOINTS_FOR_INTAKE).fetchall()
         if not found:
             return None
-        row = conn.execute(VIRTUAL_TIME).fetchone()
         every: list[str] = []
         by_type: dict[str, list[str]] = {}
-        for name, types, _ in found:
+        for name, types in found:
             for event_type in types:
                 (every if event_type == ALL else by_type.setdefault(event_type, [])
                  ).append(name)
-        return cls(every, by_type, {name: rank for name, _, rank in found}, int(row[0]))
+        return cls(every, by_type)
 
     def subscribers(self, event_type: str | None) -> list[str]:
         """The endpoints an event of this type goes to, by name: one look-up
@@ -131,16 +151,38 @@ class Fanout:
             return self.every
         return sorted(self.every + self.by_type.get(event_type, []))
 
-    def rank(self, name: str) -> int:
-        rank = fair_rank(self.next_rank[name], self.virtual_time)
-        self.next_rank[name] = rank + 1
-        self.touched.add(name)
-        return rank
+    def lock(self, conn: Any, names: set[str]) -> None:
+        """These endpoints' rows FOR KEY SHARE, before the chunk's keys; one
+        removed since the intake read them is no subscriber any more."""
+        new = sorted(names - self.locked)
+        if not new:
+            return
+        kept = {name for (name,) in conn.execute(LOCK_KEY_SHARE, (new,))}
+        self.locked |= kept
+        gone = set(new) - kept
+        if gone:
+            self.every = [name for name in self.every if name not in gone]
+            self.by_type = {kind: [name for name in names if name not in gone]
+                            for kind, names in self.by_type.items()}
 
     def save(self, conn: Any) -> None:
-        if self.touched:
-            names = sorted(self.touched)
-            conn.execute(NEXT_RANKS, (names, [self.next_rank[name] for name in names]))
+        """The endpoints that got deliveries join the rotation."""
+        has_work(conn, self.touched)
+
+
+def has_work(conn: Any, names: Iterable[str]) -> None:
+    """These endpoints in the rotation (only the ones out of it are written)."""
+    names = sorted(set(names))
+    if names:
+        conn.execute(HAS_WORK, (names,))
+
+
+def lock_endpoints_of(conn: Any, job_ids: list[str]) -> None:
+    """A redrive's first lock: the endpoints of its deliveries, FOR KEY SHARE,
+    so no claim takes one out of the rotation before it commits."""
+    names = [name for (name,) in conn.execute(ENDPOINTS_OF_IDS, (job_ids,))]
+    if names:
+        conn.execute(LOCK_KEY_SHARE, (names,))
 
 
 def fan_out(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPolicy,
@@ -149,6 +191,7 @@ def fan_out(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
     deliveries written, one per subscribed endpoint, maybe none), False (the
     message is kept with this content) or its Conflict. A delivery id too
     long is a ValueError: the whole intake refused, like any bad event."""
+    fan.lock(conn, {name for intake in chunk for name in fan.subscribers(intake.type)})
     plans = []
     for intake in chunk:
         names = fan.subscribers(intake.type)
@@ -177,8 +220,8 @@ def fan_out(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
         kept[intake.id] = (intake.qty, intake.digest, intake.key, intake.type)
         for name, job_id in zip(names, ids, strict=True):
             rows.append((job_id, intake.qty, intake.body, intake.digest,
-                         line_key(intake.key, name), name, intake.id, intake.type,
-                         fan.rank(name)))
+                         line_key(intake.key, name), name, intake.id, intake.type))
+            fan.touched.add(name)
         results.append(True)
     if rows:
         inserted = conn.execute(INSERT_NEW, (
@@ -206,96 +249,139 @@ def judge(intake: Intake, qty: int, digest: str | None, key: str | None,
 # ------------------------------------------------------------------ the claim
 
 
+@dataclass
+class Pick:
+    """What a claim's pick decided: the seqs to lease in rotation order, the
+    endpoints it examined (locked till it commits), each rate endpoint's
+    bucket level now, and the endpoints whose lease would be the probe."""
+
+    seqs: list[int]
+    order: list[str]
+    buckets: dict[str, float]
+    probes: set[str]
+
+
 def pick_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], limit: int,
-                    now: int) -> tuple[list[int], dict[str, dict[str, Any]]]:
-    """Inside a claim, before it locks any job's row: the seqs of up to
-    ``limit`` ready deliveries to the served endpoints, picked fairly within
-    each endpoint's allowance, and the endpoints judged (the limited ones
-    locked till the claim commits). No row the quarantine moves is ready
-    (the readiness asks attempts < max_attempts and deadline > now), so
-    picking first picks what picking after it would."""
+                    now: int) -> Pick:
+    """Inside a claim, after its quarantine: the endpoints with work take
+    turns (the least recently served first), each one's deliveries within
+    its allowance and its equal share, one of each in turn (the SQLite
+    driver's pick_deliveries, with the rows of the endpoints locked)."""
     args: dict[str, Any] = {
         "now": now, "all": served == ALL, "names": [] if served == ALL else list(served),
-        "window": claim_window(limit), "rank": -(2**63), "seq": 0}
-    judged: dict[str, dict[str, Any]] = {}
-    allowances: dict[str, int] = {}
-    picked: list[int] = []
-    for _ in range(MAX_WINDOWS):
-        rows = conn.execute(WINDOW, args).fetchall()
-        # judged a slice at a time (as the SQLite driver does): with many
-        # endpoints in line, a claim locks about as many as it leases
-        for start in range(0, len(rows), limit):
-            part = rows[start:start + limit]
-            new = sorted({endpoint for _, endpoint, _ in part} - set(judged))
-            if new:
-                found = _judge_endpoints(conn, new, now, wait=not judged)
-                judged.update(found)
-                allowances.update({name: found[name]["allowance"] if name in found else 0
-                                   for name in new})
-            picked += fair_pick(((seq, endpoint) for seq, endpoint, _ in part), allowances,
-                                limit - len(picked))
-            if len(picked) == limit:
-                break
-        if len(picked) == limit or len(rows) < args["window"]:
+        "limit": rotation_batch(limit), "served": -(2**63), "name": ""}
+    found: dict[str, list[int]] = {}
+    order: list[str] = []
+    buckets: dict[str, float] = {}
+    probes: set[str] = set()
+    for _ in range(MAX_BATCHES):
+        batch = dicts(conn, ROTATION, args)
+        if not batch:
             break
-        args["seq"], args["rank"] = rows[-1][0], rows[-1][2]
-    return picked, judged
+        args["served"], args["name"] = batch[-1]["served_at"], batch[-1]["name"]
+        rooms = _rooms(conn, batch, now, buckets, probes, found)
+        order += [row["name"] for row in batch]
+        _fill(conn, rooms, found, limit - sum(len(rows) for rows in found.values()), now)
+        if sum(len(rows) for rows in found.values()) >= limit or len(batch) < args["limit"]:
+            break
+    return Pick(round_robin(found, order, limit), order, buckets, probes)
 
 
-def lease_deliveries(conn: psycopg.Connection, picked: list[int],
-                     judged: dict[str, dict[str, Any]], owner: str, lease_ms: int,
+def _rooms(conn: psycopg.Connection, batch: list[dict[str, Any]], now: int,
+           buckets: dict[str, float], probes: set[str],
+           found: dict[str, list[int]]) -> dict[str, int]:
+    """Each endpoint's allowance for this claim (lease.endpoints.allowance) by
+    its live leases, its bucket and its breaker, less its leases run out,
+    which go in ``found`` first."""
+    leases: dict[str, list[tuple[int, int, bool]]] = {}
+    for name, seq, until, ready in conn.execute(
+            LEASES_OF, {"names": [row["name"] for row in batch], "now": now}):
+        leases.setdefault(name, []).append((seq, until, ready))
+    rooms = {}
+    for row in batch:
+        name = row["name"]
+        mine = leases.get(name, [])
+        live = sum(1 for _, until, _ in mine if until > now)
+        tokens = None
+        if row["rate"] is not None:
+            tokens = refill(row["tokens"], row["refilled_ms"], now, row["rate"], row["burst"])
+            buckets[name] = tokens
+        room, probe = claim_room(circuit_of(row), live, now)
+        if probe:
+            probes.add(name)
+        room = allowance(row, live, tokens, room)
+        found[name] = [seq for seq, until, ready in mine if until <= now and ready][:room]
+        rooms[name] = room - len(found[name])
+    return rooms
+
+
+def _fill(conn: psycopg.Connection, rooms: dict[str, int], found: dict[str, list[int]],
+          wanted: int, now: int) -> None:
+    """Read each endpoint's due deliveries in equal shares of ``wanted``, and
+    again from those that had more, until it is filled or none has any left
+    (one statement a round, every endpoint's index range in it)."""
+    read = dict.fromkeys(rooms, 0)
+    while wanted > 0 and rooms:
+        share = shares(rooms, wanted)
+        names = sorted(share, key=list(rooms).index)
+        got: dict[str, list[int]] = {name: [] for name in names}
+        for name, seq in conn.execute(DUE_OF, {
+                "names": names, "lims": [share[name] for name in names],
+                "offs": [read[name] for name in names], "now": now}):
+            got[name].append(seq)
+        for name in names:
+            found[name] += got[name]
+            read[name] += len(got[name])
+            wanted -= len(got[name])
+            rooms[name] = 0 if len(got[name]) < share[name] else rooms[name] - len(got[name])
+        rooms = {name: room for name, room in rooms.items() if room > 0}
+
+
+def lease_deliveries(conn: psycopg.Connection, pick: Pick, owner: str, lease_ms: int,
                      now: int) -> list[Leased]:
-    """The picked deliveries leased (those another claim took meanwhile
-    skipped), in fair order; each rate endpoint's bucket spent by what it
-    leased."""
-    if not picked:
-        return []
-    leased = conn.execute(LEASE_PICKED, {"seqs": picked, "now": now, "owner": owner,
-                                         "lease_ms": lease_ms}).fetchall()
-    _spend(conn, judged, leased, now)
-    for name in sorted({row[8] for row in leased if judged[row[8]]["probe"]}):
+    """The picked deliveries leased (those another transaction holds
+    skipped), in seq order, as the SQLite driver returns them; each rate
+    endpoint's bucket spent by what it leased, a probe's circuit half-open;
+    every endpoint examined to the back of the rotation, the ones with
+    nothing pending or leased out of it."""
+    leased = conn.execute(LEASE_PICKED, {"seqs": pick.seqs, "now": now, "owner": owner,
+                                         "lease_ms": lease_ms}).fetchall() if pick.seqs else []
+    _spend(conn, pick.buckets, leased, now)
+    for name in sorted(pick.probes & {row[8] for row in leased}):
         conn.execute(HALF_OPEN, {"now": now, "name": name})
-    order = {seq: n for n, seq in enumerate(picked)}
+    _rotate(conn, pick.order, {row[8] for row in leased}, now)
     return [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
                     "attempt": attempt, "lease_until": until}, body, digest, endpoint, message)
             for _, job_id, qty, token, attempt, until, body, digest, endpoint, message
-            in sorted(leased, key=lambda row: order[row[0]])]
+            in sorted(leased)]
 
 
-def _judge_endpoints(conn: psycopg.Connection, names: list[str], now: int,
-                     wait: bool) -> dict[str, dict[str, Any]]:
-    """These endpoints' rows, the limited ones locked, with their allowance
-    (and the bucket's level at ``now``, and whether a lease is the breaker's
-    probe). ``wait`` False: a limited endpoint another claim holds is left
-    out (no allowance in this claim)."""
-    limited = dicts(conn, LOCK_LIMITED if wait else LOCK_LIMITED_SKIP, (names,))
-    locked = {row["name"] for row in limited}
-    rows = limited + [row for row in dicts(conn, UNLIMITED, (names,))
-                      if row["name"] not in locked]
-    capped = sorted(row["name"] for row in limited
-                    if row["max_in_flight"] is not None or row["circuit"] != "closed")
-    live: dict[str, int] = dict(conn.execute(LIVE, (capped, now)).fetchall()) if capped else {}
-    found = {}
-    for row in rows:
-        tokens = None if row["rate"] is None else refill(
-            row["tokens"], row["refilled_ms"], now, row["rate"], row["burst"])
-        row["level"] = tokens
-        room, row["probe"] = claim_room(circuit_of(row), live.get(row["name"], 0), now)
-        row["allowance"] = allowance(row, live.get(row["name"], 0), tokens, room)
-        found[row["name"]] = row
-    return found
+def _rotate(conn: psycopg.Connection, order: list[str], served: set[str], now: int) -> None:
+    """The endpoints examined to the back of the rotation; the ones with
+    nothing pending or leased out of it (NO_WORK says why no intake's
+    delivery is lost by it)."""
+    if not order:
+        return
+    names = sorted(order)
+    conn.execute(ROTATE, {"now": now, "names": names})
+    idle = [name for (name,) in conn.execute(
+        IDLE_ENDPOINTS, ([name for name in names if name not in served],))]
+    if idle:
+        clear = [name for (name,) in conn.execute(LOCK_TO_CLEAR, (idle,))]
+        if clear:
+            conn.execute(NO_WORK, (clear,))
 
 
-def _spend(conn: psycopg.Connection, judged: dict[str, dict[str, Any]], leased: list,
+def _spend(conn: psycopg.Connection, buckets: dict[str, float], leased: list,
            now: int) -> None:
     """Each rate endpoint's bucket: its level now, less one token a lease."""
     spent: dict[str, int] = {}
     for row in leased:
         spent[row[8]] = spent.get(row[8], 0) + 1
-    buckets = sorted((name, judged[name]["level"] - k, now) for name, k in spent.items()
-                     if judged[name]["level"] is not None)
-    if buckets:
-        conn.execute(SPEND_TOKENS, columns(buckets))
+    rows = sorted((name, buckets[name] - k, now) for name, k in spent.items()
+                  if name in buckets)
+    if rows:
+        conn.execute(SPEND_TOKENS, columns(rows))
 
 
 # ------------------------------------------------------------------ the breaker
@@ -313,11 +399,17 @@ def lock_circuits(conn: psycopg.Connection, items: list,
     whose breaker the items' signals may change, locked in name order. A
     healthy endpoint's successes change nothing: its row is not locked."""
     ids = sorted({ticket["id"] for ticket, outcome, _, _ in items if outcome is not None})
-    endpoints_of: dict[str, str] = \
-        dict(conn.execute(ENDPOINTS_OF, (ids,)).fetchall()) if ids else {}
+    found = conn.execute(ENDPOINTS_OF, (ids,)).fetchall() if ids else []
+    endpoints_of: dict[str, str] = {job_id: name for job_id, name, _, _, _ in found}
     if not endpoints_of:
         return {}, {}
-    signals = _signals(items, None, endpoints_of)
+    # a ticket whose job is leased to it no longer (by this read) finishes
+    # stale: its signal moves nothing, and locks nothing
+    leased = {(job_id, token, owner) for job_id, _, status, token, owner in found
+              if status == "leased"}
+    live = [item for item in items if (item[0]["id"], item[0]["token"], item[0]["owner"])
+            in leased]
+    signals = _signals(live, None, endpoints_of)
     moving = []
     for row in dicts(conn, CIRCUITS, (sorted({name for name, _, _ in signals}),)):
         mine = [signal for signal in signals if signal[0] == row["name"]]
@@ -488,13 +580,17 @@ def read_stats(conn: psycopg.Connection) -> list[dict[str, Any]]:
     errors = {endpoint: {"error": error, "http_status": status, "at_ms": at}
               for endpoint, error, status, at in conn.execute(ENDPOINT_LAST_ERROR)}
     counts = {row["name"]: row for row in dicts(conn, ENDPOINT_STATS)}
+    dead: dict[str, dict[str, int]] = {}
+    for name, reason, n in conn.execute(ENDPOINT_DEAD):
+        dead.setdefault(name, {})[reason] = n
     return [{**endpoint, "ready": counts[endpoint["name"]]["ready"],
              "in_flight": counts[endpoint["name"]]["in_flight"],
              "done": counts[endpoint["name"]]["done"],
              "dead": counts[endpoint["name"]]["dead"],
              "retried": retried.get(endpoint["name"], 0),
              "last_error": errors.get(endpoint["name"]),
-             "last_success_ms": counts[endpoint["name"]]["last_success_ms"]}
+             "last_success_ms": counts[endpoint["name"]]["last_success_ms"],
+             "dead_by_reason": dead.get(endpoint["name"], {})}
             for endpoint in read_endpoints(conn)]
 
 

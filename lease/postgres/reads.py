@@ -78,13 +78,16 @@ def read_snapshot(conn: psycopg.Connection, now: int, *, keys: bool = True) -> d
 
 def job_filter(status: str | None, reason: str | None, id_prefix: str | None,
                after_seq: int | None, limit: int,
-               key: str | None = None, *, endpoints: bool = True) -> tuple[str, list[Any]]:
+               key: str | None = None, endpoint: str | None = None, *,
+               endpoints: bool = True) -> tuple[str, list[Any]]:
     """The WHERE of list_jobs and its arguments, checked; with endpoints, a
     key matches a job's own key and every delivery's line of that key."""
-    filters = list_filters(status, reason, id_prefix, after_seq, limit, key)
+    filters = list_filters(status, reason, id_prefix, after_seq, limit, key, endpoint)
     clauses = ["1 = 1"]
     args: list[Any] = []
     for name, values in filters:
+        if name == "endpoint" and not endpoints:
+            continue  # refused by the caller: no job has one
         if name == "key" and endpoints:
             clauses.append(KEY_OR_LINES.replace("%(key)s", "%s"))
             args += values * 2

@@ -11,7 +11,7 @@ import psycopg
 import psycopg_pool
 from psycopg import errors
 
-from lease.postgres.statements import LINE
+from lease.postgres.statements import DUE_LINE, LINE
 from lease.rules import (
     TABLES_PG4,
     TABLES_V1,
@@ -106,12 +106,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     4: (
         # NULL for a job of the queue's own; a delivery's endpoint, its message's
-        # id, the event's type (every job's, NULL when none) and its fair rank.
-        # Columns without a default: adding them rewrites no row.
+        # id, the event's type (every job's, NULL when none). Columns without a
+        # default: adding them rewrites no row.
         "ALTER TABLE lease.jobs ADD COLUMN endpoint text",
         "ALTER TABLE lease.jobs ADD COLUMN message text",
         "ALTER TABLE lease.jobs ADD COLUMN event_type text",
-        "ALTER TABLE lease.jobs ADD COLUMN fair_rank bigint",
         # secrets and headers are secrets: no read selects them but
         # endpoint_configs, for the dispatcher that signs with them.
         """CREATE TABLE lease.endpoints (name text PRIMARY KEY, url text NOT NULL,
@@ -119,7 +118,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
   types jsonb NOT NULL, max_in_flight bigint, rate double precision, burst bigint,
   insecure_http boolean NOT NULL, enabled boolean NOT NULL,
   tokens double precision NOT NULL, refilled_ms bigint NOT NULL,
-  next_rank bigint NOT NULL DEFAULT 0, created_ms bigint NOT NULL, updated_ms bigint NOT NULL,
+  has_work bigint NOT NULL DEFAULT 0, served_at bigint NOT NULL DEFAULT 0,
+  created_ms bigint NOT NULL, updated_ms bigint NOT NULL,
   circuit text NOT NULL DEFAULT 'closed', circuit_since_ms bigint, circuit_why text,
   failures bigint NOT NULL DEFAULT 0, window_ms bigint,
   window_failed bigint NOT NULL DEFAULT 0, window_total bigint NOT NULL DEFAULT 0,
@@ -137,15 +137,15 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "DROP INDEX lease.jobs_ready",
         """CREATE INDEX jobs_ready ON lease.jobs (seq)
   WHERE status IN ('pending', 'leased') AND held = 0 AND endpoint IS NULL""",
-        # The claim's windows, in fair order.
-        """CREATE INDEX jobs_fair ON lease.jobs (fair_rank, seq)
-  WHERE endpoint IS NOT NULL AND status IN ('pending', 'leased') AND held = 0""",
-        # An endpoint's live leases, counted inside the claim.
+        # An endpoint's due deliveries, in the order they became due, and its
+        # leases (live and run out): each one index range per endpoint.
+        f"CREATE INDEX jobs_endpoint_due ON lease.jobs (endpoint, available_at, seq)"
+        f" WHERE {DUE_LINE}",
         """CREATE INDEX jobs_in_flight ON lease.jobs (endpoint, lease_until)
   WHERE status = 'leased' AND endpoint IS NOT NULL""",
-        # The ranks being served now: the virtual time of the intake.
-        """CREATE INDEX jobs_serving ON lease.jobs (fair_rank)
-  WHERE status = 'leased' AND endpoint IS NOT NULL""",
+        # The rotation: the endpoints with work, the least recently served first.
+        """CREATE INDEX endpoints_rotation ON lease.endpoints (served_at, name)
+  WHERE has_work = 1 AND enabled""",
         "CREATE INDEX jobs_by_message ON lease.jobs (message) WHERE message IS NOT NULL",
         """CREATE INDEX jobs_by_endpoint ON lease.jobs (endpoint, status)
   WHERE endpoint IS NOT NULL""",

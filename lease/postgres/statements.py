@@ -131,12 +131,12 @@ ON CONFLICT (name) DO UPDATE SET n = lease.tallies.n + excluded.n"""
 # Identity values follow the SELECT's order: seq is the order of intake.
 INSERT_NEW = """INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,
   available_at, deadline, owner, lease_until, reason, body, digest, ordering_key, held,
-  endpoint, message, event_type, fair_rank)
+  endpoint, message, event_type)
 SELECT id, qty, 'pending', 0, %s, 0, %s, %s, NULL, NULL, NULL, body, digest, key,
-  CASE WHEN key IS NULL THEN 0 ELSE 1 END, endpoint, message, event_type, fair_rank
+  CASE WHEN key IS NULL THEN 0 ELSE 1 END, endpoint, message, event_type
 FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[],
-  %s::text[], %s::text[], %s::bigint[]) WITH ORDINALITY
-  AS u(id, qty, body, digest, key, endpoint, message, event_type, fair_rank, ord)
+  %s::text[], %s::text[]) WITH ORDINALITY
+  AS u(id, qty, body, digest, key, endpoint, message, event_type, ord)
 ORDER BY ord
 ON CONFLICT (id) DO NOTHING
 RETURNING id"""
@@ -172,6 +172,7 @@ DEAD = """SELECT d.*, (SELECT COALESCE(a.error, 'HTTP ' || a.http_status)
   FROM lease.attempts a WHERE a.id = d.id ORDER BY a.seq DESC LIMIT 1) AS last_error
 FROM (SELECT * FROM lease.jobs WHERE status = 'dead'
   AND (%(reason)s::text IS NULL OR reason = %(reason)s::text)
+  AND (%(endpoint)s::text IS NULL OR {endpoint})
   AND (%(key)s::text IS NULL OR {key})
   ORDER BY seq LIMIT %(limit)s::bigint) d
 ORDER BY d.seq"""
@@ -219,24 +220,20 @@ FROM lease.jobs h WHERE {_DEAD_FIRST} ORDER BY h.ordering_key LIMIT %(limit)s"""
 # list_jobs's conditions, by the name lease.rules.list_filters gives each
 FILTERS = {"status": "status = %s", "reason": "reason = %s",
            "id_prefix": "substr(id, 1, %s) = %s", "after_seq": "seq > %s",
-           "key": "ordering_key = %s"}
+           "key": "ordering_key = %s", "endpoint": "endpoint = %s"}
 
 
 # ------------------------------------------------------------------ endpoints
 
-# What an intake reads of the endpoints, locked in name order: the intakes of
-# a queue with endpoints write each endpoint's next rank, so they run one
-# after another (as every SQLite writer does), and a message's deliveries are
-# all written by one of them. Taken before any key's lock, always: a claim
-# takes endpoint locks only, and a finish only keys and rows.
-ENDPOINTS_FOR_INTAKE = """SELECT name, types, next_rank FROM lease.endpoints
-ORDER BY name FOR UPDATE"""
-
-# The intake's virtual time: the rank being served now, else the first waiting.
-VIRTUAL_TIME = """SELECT COALESCE(
-  (SELECT max(fair_rank) FROM lease.jobs WHERE status = 'leased' AND endpoint IS NOT NULL),
-  (SELECT min(fair_rank) FROM lease.jobs WHERE endpoint IS NOT NULL
-     AND status IN ('pending', 'leased') AND held = 0), 0)"""
+# What an intake reads of the endpoints: who subscribes to what, each row
+# locked FOR KEY SHARE (in name order) for the intake's transaction. That lock
+# conflicts with no claim (FOR NO KEY UPDATE), no finish and no other intake:
+# only with FOR UPDATE, which a removal takes (its deliveries are never
+# written to an endpoint removed meanwhile) and a claim clearing an
+# endpoint's has_work takes (with SKIP LOCKED: it leaves an endpoint an
+# intake may be writing to in the rotation). Taken before any key's lock.
+ENDPOINTS_FOR_INTAKE = """SELECT name, types FROM lease.endpoints
+ORDER BY name FOR KEY SHARE"""
 
 # A message's kept deliveries, the first one first: the content an intake of
 # the same id is compared with.
@@ -247,59 +244,100 @@ FROM lease.jobs WHERE message = ANY(%s::text[]) ORDER BY message, seq"""
 CONTENTS = """SELECT id, qty, digest, ordering_key, event_type, endpoint
 FROM lease.jobs WHERE id = ANY(%s::text[])"""
 
-NEXT_RANKS = """UPDATE lease.endpoints e SET next_rank = u.next_rank
-FROM unnest(%s::text[], %s::bigint[]) AS u(name, next_rank) WHERE e.name = u.name"""
+# The endpoints that got deliveries (an intake's, a redrive's, a recovery's)
+# join the rotation: only the rows at 0 are written (and so locked), in name
+# order; an endpoint in the rotation already is not touched.
+HAS_WORK = """UPDATE lease.endpoints e SET has_work = 1
+FROM (SELECT name FROM lease.endpoints WHERE name = ANY(%s::text[]) AND has_work = 0
+  ORDER BY name FOR NO KEY UPDATE) u
+WHERE e.name = u.name AND e.has_work = 0"""
+# The endpoints of these jobs (a redrive's), read before any lock.
+ENDPOINTS_OF_IDS = """SELECT DISTINCT endpoint FROM lease.jobs
+WHERE id = ANY(%s::text[]) AND endpoint IS NOT NULL ORDER BY endpoint"""
+LOCK_KEY_SHARE = """SELECT name FROM lease.endpoints WHERE name = ANY(%s::text[])
+ORDER BY name FOR KEY SHARE"""
 
-# One window of ready deliveries in fair order, after (rank, seq); the same
-# readiness as the pick (PICK_AND_LEASE), of the served endpoints. Read without
-# a lock: the lease below locks and re-checks each row.
-_READY = """status IN ('pending', 'leased') AND held = 0
-    AND ((status = 'pending' AND available_at <= %(now)s)
-      OR (status = 'leased' AND lease_until <= %(now)s))
-    AND attempts < max_attempts AND deadline > %(now)s"""
-WINDOW = f"""SELECT seq, endpoint, fair_rank FROM lease.jobs
-WHERE endpoint IS NOT NULL AND {_READY}
-  AND (%(all)s OR endpoint = ANY(%(names)s::text[]))
-  AND (fair_rank, seq) > (%(rank)s, %(seq)s)
-ORDER BY fair_rank, seq LIMIT %(window)s"""
-
-# The endpoints a claim judges. The ones with a cap or a rate are locked in
-# name order first (FOR UPDATE): every claim of them waits its turn, and the
-# count of live leases after the lock (READ COMMITTED: a new snapshot per
-# statement) includes every lease committed by the claims before it. A later
-# window's endpoints are locked SKIP LOCKED (a claim holding locks never waits
-# out of name order, so two claims never deadlock): one held by another claim
-# leases nothing in this one.
-# An endpoint whose circuit is not closed is limited too: one probe at a time.
-_JUDGED = f"name, enabled, max_in_flight, rate, burst, tokens, refilled_ms, {_CIRCUIT}"
-_LIMITED = "(max_in_flight IS NOT NULL OR rate IS NOT NULL OR circuit <> 'closed')"
-LOCK_LIMITED = f"""SELECT {_JUDGED} FROM lease.endpoints
-WHERE name = ANY(%s::text[]) AND {_LIMITED}
-ORDER BY name FOR UPDATE"""
-LOCK_LIMITED_SKIP = LOCK_LIMITED + " SKIP LOCKED"
-UNLIMITED = f"""SELECT {_JUDGED} FROM lease.endpoints
-WHERE name = ANY(%s::text[]) AND NOT {_LIMITED}"""
+# ------------------------------------------------------------------ the claim
+# A claim of deliveries takes the endpoints with work from the rotation (the
+# least recently served first, passing over the disabled, the paused and the
+# cooling-open ones in the scan of endpoints_rotation), each row locked FOR
+# NO KEY UPDATE SKIP LOCKED: claims at once on many hosts serve disjoint
+# endpoints, none waits for another, and each endpoint's cap, bucket and
+# breaker are judged under its row's lock. Then per endpoint one index range
+# of its leases and one of its due deliveries: a backlog an endpoint may not
+# send now is never read. The readiness the pick states (a row the
+# quarantine skipped, held by another transaction, may be at its budget or
+# past its deadline) is checked on each row read, and again at the lease.
+DUE_LINE = "endpoint IS NOT NULL AND status = 'pending' AND held = 0"
+_READY_NOW = "attempts < max_attempts AND deadline > %(now)s"
+ROTATION = f"""SELECT name, served_at, enabled, max_in_flight, rate, burst, tokens, refilled_ms,
+  {_CIRCUIT} FROM lease.endpoints
+WHERE has_work = 1 AND enabled AND (%(all)s OR name = ANY(%(names)s::text[]))
+  AND (paused_until_ms IS NULL OR paused_until_ms <= %(now)s)
+  AND (circuit <> 'open' OR open_until_ms <= %(now)s)
+  AND (served_at, name) > (%(served)s, %(name)s)
+ORDER BY served_at, name LIMIT %(limit)s
+FOR NO KEY UPDATE SKIP LOCKED"""
+# Each endpoint's leases, by lease end: the live ones counted, the ones run
+# out (still ready) taken first.
+LEASES_OF = f"""SELECT endpoint, seq, lease_until, {_READY_NOW} AS ready FROM lease.jobs
+WHERE status = 'leased' AND endpoint = ANY(%(names)s::text[])
+ORDER BY endpoint, lease_until, seq"""
+# Each endpoint's next due deliveries: ``lim`` of them after the first ``off``.
+DUE_OF = f"""SELECT u.name, d.seq FROM unnest(%(names)s::text[], %(lims)s::bigint[],
+  %(offs)s::bigint[]) WITH ORDINALITY AS u(name, lim, off, ord)
+CROSS JOIN LATERAL (SELECT seq, available_at FROM lease.jobs
+  WHERE endpoint = u.name AND {DUE_LINE} AND available_at <= %(now)s
+    AND {_READY_NOW}
+  ORDER BY available_at, seq LIMIT u.lim OFFSET u.off) d
+ORDER BY u.ord, d.available_at, d.seq"""
+ROTATE = """UPDATE lease.endpoints SET served_at = %(now)s WHERE name = ANY(%(names)s::text[])"""
+# An endpoint with nothing pending or leased leaves the rotation (until its
+# next delivery: an intake, a redrive, a recovery puts it back). The claim
+# holds the endpoint's row FOR NO KEY UPDATE already; it clears has_work only
+# under FOR UPDATE, taken SKIP LOCKED, in a statement of its own:
+# - an intake writing to the endpoint holds its row FOR KEY SHARE from its
+#   start to its commit, which FOR UPDATE conflicts with: the row is skipped,
+#   has_work stays 1, and that intake's deliveries are found by a later claim;
+# - an intake that comes for the row after the claim took it FOR UPDATE waits
+#   for the claim's commit, then (READ COMMITTED: a new snapshot for each
+#   statement) its HAS_WORK sees has_work = 0 and writes 1;
+# - an intake that committed before: NO_WORK, a statement begun after the
+#   lock, sees its deliveries (its own snapshot), and leaves has_work alone.
+# A redrive takes the same FOR KEY SHARE on its deliveries' endpoints first;
+# a recovery holds its endpoint's row locked. So no delivery is written to an
+# endpoint out of the rotation.
+IDLE_ENDPOINTS = """SELECT name FROM unnest(%s::text[]) AS u(name)
+WHERE NOT EXISTS (SELECT 1 FROM lease.jobs WHERE endpoint = u.name
+  AND status IN ('pending', 'leased'))"""
+LOCK_TO_CLEAR = """SELECT name FROM lease.endpoints WHERE name = ANY(%s::text[])
+ORDER BY name FOR UPDATE SKIP LOCKED"""
+NO_WORK = """UPDATE lease.endpoints e SET has_work = 0 WHERE e.name = ANY(%s::text[])
+  AND NOT EXISTS (SELECT 1 FROM lease.jobs WHERE endpoint = e.name
+    AND status IN ('pending', 'leased'))"""
 
 # The breaker (lease.breaker): a probe leased makes the circuit half-open, the
 # deliveries that came due while it was open counted as attempts it saved.
-HALF_OPEN = """UPDATE lease.endpoints SET circuit = 'half-open', circuit_since_ms = %(now)s,
+HALF_OPEN = f"""UPDATE lease.endpoints SET circuit = 'half-open', circuit_since_ms = %(now)s,
   saved = saved + (SELECT count(*) FROM lease.jobs
-    WHERE endpoint = %(name)s AND status = 'pending' AND available_at <= %(now)s)
+    WHERE endpoint = %(name)s AND {DUE_LINE} AND available_at <= %(now)s)
 WHERE name = %(name)s AND circuit = 'open'"""
 # An endpoint's circuit, as a finish judges it: unlocked first (a healthy
 # endpoint's successes write nothing, and lock nothing), then locked in name
 # order before the finish's keys and rows when its signals change it.
 CIRCUITS = f"""SELECT name, enabled, disable_after_ms, {_CIRCUIT} FROM lease.endpoints
 WHERE name = ANY(%s::text[]) ORDER BY name"""
-LOCK_CIRCUITS = CIRCUITS + " FOR UPDATE"
-ENDPOINTS_OF = """SELECT id, endpoint FROM lease.jobs
+LOCK_CIRCUITS = CIRCUITS + " FOR NO KEY UPDATE"
+# a finish's deliveries, with their markers: a finish that is stale already
+# (its job no longer leased by its ticket) moves no breaker, and locks nothing
+ENDPOINTS_OF = """SELECT id, endpoint, status, token, owner FROM lease.jobs
 WHERE id = ANY(%s::text[]) AND endpoint IS NOT NULL"""
 WRITE_CIRCUIT = f"""UPDATE lease.endpoints SET
   {', '.join(f'{column} = %({column})s' for column in CIRCUIT_COLUMNS)}
 WHERE name = %(name)s"""
 # the circuit closed: the endpoint's waiting deliveries are due at once
-RELEASE_WAITING = """UPDATE lease.jobs SET available_at = %(now)s
-WHERE endpoint = %(name)s AND status = 'pending' AND available_at > %(now)s"""
+RELEASE_WAITING = f"""UPDATE lease.jobs SET available_at = %(now)s
+WHERE endpoint = %(name)s AND {DUE_LINE} AND available_at > %(now)s"""
 AUTO_DISABLE = """UPDATE lease.endpoints SET enabled = false, disabled_why = %s
 WHERE name = %s"""
 
@@ -325,13 +363,14 @@ RECOVER = """UPDATE lease.jobs SET status = 'pending', attempts = 0, available_a
   done_started_ms = NULL, done_latency_ms = NULL, done_http_status = NULL, done_after = NULL,
   held = CASE WHEN ordering_key IS NOT NULL THEN 1 ELSE 0 END
 WHERE seq = ANY(%s::bigint[])"""
-LIVE = """SELECT endpoint, count(*) FROM lease.jobs
-WHERE status = 'leased' AND endpoint = ANY(%s::text[]) AND lease_until > %s
-GROUP BY endpoint"""
 
 # The picked deliveries leased as the pick leases (lease_ticket), each row
-# locked and its readiness checked again: one another claim took meanwhile
-# is skipped, and the claim leases fewer.
+# locked and its readiness checked again: one another transaction holds (a
+# stale finish, an operator's change) is skipped, and the claim leases fewer.
+_READY = """status IN ('pending', 'leased') AND held = 0
+    AND ((status = 'pending' AND available_at <= %(now)s)
+      OR (status = 'leased' AND lease_until <= %(now)s))
+    AND attempts < max_attempts AND deadline > %(now)s"""
 LEASE_PICKED = f"""WITH picked AS (SELECT seq FROM lease.jobs
   WHERE seq = ANY(%(seqs)s::bigint[]) AND endpoint IS NOT NULL AND {_READY}
   FOR UPDATE SKIP LOCKED)
@@ -339,7 +378,8 @@ UPDATE lease.jobs j SET status = 'leased', attempts = j.attempts + 1, token = j.
   owner = %(owner)s, lease_until = LEAST(%(now)s + %(lease_ms)s, j.deadline), reason = NULL
 FROM picked WHERE j.seq = picked.seq
 RETURNING j.seq, j.id, j.qty, j.token, j.attempts, j.lease_until, j.body, j.digest,
-  j.endpoint, j.message"""
+  j.endpoint, j.message
+"""
 
 SPEND_TOKENS = """UPDATE lease.endpoints e SET tokens = u.tokens, refilled_ms = u.refilled_ms
 FROM unnest(%s::text[], %s::float8[], %s::bigint[]) AS u(name, tokens, refilled_ms)
@@ -357,10 +397,10 @@ PUBLIC_COLUMNS = ("name, url, ack, ca_file, jsonb_array_length(secrets) AS secre
 
 ADD_ENDPOINT = """INSERT INTO lease.endpoints (name, url, ack, ca_file, secrets, headers, types,
   max_in_flight, rate, burst, insecure_http, enabled, disable_after_ms, tokens, refilled_ms,
-  next_rank, created_ms, updated_ms)
+  has_work, served_at, created_ms, updated_ms)
 VALUES (%(name)s, %(url)s, %(ack)s, %(ca_file)s, %(secrets)s, %(headers)s, %(types)s,
   %(max_in_flight)s, %(rate)s, %(burst)s, %(insecure_http)s, %(enabled)s,
-  %(disable_after_ms)s, %(tokens)s, %(now)s, 0, %(now)s, %(now)s)
+  %(disable_after_ms)s, %(tokens)s, %(now)s, 0, 0, %(now)s, %(now)s)
 ON CONFLICT (name) DO NOTHING"""
 
 UPDATE_ENDPOINT = """UPDATE lease.endpoints SET url = %(url)s, ack = %(ack)s,
@@ -382,6 +422,11 @@ ENDPOINT_STATS = """SELECT e.name,
   max(j.available_at) FILTER (WHERE j.status = 'done') AS last_success_ms
 FROM lease.endpoints e LEFT JOIN lease.jobs j ON j.endpoint = e.name
 GROUP BY e.name ORDER BY e.name"""
+
+# Each endpoint's dead deliveries, by reason.
+ENDPOINT_DEAD = """SELECT endpoint, reason, count(*) FROM lease.jobs
+WHERE endpoint IS NOT NULL AND status = 'dead' GROUP BY endpoint, reason
+ORDER BY endpoint, reason"""
 
 ENDPOINT_RETRIED = """SELECT j.endpoint, count(*) FROM lease.attempts a
 JOIN lease.jobs j ON j.id = a.id

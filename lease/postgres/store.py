@@ -39,10 +39,12 @@ from lease.postgres.endpoints import (
     add,
     audit,
     fan_out,
+    has_work,
     judge,
     judge_circuits,
     lease_deliveries,
     lock_circuits,
+    lock_endpoints_of,
     locked,
     pick_deliveries,
     read_audit,
@@ -315,17 +317,17 @@ class PostgresStore:
             now = self._now_in(conn, now_ms)
             moved = {"deadline": 0, "exhausted": 0}
             args = {"now": now, "limit": limit, "owner": owner, "lease_ms": lease_ms}
-            # Deliveries: the endpoints' locks first, before the quarantine
-            # locks a job's row, so a claim never waits for an endpoint while
-            # it holds a row a finish or an intake may be waiting for.
-            chosen = None if served is None else pick_deliveries(conn, served, limit, now)
+            # The quarantine first, as on SQLite; then a claim of deliveries
+            # takes its endpoints from the rotation (SKIP LOCKED: it never
+            # waits for a lock, so it is in no cycle of locks).
             with conn.pipeline() as pipeline:
                 moves = [(reason, conn.execute(statement, args))
                          for reason, statement in QUARANTINE]
                 self._before_pick(pipeline)
-                picked = conn.execute(PICK_AND_LEASE, args) if chosen is None else None
+                picked = conn.execute(PICK_AND_LEASE, args) if served is None else None
             for reason, cursor in moves:
                 moved[reason] += cursor.rowcount
+            chosen = None if served is None else pick_deliveries(conn, served, limit, now)
             if picked is not None:
                 leased = [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
                                   "attempt": attempt, "lease_until": until}, body, digest)
@@ -334,7 +336,7 @@ class PostgresStore:
             else:
                 assert chosen is not None
                 self._before_lease()
-                leased = lease_deliveries(conn, *chosen, owner, lease_ms, now)
+                leased = lease_deliveries(conn, chosen, owner, lease_ms, now)
             if leased:
                 call_fault(fault, "after-claim")
         if leased:
@@ -422,8 +424,11 @@ class PostgresStore:
         check_fault(fault)
         with self._tx() as conn:
             now = self._now_in(conn, now_ms)
+            if self._endpoints:  # their endpoints' rows first (lease.postgres.endpoints)
+                lock_endpoints_of(conn, sorted(set(job_ids)))
             conn.execute(LOCK_KEYS_OF, (sorted(set(job_ids)),))
-            rows = _lock(conn, "seq, id, status, reason, token, ordering_key", job_ids)
+            rows = _lock(conn, "seq, id, status, reason, token, ordering_key"
+                         + (", endpoint" if self._endpoints else ""), job_ids)
             results, audits, releases = redrive_decisions(rows, job_ids)
             keys = sorted({row["ordering_key"] for row in rows.values()
                            if row["ordering_key"] is not None})
@@ -436,6 +441,9 @@ class PostgresStore:
                 conn.execute(AUDIT_REDRIVES, (now, note, actor, *_columns(audits)))
                 call_fault(fault, "after-audit")
                 conn.execute(RELEASE, (now, now + ttl_ms, releases))
+                if self._endpoints:  # redriven deliveries: their endpoints in the rotation
+                    has_work(conn, {str(rows[job_id]["endpoint"]) for job_id, _ in audits
+                                    if rows[job_id].get("endpoint") is not None})
                 if keys:  # a cancelled job back in its place; each line's first
                     conn.execute(DEMOTE, {"keys": keys})
                     conn.execute(PROMOTE, {"keys": keys})
@@ -580,7 +588,8 @@ class PostgresStore:
         return {"job": job_rows(found)[0], **history}
 
     def dead_jobs(self, reason: str | None = None, limit: int | None = None, *,
-                  key: str | None = None) -> list[dict[str, Any]]:
+                  key: str | None = None,
+                  endpoint: str | None = None) -> list[dict[str, Any]]:
         """Dead jobs in seq order, of one reason and one ordering key if given,
         each with its last recorded error (reads.dead_jobs of SQLite)."""
         if reason is not None:
@@ -589,10 +598,15 @@ class PostgresStore:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
         if key is not None:
             check_ordering_key(key, "key")
+        if endpoint is not None:
+            check_identifier("endpoint", endpoint)
+            if not self._endpoints:
+                return []
         with self._tx(read_only=True) as conn:
             return job_rows(dicts(conn, DEAD.format(
-                key=KEY_OR_LINES if self._endpoints else "ordering_key = %(key)s::text"),
-                {"reason": reason, "key": key, "limit": limit}))
+                key=KEY_OR_LINES if self._endpoints else "ordering_key = %(key)s::text",
+                endpoint="endpoint = %(endpoint)s::text" if self._endpoints else "false"),
+                {"reason": reason, "key": key, "limit": limit, "endpoint": endpoint}))
 
     def jobs_with_status(self, status: str) -> list[dict[str, Any]]:
         if status not in STATUSES:
@@ -603,11 +617,14 @@ class PostgresStore:
 
     def list_jobs(self, *, status: str | None = None, reason: str | None = None,
                   id_prefix: str | None = None, after_seq: int | None = None,
-                  limit: int = 50, key: str | None = None) -> list[dict[str, Any]]:
+                  limit: int = 50, key: str | None = None,
+                  endpoint: str | None = None) -> list[dict[str, Any]]:
         """reads.list_jobs of SQLite: one page of whole rows in seq order after
         ``after_seq``, filtered, a dead row with its last error."""
-        where, args = job_filter(status, reason, id_prefix, after_seq, limit, key,
+        where, args = job_filter(status, reason, id_prefix, after_seq, limit, key, endpoint,
                                  endpoints=self._endpoints)
+        if endpoint is not None and not self._endpoints:
+            return []  # a queue from before endpoints: no job has one
         # the filter's own checks and clauses, in this driver's placeholders
         sql = LIST_JOBS.format(where=where)
         with self._tx(read_only=True) as conn:
@@ -700,7 +717,7 @@ class PostgresStore:
                     if only is None or row["id"] in only] if found else []
             if dry_run or not rows:
                 return [row["id"] for row in rows]
-            _recover(conn, rows, now, ttl_ms, note, actor)
+            _recover(conn, name, rows, now, ttl_ms, note, actor)
         return [row["id"] for row in rows]
 
     def _check_change(self, note: str | None, actor: str | None, now_ms: int | None) -> None:
@@ -739,8 +756,8 @@ class PostgresStore:
             return read_audit(conn, name)
 
 
-def _recover(conn: psycopg.Connection, rows: list[dict[str, Any]], now: int, ttl_ms: int,
-             note: str, actor: str | None) -> None:
+def _recover(conn: psycopg.Connection, name: str, rows: list[dict[str, Any]], now: int,
+             ttl_ms: int, note: str, actor: str | None) -> None:
     """Inside a recovery, its rows locked: a done one's delivering attempt
     kept as an attempts row, an audit row each, each pending with a fresh
     budget, each line given its first."""
@@ -753,6 +770,7 @@ def _recover(conn: psycopg.Connection, rows: list[dict[str, Any]], now: int, ttl
     conn.execute(AUDIT_REDRIVES, (now, note, actor, *_columns(
         [(row["id"], row["token"]) for row in rows])))
     conn.execute(RECOVER, (now, now + ttl_ms, [row["seq"] for row in rows]))
+    has_work(conn, (name,))
     keys = sorted({row["ordering_key"] for row in rows if row["ordering_key"] is not None})
     if keys:
         conn.execute(DEMOTE, {"keys": keys})
@@ -866,7 +884,7 @@ def _insert(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
     if new:
         inserted = {job_id for (job_id,) in conn.execute(INSERT_NEW, (
             policy.max_attempts, available_at, available_at + policy.ttl_ms,
-            *_columns([(i.id, i.qty, i.body, i.digest, i.key, None, None, i.type, None)
+            *_columns([(i.id, i.qty, i.body, i.digest, i.key, None, None, i.type)
                        for i in new.values()])))}
         # another intake committed one of these ids meanwhile: judge by its row
         kept.update(_contents(conn, [job_id for job_id in new if job_id not in inserted]))
