@@ -39,10 +39,17 @@ The tables live in a schema of their own (``lease``), so a service's own
 its order. Versioned migrations (``lease.schema_migrations``) each run in one
 transaction under an advisory lock: two hosts starting at once migrate once.
 
+Endpoints as data (``lease.endpoints``, schema version 4): the intake fans a
+message out to one delivery per subscribed endpoint; a claim of deliveries
+locks the rows of the endpoints with a cap or a rate (FOR UPDATE, in name
+order) before it counts their live leases and reads their buckets, so the
+caps hold across every host (``endpoints``'s docstring).
+
 Layout: ``schema`` (versions, migrations, connections, errors), ``statements``
-(the SQL, named), ``reads`` (the observations), ``store`` (``PostgresStore``
-and ``enqueue_in``), ``listener`` (the wake-ups). Nothing here imports the
-SQLite driver.
+(the SQL, named), ``reads`` (the observations), ``endpoints`` (the fan-out,
+the claim of deliveries, the endpoints' changes and reads), ``store``
+(``PostgresStore`` and ``enqueue_in``), ``listener`` (the wake-ups). Nothing
+here imports the SQLite driver.
 """
 
 from lease.postgres.listener import Listener

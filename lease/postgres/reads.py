@@ -7,7 +7,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from lease.postgres.statements import BLOCKED_JOBS, BLOCKED_KEYS, FILTERS
+from lease.endpoints import key_of_line
+from lease.postgres.statements import BLOCKED_JOBS, BLOCKED_KEYS, FILTERS, KEY_OR_LINES
 from lease.rules import (
     DAY_MS,
     STATUSES,
@@ -77,8 +78,32 @@ def read_snapshot(conn: psycopg.Connection, now: int, *, keys: bool = True) -> d
 
 def job_filter(status: str | None, reason: str | None, id_prefix: str | None,
                after_seq: int | None, limit: int,
-               key: str | None = None) -> tuple[str, list[Any]]:
-    """The WHERE of list_jobs and its arguments, checked."""
-    filters = list_filters(status, reason, id_prefix, after_seq, limit, key)
-    clauses = ["1 = 1", *(FILTERS[name] for name, _ in filters)]
-    return " AND ".join(clauses), [arg for _, args in filters for arg in args]
+               key: str | None = None, endpoint: str | None = None, *,
+               endpoints: bool = True) -> tuple[str, list[Any]]:
+    """The WHERE of list_jobs and its arguments, checked; with endpoints, a
+    key matches a job's own key and every delivery's line of that key."""
+    filters = list_filters(status, reason, id_prefix, after_seq, limit, key, endpoint)
+    clauses = ["1 = 1"]
+    args: list[Any] = []
+    for name, values in filters:
+        if name == "endpoint" and not endpoints:
+            continue  # refused by the caller: no job has one
+        if name == "key" and endpoints:
+            clauses.append(KEY_OR_LINES.replace("%(key)s", "%s"))
+            args += values * 2
+        else:
+            clauses.append(FILTERS[name])
+            args += values
+    return " AND ".join(clauses), args
+
+
+def job_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows as a read shows them: a delivery's line as its event's own key
+    (the line is the key per endpoint). A row of a queue before endpoints
+    is as it is."""
+    for row in rows:
+        if "endpoint" in row:
+            for name in ("ordering_key", "key"):
+                if row.get(name) is not None:
+                    row[name] = key_of_line(row[name], row["endpoint"])
+    return rows

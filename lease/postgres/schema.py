@@ -11,8 +11,9 @@ import psycopg
 import psycopg_pool
 from psycopg import errors
 
-from lease.postgres.statements import LINE
+from lease.postgres.statements import DUE_LINE, LINE
 from lease.rules import (
+    TABLES_PG4,
     TABLES_V1,
     TABLES_V2,
     TABLES_V3,
@@ -25,8 +26,9 @@ from lease.worker import (
 )
 
 SCHEMA = "lease"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 CHANNEL = "lease_jobs"  # NOTIFY'd when work becomes available
+SECRET_TABLES = ("endpoints",)  # rows a server's error message must not show
 
 # pg_advisory_xact_lock key of the migrations ("lease" in ASCII): two hosts
 # opening a new database at once wait for each other and migrate it once.
@@ -45,8 +47,10 @@ NOW = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # column for column. SQLite's version 4 moved the bodies to a table of their
 # own; PostgreSQL needs no such move: an UPDATE keeps a large body where TOAST
 # put it, out of the row, and does not write it again.
+# Version 4: endpoints as data (lease.endpoints); a job of the queue's own has
+# NULL in the four new columns of jobs.
 TABLES = {1: {**TABLES_V1, "redrives": CONTRACT_COLUMNS["redrives"]}, 2: TABLES_V2,
-           3: TABLES_V3}
+          3: TABLES_V3, 4: TABLES_PG4}
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -100,6 +104,52 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX jobs_line ON lease.jobs (ordering_key, held, seq) WHERE "
         + LINE.format(a="jobs").replace("jobs.", ""),
     ),
+    4: (
+        # NULL for a job of the queue's own; a delivery's endpoint, its message's
+        # id, the event's type (every job's, NULL when none). Columns without a
+        # default: adding them rewrites no row.
+        "ALTER TABLE lease.jobs ADD COLUMN endpoint text",
+        "ALTER TABLE lease.jobs ADD COLUMN message text",
+        "ALTER TABLE lease.jobs ADD COLUMN event_type text",
+        # secrets and headers are secrets: no read selects them but
+        # endpoint_configs, for the dispatcher that signs with them.
+        """CREATE TABLE lease.endpoints (name text PRIMARY KEY, url text NOT NULL,
+  ack text NOT NULL, ca_file text, secrets jsonb NOT NULL, headers jsonb NOT NULL,
+  types jsonb NOT NULL, max_in_flight bigint, rate double precision, burst bigint,
+  insecure_http boolean NOT NULL, enabled boolean NOT NULL,
+  tokens double precision NOT NULL, refilled_ms bigint NOT NULL,
+  has_work bigint NOT NULL DEFAULT 0, served_at bigint NOT NULL DEFAULT 0,
+  created_ms bigint NOT NULL, updated_ms bigint NOT NULL,
+  circuit text NOT NULL DEFAULT 'closed', circuit_since_ms bigint, circuit_why text,
+  failures bigint NOT NULL DEFAULT 0, window_ms bigint,
+  window_failed bigint NOT NULL DEFAULT 0, window_total bigint NOT NULL DEFAULT 0,
+  open_until_ms bigint, cooldown_ms bigint NOT NULL DEFAULT 0, paused_until_ms bigint,
+  failing_since_ms bigint, disable_after_ms bigint, disabled_why text,
+  saved bigint NOT NULL DEFAULT 0)""",
+        # action: an operator's (add, update, disable, enable, remove) or the
+        # breaker's (opened, reopened, closed, paused, disable); fields: the
+        # NAMES of the fields changed, never their values
+        """CREATE TABLE lease.endpoint_audit (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  endpoint text NOT NULL, at_ms bigint NOT NULL,
+  action text NOT NULL,
+  fields jsonb NOT NULL, note text, actor text)""",
+        # The queue's own pick reads no delivery (an own claim never takes one).
+        "DROP INDEX lease.jobs_ready",
+        """CREATE INDEX jobs_ready ON lease.jobs (seq)
+  WHERE status IN ('pending', 'leased') AND held = 0 AND endpoint IS NULL""",
+        # An endpoint's due deliveries, in the order they became due, and its
+        # leases (live and run out): each one index range per endpoint.
+        f"CREATE INDEX jobs_endpoint_due ON lease.jobs (endpoint, available_at, seq)"
+        f" WHERE {DUE_LINE}",
+        """CREATE INDEX jobs_in_flight ON lease.jobs (endpoint, lease_until)
+  WHERE status = 'leased' AND endpoint IS NOT NULL""",
+        # The rotation: the endpoints with work, the least recently served first.
+        """CREATE INDEX endpoints_rotation ON lease.endpoints (served_at, name)
+  WHERE has_work = 1 AND enabled""",
+        "CREATE INDEX jobs_by_message ON lease.jobs (message) WHERE message IS NOT NULL",
+        """CREATE INDEX jobs_by_endpoint ON lease.jobs (endpoint, status)
+  WHERE endpoint IS NOT NULL""",
+    ),
 }
 
 
@@ -134,7 +184,15 @@ def _store_error(exc: psycopg.Error, name: str) -> StoreError:
     # AdminShutdown and a statement cancelled by a timeout.
     if isinstance(exc, psycopg.OperationalError):
         return Busy(f"PostgreSQL queue {name}: connection lost: {_one_line(exc)}")
-    return StoreError(f"PostgreSQL queue {name}: {_one_line(exc)}")
+    return StoreError(f"PostgreSQL queue {name}: {_without_secrets(exc)}")
+
+
+def _without_secrets(exc: psycopg.Error) -> str:
+    """The server's message; of an endpoint's row, without its DETAIL: a
+    "Failing row contains (...)" there would show its secrets and headers."""
+    if exc.diag.table_name in SECRET_TABLES:
+        return _one_line(exc.diag.message_primary or type(exc).__name__)
+    return _one_line(exc)
 
 
 @contextmanager
@@ -145,7 +203,7 @@ def mapped(name: str) -> Iterator[None]:
         raise _store_error(exc, name) from exc
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: BaseException | str) -> str:
     """A server's message on one line (libpq adds hints on lines of their own)."""
     return " ".join(str(exc).split())
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from lease.rules import CIRCUIT_COLUMNS
+
+_CIRCUIT = ", ".join(CIRCUIT_COLUMNS)
+
 # A job in its key's line (as SQLite's driver states it), and the classid of the keys'
 # advisory locks ("ke"; the two-int form, a key space apart from the one-int
 # form of the migrations' lock).
@@ -43,7 +47,7 @@ FROM doomed WHERE j.seq = doomed.seq"""),
 # pick says the rule itself, and such a row waits for the next claim's
 # quarantine instead of a lease as attempt max + 1 or one ending at once.
 PICK_AND_LEASE = """WITH picked AS (SELECT seq FROM lease.jobs
-  WHERE status IN ('pending', 'leased') AND held = 0
+  WHERE status IN ('pending', 'leased') AND held = 0 AND endpoint IS NULL
     AND ((status = 'pending' AND available_at <= %(now)s)
       OR (status = 'leased' AND lease_until <= %(now)s))
     AND attempts < max_attempts AND deadline > %(now)s
@@ -126,11 +130,13 @@ ON CONFLICT (name) DO UPDATE SET n = lease.tallies.n + excluded.n"""
 
 # Identity values follow the SELECT's order: seq is the order of intake.
 INSERT_NEW = """INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,
-  available_at, deadline, owner, lease_until, reason, body, digest, ordering_key, held)
+  available_at, deadline, owner, lease_until, reason, body, digest, ordering_key, held,
+  endpoint, message, event_type)
 SELECT id, qty, 'pending', 0, %s, 0, %s, %s, NULL, NULL, NULL, body, digest, key,
-  CASE WHEN key IS NULL THEN 0 ELSE 1 END
-FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[]) WITH ORDINALITY
-  AS u(id, qty, body, digest, key, ord)
+  CASE WHEN key IS NULL THEN 0 ELSE 1 END, endpoint, message, event_type
+FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[],
+  %s::text[], %s::text[]) WITH ORDINALITY
+  AS u(id, qty, body, digest, key, endpoint, message, event_type, ord)
 ORDER BY ord
 ON CONFLICT (id) DO NOTHING
 RETURNING id"""
@@ -158,11 +164,16 @@ CANCEL = """UPDATE lease.jobs SET status = 'dead', reason = 'cancelled', availab
 PRUNABLE = """SELECT seq, id FROM lease.jobs WHERE status = 'done' AND available_at < %s
 ORDER BY available_at, seq LIMIT %s FOR UPDATE SKIP LOCKED"""
 
+# A key filter: a job's own key, or a delivery's line of that key.
+KEY_OR_LINES = """(ordering_key = %(key)s::text
+  OR (endpoint IS NOT NULL AND ordering_key = %(key)s::text || ' ' || endpoint))"""
+
 DEAD = """SELECT d.*, (SELECT COALESCE(a.error, 'HTTP ' || a.http_status)
   FROM lease.attempts a WHERE a.id = d.id ORDER BY a.seq DESC LIMIT 1) AS last_error
 FROM (SELECT * FROM lease.jobs WHERE status = 'dead'
   AND (%(reason)s::text IS NULL OR reason = %(reason)s::text)
-  AND (%(key)s::text IS NULL OR ordering_key = %(key)s::text)
+  AND (%(endpoint)s::text IS NULL OR {endpoint})
+  AND (%(key)s::text IS NULL OR {key})
   ORDER BY seq LIMIT %(limit)s::bigint) d
 ORDER BY d.seq"""
 
@@ -200,12 +211,234 @@ JOIN lease.jobs w ON w.ordering_key = h.ordering_key AND w.held = 1 AND w.status
   AND w.ordering_key IS NOT NULL AND (w.status IN ('pending', 'leased')
     OR (w.status = 'dead' AND w.reason <> 'cancelled'))
 WHERE {_DEAD_FIRST}"""
-BLOCKED_HEADS = f"""SELECT h.ordering_key AS key, h.id, h.reason,
+BLOCKED_HEADS = f"""SELECT h.ordering_key AS key{{endpoint}}, h.id, h.reason,
   (SELECT count(*) FROM lease.jobs w
   WHERE w.ordering_key = h.ordering_key AND w.held = 1 AND w.status = 'pending') AS waiting
 FROM lease.jobs h WHERE {_DEAD_FIRST} ORDER BY h.ordering_key LIMIT %(limit)s"""
+# (a delivery's key is its line: the head's endpoint tells them apart)
 
 # list_jobs's conditions, by the name lease.rules.list_filters gives each
 FILTERS = {"status": "status = %s", "reason": "reason = %s",
            "id_prefix": "substr(id, 1, %s) = %s", "after_seq": "seq > %s",
-           "key": "ordering_key = %s"}
+           "key": "ordering_key = %s", "endpoint": "endpoint = %s"}
+
+
+# ------------------------------------------------------------------ endpoints
+
+# What an intake reads of the endpoints: who subscribes to what, each row
+# locked FOR KEY SHARE (in name order) for the intake's transaction. That lock
+# conflicts with no claim (FOR NO KEY UPDATE), no finish and no other intake:
+# only with FOR UPDATE, which a removal takes (its deliveries are never
+# written to an endpoint removed meanwhile) and a claim clearing an
+# endpoint's has_work takes (with SKIP LOCKED: it leaves an endpoint an
+# intake may be writing to in the rotation). Taken before any key's lock.
+ENDPOINTS_FOR_INTAKE = """SELECT name, types FROM lease.endpoints
+ORDER BY name FOR KEY SHARE"""
+
+# A message's kept deliveries, the first one first: the content an intake of
+# the same id is compared with.
+MESSAGES = """SELECT DISTINCT ON (message) message, qty, digest, ordering_key, endpoint, event_type
+FROM lease.jobs WHERE message = ANY(%s::text[]) ORDER BY message, seq"""
+
+# The jobs of these ids, by id: an own job's content, or a delivery id taken.
+CONTENTS = """SELECT id, qty, digest, ordering_key, event_type, endpoint
+FROM lease.jobs WHERE id = ANY(%s::text[])"""
+
+# The endpoints that got deliveries (an intake's, a redrive's, a recovery's)
+# join the rotation: only the rows at 0 are written (and so locked), in name
+# order; an endpoint in the rotation already is not touched.
+HAS_WORK = """UPDATE lease.endpoints e SET has_work = 1
+FROM (SELECT name FROM lease.endpoints WHERE name = ANY(%s::text[]) AND has_work = 0
+  ORDER BY name FOR NO KEY UPDATE) u
+WHERE e.name = u.name AND e.has_work = 0"""
+# The endpoints of these jobs (a redrive's), read before any lock.
+ENDPOINTS_OF_IDS = """SELECT DISTINCT endpoint FROM lease.jobs
+WHERE id = ANY(%s::text[]) AND endpoint IS NOT NULL ORDER BY endpoint"""
+LOCK_KEY_SHARE = """SELECT name FROM lease.endpoints WHERE name = ANY(%s::text[])
+ORDER BY name FOR KEY SHARE"""
+
+# ------------------------------------------------------------------ the claim
+# A claim of deliveries takes the endpoints with work from the rotation (the
+# least recently served first, passing over the disabled, the paused and the
+# cooling-open ones in the scan of endpoints_rotation), each row locked FOR
+# NO KEY UPDATE SKIP LOCKED: claims at once on many hosts serve disjoint
+# endpoints, none waits for another, and each endpoint's cap, bucket and
+# breaker are judged under its row's lock. Then per endpoint one index range
+# of its leases and one of its due deliveries: a backlog an endpoint may not
+# send now is never read. The readiness the pick states (a row the
+# quarantine skipped, held by another transaction, may be at its budget or
+# past its deadline) is checked on each row read, and again at the lease.
+DUE_LINE = "endpoint IS NOT NULL AND status = 'pending' AND held = 0"
+_READY_NOW = "attempts < max_attempts AND deadline > %(now)s"
+ROTATION = f"""SELECT name, served_at, enabled, max_in_flight, rate, burst, tokens, refilled_ms,
+  {_CIRCUIT} FROM lease.endpoints
+WHERE has_work = 1 AND enabled AND (%(all)s OR name = ANY(%(names)s::text[]))
+  AND (paused_until_ms IS NULL OR paused_until_ms <= %(now)s)
+  AND (circuit <> 'open' OR open_until_ms <= %(now)s)
+  AND (served_at, name) > (%(served)s, %(name)s)
+ORDER BY served_at, name LIMIT %(limit)s
+FOR NO KEY UPDATE SKIP LOCKED"""
+# Each endpoint's leases, by lease end: the live ones counted, the ones run
+# out (still ready) taken first.
+LEASES_OF = f"""SELECT endpoint, seq, lease_until, {_READY_NOW} AS ready FROM lease.jobs
+WHERE status = 'leased' AND endpoint = ANY(%(names)s::text[])
+ORDER BY endpoint, lease_until, seq"""
+# Each endpoint's next due deliveries: ``lim`` of them after the first ``off``.
+DUE_OF = f"""SELECT u.name, d.seq FROM unnest(%(names)s::text[], %(lims)s::bigint[],
+  %(offs)s::bigint[]) WITH ORDINALITY AS u(name, lim, off, ord)
+CROSS JOIN LATERAL (SELECT seq, available_at FROM lease.jobs
+  WHERE endpoint = u.name AND {DUE_LINE} AND available_at <= %(now)s
+    AND {_READY_NOW}
+  ORDER BY available_at, seq LIMIT u.lim OFFSET u.off) d
+ORDER BY u.ord, d.available_at, d.seq"""
+ROTATE = """UPDATE lease.endpoints SET served_at = %(now)s WHERE name = ANY(%(names)s::text[])"""
+# An endpoint with nothing pending or leased leaves the rotation (until its
+# next delivery: an intake, a redrive, a recovery puts it back). The claim
+# holds the endpoint's row FOR NO KEY UPDATE already; it clears has_work only
+# under FOR UPDATE, taken SKIP LOCKED, in a statement of its own:
+# - an intake writing to the endpoint holds its row FOR KEY SHARE from its
+#   start to its commit, which FOR UPDATE conflicts with: the row is skipped,
+#   has_work stays 1, and that intake's deliveries are found by a later claim;
+# - an intake that comes for the row after the claim took it FOR UPDATE waits
+#   for the claim's commit, then (READ COMMITTED: a new snapshot for each
+#   statement) its HAS_WORK sees has_work = 0 and writes 1;
+# - an intake that committed before: NO_WORK, a statement begun after the
+#   lock, sees its deliveries (its own snapshot), and leaves has_work alone.
+# A redrive takes the same FOR KEY SHARE on its deliveries' endpoints first;
+# a recovery holds its endpoint's row locked. So no delivery is written to an
+# endpoint out of the rotation.
+IDLE_ENDPOINTS = """SELECT name FROM unnest(%s::text[]) AS u(name)
+WHERE NOT EXISTS (SELECT 1 FROM lease.jobs WHERE endpoint = u.name
+  AND status IN ('pending', 'leased'))"""
+LOCK_TO_CLEAR = """SELECT name FROM lease.endpoints WHERE name = ANY(%s::text[])
+ORDER BY name FOR UPDATE SKIP LOCKED"""
+NO_WORK = """UPDATE lease.endpoints e SET has_work = 0 WHERE e.name = ANY(%s::text[])
+  AND NOT EXISTS (SELECT 1 FROM lease.jobs WHERE endpoint = e.name
+    AND status IN ('pending', 'leased'))"""
+
+# The breaker (lease.breaker): a probe leased makes the circuit half-open, the
+# deliveries that came due while it was open counted as attempts it saved.
+HALF_OPEN = f"""UPDATE lease.endpoints SET circuit = 'half-open', circuit_since_ms = %(now)s,
+  saved = saved + (SELECT count(*) FROM lease.jobs
+    WHERE endpoint = %(name)s AND {DUE_LINE} AND available_at <= %(now)s)
+WHERE name = %(name)s AND circuit = 'open'"""
+# An endpoint's circuit, as a finish judges it: unlocked first (a healthy
+# endpoint's successes write nothing, and lock nothing), then locked in name
+# order before the finish's keys and rows when its signals change it.
+CIRCUITS = f"""SELECT name, enabled, disable_after_ms, {_CIRCUIT} FROM lease.endpoints
+WHERE name = ANY(%s::text[]) ORDER BY name"""
+LOCK_CIRCUITS = CIRCUITS + " FOR NO KEY UPDATE"
+# a finish's deliveries, with their markers: a finish that is stale already
+# (its job no longer leased by its ticket) moves no breaker, and locks nothing
+ENDPOINTS_OF = """SELECT id, endpoint, status, token, owner FROM lease.jobs
+WHERE id = ANY(%s::text[]) AND endpoint IS NOT NULL"""
+WRITE_CIRCUIT = f"""UPDATE lease.endpoints SET
+  {', '.join(f'{column} = %({column})s' for column in CIRCUIT_COLUMNS)}
+WHERE name = %(name)s"""
+# the circuit closed: the endpoint's waiting deliveries are due at once
+RELEASE_WAITING = f"""UPDATE lease.jobs SET available_at = %(now)s
+WHERE endpoint = %(name)s AND {DUE_LINE} AND available_at > %(now)s"""
+AUTO_DISABLE = """UPDATE lease.endpoints SET enabled = false, disabled_why = %s
+WHERE name = %s"""
+
+# What one dispatcher serves is idle when nothing it may claim is left, now or
+# later without an operator: its own jobs, or the deliveries of the enabled
+# endpoints it serves.
+IDLE_OWN = """SELECT NOT EXISTS (SELECT 1 FROM lease.jobs
+  WHERE endpoint IS NULL AND status IN ('pending', 'leased') AND held = 0)"""
+IDLE_SERVED = """SELECT NOT EXISTS (SELECT 1 FROM lease.endpoints e
+  WHERE e.enabled AND (%(all)s OR e.name = ANY(%(names)s::text[]))
+    AND EXISTS (SELECT 1 FROM lease.jobs j WHERE j.endpoint = e.name
+      AND j.status IN ('pending', 'leased') AND j.held = 0))"""
+
+# Recovery: an endpoint's deliveries finished (done or dead) since a time,
+# locked in seq order, sent again with a fresh budget; a done one's
+# delivering attempt goes to the attempts rows first, so its history keeps it.
+RECOVERABLE = """SELECT seq, id, status, token, ordering_key, attempts, done_by,
+  done_started_ms, done_latency_ms, done_http_status, available_at FROM lease.jobs
+WHERE endpoint = %(name)s AND status IN ('done', 'dead') AND available_at >= %(since)s
+ORDER BY seq LIMIT %(limit)s FOR UPDATE"""
+RECOVER = """UPDATE lease.jobs SET status = 'pending', attempts = 0, available_at = %s,
+  deadline = %s, owner = NULL, lease_until = NULL, reason = NULL, done_by = NULL,
+  done_started_ms = NULL, done_latency_ms = NULL, done_http_status = NULL, done_after = NULL,
+  held = CASE WHEN ordering_key IS NOT NULL THEN 1 ELSE 0 END
+WHERE seq = ANY(%s::bigint[])"""
+
+# The picked deliveries leased as the pick leases (lease_ticket), each row
+# locked and its readiness checked again: one another transaction holds (a
+# stale finish, an operator's change) is skipped, and the claim leases fewer.
+_READY = """status IN ('pending', 'leased') AND held = 0
+    AND ((status = 'pending' AND available_at <= %(now)s)
+      OR (status = 'leased' AND lease_until <= %(now)s))
+    AND attempts < max_attempts AND deadline > %(now)s"""
+LEASE_PICKED = f"""WITH picked AS (SELECT seq FROM lease.jobs
+  WHERE seq = ANY(%(seqs)s::bigint[]) AND endpoint IS NOT NULL AND {_READY}
+  FOR UPDATE SKIP LOCKED)
+UPDATE lease.jobs j SET status = 'leased', attempts = j.attempts + 1, token = j.token + 1,
+  owner = %(owner)s, lease_until = LEAST(%(now)s + %(lease_ms)s, j.deadline), reason = NULL
+FROM picked WHERE j.seq = picked.seq
+RETURNING j.seq, j.id, j.qty, j.token, j.attempts, j.lease_until, j.body, j.digest,
+  j.endpoint, j.message
+"""
+
+SPEND_TOKENS = """UPDATE lease.endpoints e SET tokens = u.tokens, refilled_ms = u.refilled_ms
+FROM unnest(%s::text[], %s::float8[], %s::bigint[]) AS u(name, tokens, refilled_ms)
+WHERE e.name = u.name"""
+
+ENDPOINT_COLUMNS = ("name, url, ack, ca_file, secrets, headers, types, max_in_flight, rate,"
+                    " burst, insecure_http, enabled, disable_after_ms")
+# What a read may show: never secrets, never headers (their names are taken
+# from the JSON in Python, the values dropped there and then).
+PUBLIC_COLUMNS = ("name, url, ack, ca_file, jsonb_array_length(secrets) AS secrets,"
+                  " ARRAY(SELECT h->>0 FROM jsonb_array_elements(headers) AS h) AS headers,"
+                  " types, max_in_flight, rate, burst, insecure_http, enabled,"
+                  " disable_after_ms, disabled_why, created_ms, updated_ms,"
+                  f" {_CIRCUIT}, saved")
+
+ADD_ENDPOINT = """INSERT INTO lease.endpoints (name, url, ack, ca_file, secrets, headers, types,
+  max_in_flight, rate, burst, insecure_http, enabled, disable_after_ms, tokens, refilled_ms,
+  has_work, served_at, created_ms, updated_ms)
+VALUES (%(name)s, %(url)s, %(ack)s, %(ca_file)s, %(secrets)s, %(headers)s, %(types)s,
+  %(max_in_flight)s, %(rate)s, %(burst)s, %(insecure_http)s, %(enabled)s,
+  %(disable_after_ms)s, %(tokens)s, %(now)s, 0, 0, %(now)s, %(now)s)
+ON CONFLICT (name) DO NOTHING"""
+
+UPDATE_ENDPOINT = """UPDATE lease.endpoints SET url = %(url)s, ack = %(ack)s,
+  ca_file = %(ca_file)s, secrets = %(secrets)s, headers = %(headers)s, types = %(types)s,
+  max_in_flight = %(max_in_flight)s, rate = %(rate)s, burst = %(burst)s,
+  insecure_http = %(insecure_http)s, enabled = %(enabled)s,
+  disable_after_ms = %(disable_after_ms)s, tokens = %(tokens)s, refilled_ms = %(refilled_ms)s,
+  disabled_why = CASE WHEN %(enabled)s THEN NULL ELSE disabled_why END, updated_ms = %(now)s
+WHERE name = %(name)s"""
+
+AUDIT_ENDPOINT = """INSERT INTO lease.endpoint_audit (endpoint, at_ms, action, fields, note, actor)
+VALUES (%s, %s, %s, %s, %s, %s)"""
+
+ENDPOINT_STATS = """SELECT e.name,
+  count(j.seq) FILTER (WHERE j.status = 'pending') AS ready,
+  count(j.seq) FILTER (WHERE j.status = 'leased') AS in_flight,
+  count(j.seq) FILTER (WHERE j.status = 'done') AS done,
+  count(j.seq) FILTER (WHERE j.status = 'dead') AS dead,
+  max(j.available_at) FILTER (WHERE j.status = 'done') AS last_success_ms
+FROM lease.endpoints e LEFT JOIN lease.jobs j ON j.endpoint = e.name
+GROUP BY e.name ORDER BY e.name"""
+
+# Each endpoint's dead deliveries, by reason.
+ENDPOINT_DEAD = """SELECT endpoint, reason, count(*) FROM lease.jobs
+WHERE endpoint IS NOT NULL AND status = 'dead' GROUP BY endpoint, reason
+ORDER BY endpoint, reason"""
+
+ENDPOINT_RETRIED = """SELECT j.endpoint, count(*) FROM lease.attempts a
+JOIN lease.jobs j ON j.id = a.id
+WHERE j.endpoint IS NOT NULL AND a.outcome = 'retry' GROUP BY j.endpoint"""
+
+# Each endpoint's latest attempt with an error or a non-2xx answer.
+ENDPOINT_LAST_ERROR = """SELECT DISTINCT ON (j.endpoint) j.endpoint, a.error, a.http_status,
+  a.ended_ms
+FROM lease.attempts a JOIN lease.jobs j ON j.id = a.id
+WHERE j.endpoint IS NOT NULL
+  AND (a.error IS NOT NULL OR (a.http_status IS NOT NULL AND a.http_status NOT BETWEEN 200 AND 299))
+ORDER BY j.endpoint, a.seq DESC"""
+
+ENDPOINT_AUDIT = """SELECT at_ms, endpoint, action, fields, note, actor FROM lease.endpoint_audit
+WHERE %(name)s::text IS NULL OR endpoint = %(name)s::text ORDER BY seq"""

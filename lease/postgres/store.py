@@ -13,6 +13,16 @@ import psycopg_pool
 from psycopg import pq
 from psycopg.rows import tuple_row
 
+from lease.endpoints import (
+    ALL,
+    MAX_RECOVER,
+    Endpoint,
+    EndpointError,
+    check_endpoint_name,
+    check_recover_ids,
+    check_served,
+    key_of_line,
+)
 from lease.policy import (
     DEFAULT_POLICY,
     PRODUCT,
@@ -24,8 +34,34 @@ from lease.policy import (
     check_ordering_key,
     check_product_event,
 )
+from lease.postgres.endpoints import (
+    Fanout,
+    add,
+    audit,
+    fan_out,
+    has_work,
+    judge,
+    judge_circuits,
+    lease_deliveries,
+    lock_circuits,
+    lock_endpoints_of,
+    locked,
+    pick_deliveries,
+    read_audit,
+    read_configs,
+    read_endpoints,
+    read_stats,
+    update,
+)
 from lease.postgres.listener import Listener
-from lease.postgres.reads import dicts, job_filter, read_counts, read_snapshot, read_stale_finishes
+from lease.postgres.reads import (
+    dicts,
+    job_filter,
+    job_rows,
+    read_counts,
+    read_snapshot,
+    read_stale_finishes,
+)
 from lease.postgres.schema import (
     CHANNEL,
     CONNECT_TIMEOUT_S,
@@ -48,6 +84,7 @@ from lease.postgres.statements import (
     AUDIT_REDRIVES,
     BLOCKED_HEADS,
     CANCEL,
+    CONTENTS,
     DEAD,
     DEMOTE,
     EXTEND_IF_STILL_LEASED,
@@ -55,7 +92,10 @@ from lease.postgres.statements import (
     FIRSTS,
     HISTORY_ATTEMPTS,
     IDLE,
+    IDLE_OWN,
+    IDLE_SERVED,
     INSERT_NEW,
+    KEY_OR_LINES,
     LIST_JOBS,
     LOCK_KEYS,
     LOCK_KEYS_OF,
@@ -66,6 +106,8 @@ from lease.postgres.statements import (
     QUARANTINE,
     RECORD_ATTEMPTS,
     RECORD_DONE,
+    RECOVER,
+    RECOVERABLE,
     RELEASE,
     TALLY,
 )
@@ -75,13 +117,11 @@ from lease.rules import (
     cancel_decisions,
     check_finish_item,
     check_ids,
-    conflict,
     in_flight_refusals,
     kept_audits,
 )
 from lease.worker import (
     MAX_BATCH,
-    Conflict,
     Fault,
     NotAQueue,
     StoreError,
@@ -166,6 +206,7 @@ class PostgresStore:
                 check_tables(conn, self.name, version)
                 self._actors = "actor" in TABLES[version]["redrives"]
                 self._keys = "ordering_key" in TABLES[version]["jobs"]
+                self._endpoints = "endpoints" in TABLES[version]
         finally:
             conn.close()
 
@@ -260,8 +301,13 @@ class PostgresStore:
     # -- one attempt
 
     def claim_jobs(self, owner: str, lease_ms: int, limit: int = 1, *,
-                   now_ms: int | None = None, fault: Fault = None) -> Claimed:
+                   now_ms: int | None = None, fault: Fault = None,
+                   endpoints: str | tuple[str, ...] | None = None) -> Claimed:
+        """The queue's own jobs (``endpoints`` None), or deliveries to the
+        served endpoints, fairly, within their caps and buckets
+        (``lease.postgres.endpoints.pick_deliveries``)."""
         check_identifier("owner", owner)
+        served = check_served(endpoints)
         if now_ms is not None:
             check_now(now_ms)
         check_int("lease_ms", lease_ms, 1, PRODUCT.max_lease_ms)
@@ -271,16 +317,26 @@ class PostgresStore:
             now = self._now_in(conn, now_ms)
             moved = {"deadline": 0, "exhausted": 0}
             args = {"now": now, "limit": limit, "owner": owner, "lease_ms": lease_ms}
+            # The quarantine first, as on SQLite; then a claim of deliveries
+            # takes its endpoints from the rotation (SKIP LOCKED: it never
+            # waits for a lock, so it is in no cycle of locks).
             with conn.pipeline() as pipeline:
                 moves = [(reason, conn.execute(statement, args))
                          for reason, statement in QUARANTINE]
                 self._before_pick(pipeline)
-                picked = conn.execute(PICK_AND_LEASE, args)
+                picked = conn.execute(PICK_AND_LEASE, args) if served is None else None
             for reason, cursor in moves:
                 moved[reason] += cursor.rowcount
-            leased = [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
-                              "attempt": attempt, "lease_until": until}, body, digest)
-                      for _, job_id, qty, token, attempt, until, body, digest in sorted(picked)]
+            chosen = None if served is None else pick_deliveries(conn, served, limit, now)
+            if picked is not None:
+                leased = [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
+                                  "attempt": attempt, "lease_until": until}, body, digest)
+                          for _, job_id, qty, token, attempt, until, body, digest
+                          in sorted(picked)]
+            else:
+                assert chosen is not None
+                self._before_lease()
+                leased = lease_deliveries(conn, chosen, owner, lease_ms, now)
             if leased:
                 call_fault(fault, "after-claim")
         if leased:
@@ -293,6 +349,11 @@ class PostgresStore:
         transaction's lock, which made the quarantine skip a row, can end
         before the pick reads; a test's subclass syncs the pipeline here and
         ends one, to prove the pick's own rule."""
+
+    def _before_lease(self) -> None:
+        """Inside a claim of deliveries, its endpoints judged (the limited
+        ones locked), before its lease: nothing. A test's subclass waits here,
+        to prove that another claim of those endpoints waits for this one."""
 
     def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: int | None = None,
                      fault: Fault = None) -> dict | bool:
@@ -328,12 +389,18 @@ class PostgresStore:
         check_fault(fault)
         with self._tx() as conn:
             now = self._now_in(conn, now_ms)
+            # the breakers' rows first (the order of every lock here), then
+            # the keys and the rows of the jobs
+            endpoints_of, circuits = lock_circuits(conn, items, now) if self._endpoints \
+                else ({}, {})
             judged = iter(_finish_marked(conn, items, now))
             verdicts = [next(judged) if outcome is not None else None
                         for _, outcome, _, _ in items]
             results = [("leased", None) if v is None else v and v[:2] for v in verdicts]
             _record_attempts(conn, items, results,
                              [v[2] if v else None for v in verdicts], now)
+            if circuits:
+                judge_circuits(conn, items, results, endpoints_of, circuits, now)
             changed = any(verdicts)
             if changed:
                 call_fault(fault, "after-finish")
@@ -357,8 +424,11 @@ class PostgresStore:
         check_fault(fault)
         with self._tx() as conn:
             now = self._now_in(conn, now_ms)
+            if self._endpoints:  # their endpoints' rows first (lease.postgres.endpoints)
+                lock_endpoints_of(conn, sorted(set(job_ids)))
             conn.execute(LOCK_KEYS_OF, (sorted(set(job_ids)),))
-            rows = _lock(conn, "seq, id, status, reason, token, ordering_key", job_ids)
+            rows = _lock(conn, "seq, id, status, reason, token, ordering_key"
+                         + (", endpoint" if self._endpoints else ""), job_ids)
             results, audits, releases = redrive_decisions(rows, job_ids)
             keys = sorted({row["ordering_key"] for row in rows.values()
                            if row["ordering_key"] is not None})
@@ -371,6 +441,9 @@ class PostgresStore:
                 conn.execute(AUDIT_REDRIVES, (now, note, actor, *_columns(audits)))
                 call_fault(fault, "after-audit")
                 conn.execute(RELEASE, (now, now + ttl_ms, releases))
+                if self._endpoints:  # redriven deliveries: their endpoints in the rotation
+                    has_work(conn, {str(rows[job_id]["endpoint"]) for job_id, _ in audits
+                                    if rows[job_id].get("endpoint") is not None})
                 if keys:  # a cancelled job back in its place; each line's first
                     conn.execute(DEMOTE, {"keys": keys})
                     conn.execute(PROMOTE, {"keys": keys})
@@ -396,20 +469,34 @@ class PostgresStore:
             conn.execute(LOCK_KEYS_OF, (sorted(set(job_ids)),))
             rows = _lock(conn, "seq, id, status, reason, token, ordering_key", job_ids)
             results, audits = cancel_decisions(rows, job_ids)
-            if audits:
-                conn.execute(AUDIT_CANCELS, (now, note, actor, *_columns(
-                    [(job_id, token, was) for _, job_id, token, was in audits])))
-                call_fault(fault, "after-audit")
-                conn.execute(CANCEL, (now, [seq for seq, _, _, _ in audits]))
-                # a line whose first was cancelled: the next one goes
-                lines = sorted({rows[job_id]["ordering_key"] for _, job_id, _, _ in audits
-                                if rows[job_id]["ordering_key"] is not None})
-                if lines:
-                    conn.execute(PROMOTE, {"keys": lines})
-                call_fault(fault, "after-cancel")
+            self._cancel_audited(conn, rows, audits, now, note, actor, fault)
         if audits:
             call_fault(fault, "after-commit")
         return results
+
+    def _cancel_locked(self, conn: psycopg.Connection, rows: dict[str, dict[str, Any]],
+                       job_ids: list, now: int, note: str, actor: str | None) -> int:
+        """Inside a transaction holding these rows and their keys: the cancel
+        path, audited; how many were cancelled."""
+        _, audits = cancel_decisions(rows, job_ids)
+        self._cancel_audited(conn, rows, audits, now, note, actor, None)
+        return len(audits)
+
+    def _cancel_audited(self, conn: psycopg.Connection, rows: dict[str, dict[str, Any]],
+                        audits: list, now: int, note: str, actor: str | None,
+                        fault: Fault) -> None:
+        if not audits:
+            return
+        conn.execute(AUDIT_CANCELS, (now, note, actor, *_columns(
+            [(job_id, token, was) for _, job_id, token, was in audits])))
+        call_fault(fault, "after-audit")
+        conn.execute(CANCEL, (now, [seq for seq, _, _, _ in audits]))
+        # a line whose first was cancelled: the next one goes
+        lines = sorted({rows[job_id]["ordering_key"] for _, job_id, _, _ in audits
+                        if rows[job_id]["ordering_key"] is not None})
+        if lines:
+            conn.execute(PROMOTE, {"keys": lines})
+        call_fault(fault, "after-cancel")
 
     def prune_done(self, finished_before_ms: int, limit: int = MAX_BATCH) -> int:
         """``lease.sqlite.prune_done``: up to ``limit`` done jobs finished before
@@ -447,13 +534,31 @@ class PostgresStore:
             row = conn.execute(IDLE).fetchone()
         return bool(row and row[0])
 
+    def is_idle_for(self, endpoints: str | tuple[str, ...] | None) -> bool:
+        """``is_idle`` of what a claim with these ``endpoints`` may take."""
+        served = check_served(endpoints)
+        if not self._endpoints:
+            return self.is_idle() if served is None else True
+        with self._tx(read_only=True) as conn:
+            if served is None:
+                row = conn.execute(IDLE_OWN).fetchone()
+            else:
+                row = conn.execute(IDLE_SERVED, {
+                    "all": served == ALL, "names": [] if served == ALL else list(served)},
+                    ).fetchone()
+        return bool(row and row[0])
+
     def blocked_heads(self, limit: int = MAX_BATCH) -> list[dict[str, Any]]:
         """reads.blocked_heads of SQLite: each blocked key's dead first job."""
         check_int("limit", limit, 1, MAX_BATCH)
         if not self._keys:
             return []
+        sql = BLOCKED_HEADS.format(endpoint=", h.endpoint" if self._endpoints else "")
         with self._tx(read_only=True) as conn:
-            return dicts(conn, BLOCKED_HEADS, {"limit": limit})
+            rows = job_rows(dicts(conn, sql, {"limit": limit}))
+        for row in rows:
+            row.setdefault("endpoint", None)
+        return rows
 
     def snapshot(self, now_ms: int | None = None) -> dict[str, Any]:
         """What reads.snapshot of SQLite gives for a product queue, read in one
@@ -480,10 +585,11 @@ class PostgresStore:
             }
         if not found:
             return None
-        return {"job": found[0], **history}
+        return {"job": job_rows(found)[0], **history}
 
     def dead_jobs(self, reason: str | None = None, limit: int | None = None, *,
-                  key: str | None = None) -> list[dict[str, Any]]:
+                  key: str | None = None,
+                  endpoint: str | None = None) -> list[dict[str, Any]]:
         """Dead jobs in seq order, of one reason and one ordering key if given,
         each with its last recorded error (reads.dead_jobs of SQLite)."""
         if reason is not None:
@@ -492,30 +598,198 @@ class PostgresStore:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
         if key is not None:
             check_ordering_key(key, "key")
+        if endpoint is not None:
+            check_identifier("endpoint", endpoint)
+            if not self._endpoints:
+                return []
         with self._tx(read_only=True) as conn:
-            return dicts(conn, DEAD, {"reason": reason, "key": key, "limit": limit})
+            return job_rows(dicts(conn, DEAD.format(
+                key=KEY_OR_LINES if self._endpoints else "ordering_key = %(key)s::text",
+                endpoint="endpoint = %(endpoint)s::text" if self._endpoints else "false"),
+                {"reason": reason, "key": key, "limit": limit, "endpoint": endpoint}))
 
     def jobs_with_status(self, status: str) -> list[dict[str, Any]]:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r:.40}")
         with self._tx(read_only=True) as conn:
-            return dicts(conn, "SELECT * FROM lease.jobs WHERE status = %s ORDER BY seq",
-                          (status,))
+            return job_rows(dicts(
+                conn, "SELECT * FROM lease.jobs WHERE status = %s ORDER BY seq", (status,)))
 
     def list_jobs(self, *, status: str | None = None, reason: str | None = None,
                   id_prefix: str | None = None, after_seq: int | None = None,
-                  limit: int = 50, key: str | None = None) -> list[dict[str, Any]]:
+                  limit: int = 50, key: str | None = None,
+                  endpoint: str | None = None) -> list[dict[str, Any]]:
         """reads.list_jobs of SQLite: one page of whole rows in seq order after
         ``after_seq``, filtered, a dead row with its last error."""
-        where, args = job_filter(status, reason, id_prefix, after_seq, limit, key)
+        where, args = job_filter(status, reason, id_prefix, after_seq, limit, key, endpoint,
+                                 endpoints=self._endpoints)
+        if endpoint is not None and not self._endpoints:
+            return []  # a queue from before endpoints: no job has one
         # the filter's own checks and clauses, in this driver's placeholders
         sql = LIST_JOBS.format(where=where)
         with self._tx(read_only=True) as conn:
-            return dicts(conn, sql, [*args, limit])
+            return job_rows(dicts(conn, sql, [*args, limit]))
 
     def stale_finishes(self) -> int:
         with self._tx(read_only=True) as conn:
             return read_stale_finishes(conn)
+
+    # -- endpoints (lease.postgres.endpoints): each change one transaction with its audit row
+
+    def add_endpoint(self, endpoint: Endpoint, *, note: str | None = None,
+                     actor: str | None = None, now_ms: int | None = None) -> None:
+        if not isinstance(endpoint, Endpoint):
+            raise ValueError(f"endpoint must be an Endpoint, got {type(endpoint).__name__}")
+        self._check_change(note, actor, now_ms)
+        with self._tx() as conn:
+            add(conn, endpoint, self._now_in(conn, now_ms), note, actor)
+
+    def update_endpoint(self, name: str, changes: dict[str, Any], *, note: str | None = None,
+                        actor: str | None = None, now_ms: int | None = None) -> Endpoint:
+        check_endpoint_name(name)
+        if type(changes) is not dict or not changes:
+            raise ValueError("changes must be a non-empty dict of an endpoint's fields")
+        self._check_change(note, actor, now_ms)
+        with self._tx() as conn:
+            changed = update(conn, name, changes, self._now_in(conn, now_ms), note, actor)
+            if changes.get("enabled") is True:  # its waiting deliveries may go now
+                conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+            return changed
+
+    def remove_endpoint(self, name: str, *, cancel_live: bool = False,
+                        note: str | None = None, actor: str | None = None,
+                        now_ms: int | None = None) -> int:
+        """The endpoint's row locked first, then its deliveries' keys and rows
+        (the order of every lock here); each pending delivery cancelled as
+        ``cancel_jobs`` cancels, with its audit row."""
+        check_endpoint_name(name)
+        if type(cancel_live) is not bool:
+            raise ValueError(f"cancel_live must be a bool, got {cancel_live!r:.40}")
+        self._check_change(note, actor, now_ms)
+        with self._tx() as conn:
+            now = self._now_in(conn, now_ms)
+            locked(conn, name)
+            live = [job_id for (job_id,) in conn.execute(
+                "SELECT id FROM lease.jobs WHERE endpoint = %s AND status IN"
+                " ('pending', 'leased') ORDER BY seq", (name,))]
+            cancelled = 0
+            if live:  # their keys, then their rows (a claim may have leased one since)
+                conn.execute(LOCK_KEYS_OF, (sorted(set(live)),))
+                rows = _lock(conn, "seq, id, status, reason, token, ordering_key", live)
+                live = [job_id for job_id in live if rows[job_id]["status"] in
+                        ("pending", "leased")]
+                _refuse_removal(name, [rows[job_id]["status"] for job_id in live],
+                                cancel_live)
+                cancelled = self._cancel_locked(conn, rows, live, now,
+                                                note or f"endpoint {name} removed", actor)
+            conn.execute("DELETE FROM lease.endpoints WHERE name = %s", (name,))
+            audit(conn, name, now, "remove", [], note, actor)
+        return cancelled
+
+    def recover_endpoint(self, name: str, since_ms: int, ttl_ms: int, note: str, *,
+                         ids: list | None = None, dry_run: bool = False,
+                         actor: str | None = None, now_ms: int | None = None) -> list[str]:
+        """Send again an endpoint's deliveries finished (done or dead) since
+        ``since_ms`` (lease.store.Store.recover_endpoint); their ids, in seq
+        order. The endpoint's row, then the keys of its deliveries, then their
+        rows: the order of every lock here."""
+        check_endpoint_name(name)
+        check_now(since_ms, "since_ms")
+        check_int("ttl_ms", ttl_ms, 1, PRODUCT.max_ttl_ms)
+        check_note(note)
+        check_actor(actor)
+        if type(dry_run) is not bool:
+            raise ValueError(f"dry_run must be a bool, got {dry_run!r:.40}")
+        only = None if ids is None else set(check_recover_ids(ids))
+        if now_ms is not None:
+            check_now(now_ms)
+        with self._tx() as conn:
+            now = self._now_in(conn, now_ms)
+            locked(conn, name)
+            args = {"name": name, "since": since_ms, "limit": MAX_RECOVER}
+            found = [job_id for (job_id,) in conn.execute(
+                "SELECT id FROM lease.jobs WHERE endpoint = %(name)s AND status IN"
+                " ('done', 'dead') AND available_at >= %(since)s ORDER BY seq"
+                " LIMIT %(limit)s", args)]
+            if found and not dry_run:
+                conn.execute(LOCK_KEYS_OF, (sorted(set(found)),))
+            rows = [row for row in dicts(conn, RECOVERABLE, args)
+                    if only is None or row["id"] in only] if found else []
+            if dry_run or not rows:
+                return [row["id"] for row in rows]
+            _recover(conn, name, rows, now, ttl_ms, note, actor)
+        return [row["id"] for row in rows]
+
+    def _check_change(self, note: str | None, actor: str | None, now_ms: int | None) -> None:
+        if note is not None:
+            check_note(note)
+        check_actor(actor)
+        if now_ms is not None:
+            check_now(now_ms)
+
+    def endpoint_configs(self, names: tuple[str, ...] | None = None) -> list[Endpoint]:
+        if names is not None:
+            names = tuple(check_endpoint_name(name) for name in names)
+        if not self._endpoints:
+            return []
+        with self._tx(read_only=True) as conn:
+            return read_configs(conn, names)
+
+    def endpoints(self) -> list[dict[str, Any]]:
+        if not self._endpoints:
+            return []
+        with self._tx(read_only=True) as conn:
+            return read_endpoints(conn)
+
+    def endpoint_stats(self) -> list[dict[str, Any]]:
+        if not self._endpoints:
+            return []
+        with self._tx(snapshot=True) as conn:
+            return read_stats(conn)
+
+    def endpoint_audit(self, name: str | None = None) -> list[dict[str, Any]]:
+        if name is not None:
+            check_endpoint_name(name)
+        if not self._endpoints:
+            return []
+        with self._tx(read_only=True) as conn:
+            return read_audit(conn, name)
+
+
+def _recover(conn: psycopg.Connection, name: str, rows: list[dict[str, Any]], now: int,
+             ttl_ms: int, note: str, actor: str | None) -> None:
+    """Inside a recovery, its rows locked: a done one's delivering attempt
+    kept as an attempts row, an audit row each, each pending with a fresh
+    budget, each line given its first."""
+    done = [row for row in rows if row["status"] == "done" and row["done_by"] is not None]
+    if done:
+        conn.execute(RECORD_ATTEMPTS, _columns([
+            (row["id"], row["token"], row["attempts"], row["done_by"], row["done_started_ms"],
+             row["available_at"], "ok", "done", None, row["done_http_status"], None,
+             row["done_latency_ms"]) for row in done]))
+    conn.execute(AUDIT_REDRIVES, (now, note, actor, *_columns(
+        [(row["id"], row["token"]) for row in rows])))
+    conn.execute(RECOVER, (now, now + ttl_ms, [row["seq"] for row in rows]))
+    has_work(conn, (name,))
+    keys = sorted({row["ordering_key"] for row in rows if row["ordering_key"] is not None})
+    if keys:
+        conn.execute(DEMOTE, {"keys": keys})
+        conn.execute(PROMOTE, {"keys": keys})
+    conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+
+
+def _refuse_removal(name: str, statuses: list[str], cancel_live: bool) -> None:
+    """EndpointError when an endpoint with these live deliveries cannot go
+    (the SQLite driver's words)."""
+    leased = statuses.count("leased")
+    if statuses and not cancel_live:
+        raise EndpointError(
+            f"endpoint {name!r} has {len(statuses)} deliveries still to send ({leased} "
+            f"leased): cancel them with the removal (cancel_live, --cancel-deliveries), or "
+            f"remove it once they are delivered")
+    if leased:
+        raise EndpointError(f"endpoint {name!r} has {leased} deliveries on the wire now "
+                            f"(leased): remove it once their leases end")
 
 
 def enqueue_in(conn: psycopg.Connection, events: Iterable[object],
@@ -574,14 +848,19 @@ def _intake(conn: Any, events: Iterable[object], available_at: int, policy: Retr
     read, checked and inserted in chunks, never held whole; the wake-up."""
     stream = iter(events)
     results: list = []
+    fan = Fanout.of(conn)  # the endpoints, locked; None: none, each event one job
     while True:
         chunk = [check_product_event(event) for event in itertools.islice(stream, INTAKE_CHUNK)]
         if not chunk:
             break
-        for result in _insert(conn, chunk, available_at, policy):
+        written = _insert(conn, chunk, available_at, policy) if fan is None \
+            else fan_out(conn, chunk, available_at, policy, fan)
+        for result in written:
             results.append(result)
             if on_progress is not None and len(results) % 1000 == 0:
                 on_progress(len(results))
+    if fan is not None:
+        fan.save(conn)
     if any(result is True for result in results):
         conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
     return results
@@ -605,7 +884,8 @@ def _insert(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
     if new:
         inserted = {job_id for (job_id,) in conn.execute(INSERT_NEW, (
             policy.max_attempts, available_at, available_at + policy.ttl_ms,
-            *_columns([(i.id, i.qty, i.body, i.digest, i.key) for i in new.values()])))}
+            *_columns([(i.id, i.qty, i.body, i.digest, i.key, None, None, i.type)
+                       for i in new.values()])))}
         # another intake committed one of these ids meanwhile: judge by its row
         kept.update(_contents(conn, [job_id for job_id in new if job_id not in inserted]))
     results: list = []
@@ -614,9 +894,9 @@ def _insert(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
         if first is intake and intake.id in inserted:
             results.append(True)
         else:
-            qty, digest, key = kept.get(intake.id) or (
-                first.qty, first.digest, first.key)  # type: ignore[union-attr]
-            results.append(_judge(intake, qty, digest, key))
+            qty, digest, key, kind = kept.get(intake.id) or (
+                first.qty, first.digest, first.key, first.type)  # type: ignore[union-attr]
+            results.append(judge(intake, qty, digest, key, kind))
     lines = sorted({key for key in (new[job_id].key for job_id in inserted) if key is not None})
     if lines:
         conn.execute(PROMOTE, {"keys": lines})
@@ -626,17 +906,8 @@ def _insert(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
 def _contents(conn: Any, ids: list[str]) -> dict[str, tuple]:
     if not ids:
         return {}
-    return {job_id: (qty, digest, key) for job_id, qty, digest, key in conn.execute(
-        "SELECT id, qty, digest, ordering_key FROM lease.jobs WHERE id = ANY(%s::text[])",
-        (ids,))}
-
-
-def _judge(intake: Intake, qty: int, digest: str | None,
-           key: str | None) -> bool | Conflict:
-    """A known id: False for the content it has, else lease.sqlite's Conflict."""
-    if (qty, digest, key) == (intake.qty, intake.digest, intake.key):
-        return False
-    return conflict(intake, qty, digest, key)
+    return {job_id: (qty, digest, key_of_line(line, endpoint), kind)
+            for job_id, qty, digest, line, kind, endpoint in conn.execute(CONTENTS, (ids,))}
 
 
 def _marker(ticket: dict) -> dict[str, Any]:

@@ -380,7 +380,8 @@ def test_a_fresh_database_is_made_a_queue_once_and_reopened_as_it_is(
     with PostgresStore(postgres_url, create=True) as store:
         assert store.schema_version() == SCHEMA_VERSION
         assert store.enqueue_events([ev("a")], now_ms=T0) == [True]
-    assert tables(admin) == ["lease.attempts", "lease.cancels", "lease.jobs", "lease.redrives",
+    assert tables(admin) == ["lease.attempts", "lease.cancels", "lease.endpoint_audit",
+                             "lease.endpoints", "lease.jobs", "lease.redrives",
                              "lease.schema_migrations", "lease.tallies", "public.jobs"]
     for create in (True, False):
         with PostgresStore(postgres_url, create=create) as store:
@@ -436,7 +437,7 @@ def test_a_version_2_queue_migrates_to_ordered_keys_and_a_newer_one_is_refused(
         assert looking.schema_version() == 2
         assert "blocked_keys" not in looking.snapshot(now_ms=T0)  # read as it is
     with PostgresStore(postgres_url) as store:
-        assert store.schema_version() == SCHEMA_VERSION == 3
+        assert store.schema_version() == SCHEMA_VERSION == 4
         [old] = store.jobs_with_status("pending")
         assert (old["ordering_key"], old["held"]) == (None, 0)
         assert store.enqueue_events([{"id": "new", "qty": 1, "key": "k"}], now_ms=T0) == [True]

@@ -1,0 +1,509 @@
+"""Endpoints as data on PostgreSQL: what only many writers on one real server
+can prove (caps and buckets held across connections claiming at once), the
+migration of a version-3 queue, the fair claim, and secrets kept out of every
+read. The rules both stores share are the conformance suite's."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from lease.endpoints import Endpoint, EndpointError
+from lease.postgres import SCHEMA_VERSION, PostgresStore, enqueue_in
+from lease.postgres.schema import MIGRATIONS
+from lease.postgres.statements import LIVE, VIRTUAL_TIME, WINDOW
+from lease.records import Attempt, Conflict, Leased, StoreError
+from tests.support.queues import T0
+from tests.support.waiting import WAIT_S, wait_until
+
+LEASE_MS = 600_000  # longer than any test: no lease here ends by itself
+SECRET = "whsec_" + "c2VjcmV0LXNpZ25pbmcta2V5LTEyMzQ1Njc4OTA="
+HEADER_VALUE = "Bearer very-private-token-4711"
+
+
+class ManualClock:
+    """The stores' clock: the value the test last set, shared by every store."""
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def admin(postgres_url: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def make_store(postgres_url: str) -> Iterator[Callable[..., PostgresStore]]:
+    """PostgresStores on the test's database (other connections, other
+    "hosts"), all closed after it; the first one creates the queue."""
+    opened: list[PostgresStore] = []
+
+    def make(**options: Any) -> PostgresStore:
+        store = PostgresStore(postgres_url, create=True, **options)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+def endpoint(name: str, **fields: Any) -> Endpoint:
+    return Endpoint(name, f"https://{name.lower()}.example/hook", **fields)
+
+
+def ids(leased: list[Leased]) -> list[str]:
+    return [job.ticket["id"] for job in leased]
+
+
+def finish_all(store: PostgresStore, leased: list[Leased], now: int = T0) -> None:
+    if leased:
+        results = store.finish_jobs([(job.ticket, "ok", 0, Attempt(now, 1)) for job in leased],
+                                    now_ms=now)
+        assert results == [("done", None)] * len(leased)
+
+
+def run_threads(count: int, work: Callable[[int], None]) -> None:
+    """``work(n)`` on ``count`` threads started at once; what any raised, raised."""
+    barrier = threading.Barrier(count)
+    errors: list[BaseException] = []
+
+    def run(n: int) -> None:
+        try:
+            barrier.wait(WAIT_S)
+            work(n)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT_S * 6)
+        assert not thread.is_alive(), "a claiming thread did not finish"
+    if errors:
+        raise errors[0]
+
+
+def live_leases(admin: psycopg.Connection, name: str) -> int:
+    row = admin.execute("SELECT count(*) FROM lease.jobs WHERE endpoint = %s"
+                        " AND status = 'leased'", (name,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+# ------------------------------------------------------------------ the migration
+
+
+def test_a_version_3_queue_migrates_and_its_jobs_keep_working(
+        postgres_url: str, admin: psycopg.Connection) -> None:
+    with admin.transaction():  # the queue as the version-3 code made it, with its jobs
+        admin.execute("CREATE SCHEMA lease")
+        admin.execute("CREATE TABLE lease.schema_migrations (version integer PRIMARY KEY,"
+                      " applied_at timestamptz NOT NULL DEFAULT now())")
+        for version in (1, 2, 3):
+            for statement in MIGRATIONS[version]:
+                admin.execute(statement)
+            admin.execute("INSERT INTO lease.schema_migrations (version) VALUES (%s)",
+                          (version,))
+        admin.execute("INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,"
+                      " available_at, deadline, ordering_key, held) VALUES"
+                      " ('old', 1, 'pending', 0, 3, 0, %s, %s, 'k', 0)", (T0, T0 + 60_000))
+    with PostgresStore(postgres_url, read_only=True) as looking:  # read as it is
+        assert looking.schema_version() == 3
+        assert [job["id"] for job in looking.list_jobs(key="k")] == ["old"]
+        assert looking.endpoints() == [] and looking.endpoint_stats() == []
+    with PostgresStore(postgres_url) as store:
+        assert store.schema_version() == SCHEMA_VERSION == 4
+        [old] = store.list_jobs()
+        assert (old["endpoint"], old["message"], old["event_type"], old["ordering_key"]) == (
+            None, None, None, "k")
+        assert store.enqueue_events([{"id": "new", "qty": 1, "key": "k"}], now_ms=T0) == [True]
+        assert store.claim_jobs("w", 1000, 10, now_ms=T0, endpoints="*").leased == []
+        claimed = store.claim_jobs("w", 1000, 10, now_ms=T0)  # run --url's claim
+        assert ids(claimed.leased) == ["old"]  # "new" waits behind it in its key's line
+        assert [(job.endpoint, job.message) for job in claimed.leased] == [(None, None)]
+        finish_all(store, claimed.leased)
+        [new] = store.claim_jobs("w", 1000, 10, now_ms=T0).leased
+        assert new.event == {"id": "new", "qty": 1} and new.endpoint is None
+    tables = {t for (t,) in admin.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'lease'")}
+    assert {"endpoints", "endpoint_audit"} <= tables
+    assert [v for (v,) in admin.execute(
+        "SELECT version FROM lease.schema_migrations ORDER BY version")] == [1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------ own jobs and deliveries
+
+
+def test_an_own_claim_never_takes_a_delivery_nor_an_endpoint_claim_an_own_job(
+        make_store: Callable[..., PostgresStore]) -> None:
+    store = make_store()
+    assert store.enqueue_events([{"id": "own", "qty": 1}], now_ms=T0) == [True]
+    store.add_endpoint(endpoint("A"), now_ms=T0)
+    store.add_endpoint(endpoint("B", types=("paid",)), now_ms=T0)
+    assert store.enqueue_events([{"id": "m1", "qty": 2, "type": "paid"},
+                                 {"id": "m2", "qty": 3}], now_ms=T0) == [True, True]
+    assert sorted(job["id"] for job in store.list_jobs()) == ["m1@A", "m1@B", "m2@A", "own"]
+    own = store.claim_jobs("w", LEASE_MS, 10, now_ms=T0)
+    assert ids(own.leased) == ["own"]
+    deliveries = store.claim_jobs("w", LEASE_MS, 10, now_ms=T0, endpoints="*")
+    assert sorted(ids(deliveries.leased)) == ["m1@A", "m1@B", "m2@A"]
+    assert {(job.endpoint, job.message, job.event["id"]) for job in deliveries.leased} == {
+        ("A", "m1", "m1"), ("B", "m1", "m1"), ("A", "m2", "m2")}
+    assert store.claim_jobs("w", LEASE_MS, 10, now_ms=T0).leased == []
+    assert store.claim_jobs("w", LEASE_MS, 10, now_ms=T0, endpoints=("B",)).leased == []
+
+
+def test_a_message_is_judged_whole_at_intake(make_store: Callable[..., PostgresStore]) -> None:
+    store = make_store()
+    assert store.enqueue_events([{"id": "x@A", "body": {}}], now_ms=T0) == [True]
+    store.add_endpoint(endpoint("A"), now_ms=T0)
+    store.add_endpoint(endpoint("B", types=("paid",)), now_ms=T0)
+    results = store.enqueue_events([
+        {"id": "m", "qty": 1, "type": "paid", "key": "k"},
+        {"id": "m", "qty": 1, "type": "paid", "key": "k"},  # the same: a duplicate
+        {"id": "m", "qty": 1, "type": "refund", "key": "k"},  # another type: a conflict
+        {"id": "x", "qty": 1},  # its delivery's id is a job of the queue's own
+        {"id": "lonely", "qty": 1, "type": "refund"},  # no subscriber of B's; A takes all
+    ], now_ms=T0)
+    assert results[:2] == [True, False] and results[4] is True
+    assert isinstance(results[2], Conflict) and isinstance(results[3], Conflict)
+    assert store.enqueue_events([{"id": "m", "qty": 1, "type": "paid", "key": "k"}],
+                                now_ms=T0) == [False]
+    rows = {job["id"]: job for job in store.list_jobs()}
+    assert sorted(rows) == ["lonely@A", "m@A", "m@B", "x@A"]
+    assert (rows["m@B"]["ordering_key"], rows["m@B"]["event_type"], rows["m@B"]["message"]) == (
+        "k", "paid", "m")
+    assert sorted(job["id"] for job in store.list_jobs(key="k")) == ["m@A", "m@B"]
+    with pytest.raises(ValueError, match="too long"):
+        store.enqueue_events([{"id": "y" * 255, "body": {}}], now_ms=T0)
+
+
+def test_every_delivery_of_a_message_commits_or_rolls_back_with_the_services_row(
+        make_store: Callable[..., PostgresStore], postgres_url: str) -> None:
+    store = make_store()
+    for name in ("audit", "billing", "crm"):
+        store.add_endpoint(endpoint(name, types=("*",) if name == "audit" else ("order.paid",)),
+                           now_ms=T0)
+    with psycopg.connect(postgres_url) as shop:
+        shop.execute("CREATE TABLE orders (id text PRIMARY KEY)")
+        shop.commit()
+        paid = {"id": "o-1", "qty": 1, "type": "order.paid"}
+        shop.execute("INSERT INTO orders VALUES ('o-1')")
+        assert enqueue_in(shop, [paid], now_ms=T0) == [True]
+        shop.rollback()
+        assert store.list_jobs() == []
+        shop.execute("INSERT INTO orders VALUES ('o-1')")
+        assert enqueue_in(shop, [paid, {"id": "o-2", "qty": 1}], now_ms=T0) == [True, True]
+        shop.commit()
+    assert sorted(job["id"] for job in store.list_jobs()) == [
+        "o-1@audit", "o-1@billing", "o-1@crm", "o-2@audit"]
+
+
+# ------------------------------------------------------------------ caps across connections
+
+
+def test_the_cap_holds_across_connections_claiming_at_once(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
+    cap, threads = 3, 8
+    first = make_store()
+    first.add_endpoint(endpoint("A", max_in_flight=cap), now_ms=T0)
+    first.add_endpoint(endpoint("B"), now_ms=T0)
+    first.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(60)], now_ms=T0)
+    stores = [make_store() for _ in range(threads)]
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:  # committed states, as another connection sees them
+        with psycopg.connect(admin.info.dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                seen.append(live_leases(conn, "A"))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(6):  # rounds: claims at once, never finished, then all finished
+            leased: list[list[Leased]] = [[] for _ in range(threads)]
+
+            def claim(n: int, leased: list[list[Leased]] = leased) -> None:
+                for _ in range(4):
+                    leased[n] += stores[n].claim_jobs(f"w{n}", LEASE_MS, 2, now_ms=T0,
+                                                      endpoints=("A",)).leased
+
+            run_threads(threads, claim)
+            taken = [job for jobs in leased for job in jobs]
+            # no lease ended and none was finished: every claim's leases are live
+            assert len(taken) == live_leases(admin, "A") == cap
+            finish_all(first, taken)
+    finally:
+        stop.set()
+        watcher.join(WAIT_S)
+    assert seen and max(seen) == cap
+    assert first.counts()["done"] == 6 * cap
+
+
+def test_the_bucket_is_never_overspent_by_claims_at_once(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
+    clock = ManualClock(T0)
+    threads = 8
+    first = make_store(clock=clock)
+    first.add_endpoint(endpoint("A", rate=4.0, burst=6))  # a full bucket: 6 tokens
+    first.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(200)])
+    stores = [make_store(clock=clock) for _ in range(threads)]
+    expected = [6, 4, 2, 6]  # the burst, then what 1 s, 0.5 s and 5 s (capped) refill
+    for step, tokens in zip([0, 1000, 500, 5000], expected, strict=True):
+        clock.now += step
+        leased: list[list[Leased]] = [[] for _ in range(threads)]
+
+        def claim(n: int, leased: list[list[Leased]] = leased) -> None:
+            for _ in range(3):
+                leased[n] += stores[n].claim_jobs(f"w{n}", LEASE_MS, 2,
+                                                  endpoints="*").leased
+
+        run_threads(threads, claim)
+        taken = [job for jobs in leased for job in jobs]
+        assert len(taken) == tokens
+        level = admin.execute("SELECT tokens FROM lease.endpoints WHERE name = 'A'").fetchone()
+        assert level is not None and 0 <= level[0] < 1
+        finish_all(first, taken, clock.now)
+
+
+class PausedClaims(PostgresStore):
+    """A store whose claims of deliveries stop, their endpoints judged and
+    locked, until the test lets them go."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **options)
+        self.judged = threading.Event()
+        self.go = threading.Event()
+
+    def _before_lease(self) -> None:
+        self.judged.set()
+        assert self.go.wait(WAIT_S), "the test never let the claim go"
+
+
+def lock_waiters(admin: psycopg.Connection) -> int:
+    row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND wait_event_type = 'Lock'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_claim_of_a_capped_endpoint_waits_for_the_one_judging_it(
+        postgres_url: str, make_store: Callable[..., PostgresStore],
+        admin: psycopg.Connection) -> None:
+    first = make_store()
+    first.add_endpoint(endpoint("A", max_in_flight=3), now_ms=T0)
+    first.add_endpoint(endpoint("B"), now_ms=T0)
+    first.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(10)], now_ms=T0)
+    with PausedClaims(postgres_url) as paused:
+        results: dict[str, list[Leased]] = {}
+
+        def claim(name: str, store: PostgresStore, served: tuple[str, ...]) -> threading.Thread:
+            def run() -> None:
+                results[name] = store.claim_jobs(name, LEASE_MS, 3, now_ms=T0,
+                                                 endpoints=served).leased
+            thread = threading.Thread(target=run)
+            thread.start()
+            return thread
+
+        held = claim("x", paused, ("A",))
+        assert paused.judged.wait(WAIT_S)  # x holds A's row, its 3 leases not yet written
+        # B has no cap: its claim locks nothing and goes through at once
+        assert len(first.claim_jobs("z", LEASE_MS, 3, now_ms=T0, endpoints=("B",)).leased) == 3
+        waiting = claim("y", first, ("A", "B"))
+        wait_until(lambda: lock_waiters(admin) == 1, "the second claim waits for A's row")
+        paused.go.set()
+        for thread in (held, waiting):
+            thread.join(WAIT_S)
+    assert ids(results["x"]) == ["m0@A", "m1@A", "m2@A"]
+    # A's cap was spent by x, counted after x committed: y took B's only
+    assert ids(results["y"]) == ["m3@B", "m4@B", "m5@B"]
+    assert live_leases(admin, "A") == 3
+
+
+def plan(admin: psycopg.Connection, statement: str, args: Any) -> dict:
+    """EXPLAIN ANALYZE of a statement, run and rolled back."""
+    with admin.transaction(force_rollback=True):
+        row = admin.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}",
+                            args).fetchone()
+    assert row is not None
+    found = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    return dict(found[0]["Plan"])
+
+
+def nodes(node: dict) -> Iterator[dict]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from nodes(child)
+
+
+# the partial indexes of live rows (none holds a done row)
+PARTIAL = {"jobs_fair", "jobs_live", "jobs_in_flight", "jobs_serving", "jobs_leased_until"}
+
+
+def test_the_claim_of_deliveries_reads_partial_indexes_however_many_are_done(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
+    store = make_store()
+    store.add_endpoint(endpoint("A", max_in_flight=5), now_ms=T0)
+    store.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(20)], now_ms=T0)
+    admin.execute("""INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,
+  available_at, deadline, endpoint, message, fair_rank)
+  SELECT 'd' || g || '@A', 1, 'done', 1, 3, 1, %s, %s, 'A', 'd' || g, g
+  FROM generate_series(1, 100000) g""", (T0, T0 + 60_000))
+    admin.execute("ANALYZE lease.jobs")
+    window = plan(admin, WINDOW, {"now": T0, "all": True, "names": [], "rank": -1, "seq": 0,
+                                  "window": 256})
+    live = plan(admin, LIVE, (["A"], T0))
+    virtual = plan(admin, VIRTUAL_TIME, ())
+    for top in (window, live, virtual):
+        kinds = {n["Node Type"] for n in nodes(top)}
+        indexes = {n["Index Name"] for n in nodes(top) if "Index Name" in n}
+        assert "Seq Scan" not in kinds and indexes and indexes <= PARTIAL, top
+        # a few pages of the live rows, not the 100,000 done ones
+        assert top["Shared Hit Blocks"] + top.get("Shared Read Blocks", 0) <= 50, top
+    assert len(store.claim_jobs("w", LEASE_MS, 10, now_ms=T0, endpoints="*").leased) == 5
+
+
+def test_a_claim_of_a_rate_endpoint_reads_the_bucket_the_one_before_it_spent(
+        postgres_url: str, make_store: Callable[..., PostgresStore],
+        admin: psycopg.Connection) -> None:
+    clock = ManualClock(T0)
+    first = make_store(clock=clock)
+    first.add_endpoint(endpoint("A", rate=2.0, burst=4))
+    first.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(10)])
+    with PausedClaims(postgres_url, clock=clock) as paused:
+        results: dict[str, list[Leased]] = {}
+
+        def run(name: str, store: PostgresStore) -> None:
+            results[name] = store.claim_jobs(name, LEASE_MS, 10, endpoints="*").leased
+
+        held = threading.Thread(target=run, args=("x", paused))
+        held.start()
+        assert paused.judged.wait(WAIT_S)  # x read a full bucket: 4 tokens
+        waiting = threading.Thread(target=run, args=("y", first))
+        waiting.start()
+        wait_until(lambda: lock_waiters(admin) == 1, "the second claim waits for A's row")
+        paused.go.set()
+        for thread in (held, waiting):
+            thread.join(WAIT_S)
+    assert (len(results["x"]), len(results["y"])) == (4, 0)
+    clock.now += 500  # one more token
+    assert len(first.claim_jobs("z", LEASE_MS, 10, endpoints="*").leased) == 1
+
+
+# ------------------------------------------------------------------ fairness
+
+
+def test_a_small_endpoint_is_served_beside_a_large_backlog(
+        make_store: Callable[..., PostgresStore]) -> None:
+    store = make_store()
+    store.add_endpoint(endpoint("A", types=("a",)), now_ms=T0)
+    store.add_endpoint(endpoint("B", types=("b",)), now_ms=T0)
+    assert all(store.enqueue_events([{"id": f"a{n}", "qty": 1, "type": "a"}
+                                     for n in range(1000)], now_ms=T0))
+    assert all(store.enqueue_events([{"id": f"b{n}", "qty": 1, "type": "b"}
+                                     for n in range(10)], now_ms=T0))
+    served_b: list[int] = []
+    for claim in range(5):
+        leased = store.claim_jobs("w", LEASE_MS, 8, now_ms=T0, endpoints="*").leased
+        assert len(leased) == 8
+        served_b += [claim] * sum(1 for job in leased if job.endpoint == "B")
+        finish_all(store, leased)
+    assert served_b[:1] == [0] and len(served_b) == 10 and served_b[-1] <= 2
+
+
+def test_a_disabled_endpoint_waits_and_the_others_go_on(
+        make_store: Callable[..., PostgresStore]) -> None:
+    store = make_store()
+    store.add_endpoint(endpoint("A"), now_ms=T0)
+    store.add_endpoint(endpoint("B"), now_ms=T0)
+    store.update_endpoint("A", {"enabled": False}, note="paused", actor="ops", now_ms=T0)
+    store.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(3)], now_ms=T0)
+    leased = store.claim_jobs("w", LEASE_MS, 10, now_ms=T0, endpoints="*").leased
+    assert sorted(ids(leased)) == ["m0@B", "m1@B", "m2@B"]
+    store.update_endpoint("A", {"enabled": True}, now_ms=T0)
+    leased = store.claim_jobs("w", LEASE_MS, 10, now_ms=T0, endpoints="*").leased
+    assert sorted(ids(leased)) == ["m0@A", "m1@A", "m2@A"]
+    assert [(row["action"], row["fields"]) for row in store.endpoint_audit("A")] == [
+        ("add", []), ("disable", ["enabled"]), ("enable", ["enabled"])]
+
+
+# ------------------------------------------------------------------ the operator
+
+
+def test_removal_refuses_live_deliveries_or_cancels_the_pending_ones(
+        make_store: Callable[..., PostgresStore]) -> None:
+    store = make_store()
+    store.add_endpoint(endpoint("A"), now_ms=T0)
+    store.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(3)], now_ms=T0)
+    with pytest.raises(EndpointError, match="3 deliveries still to send"):
+        store.remove_endpoint("A", now_ms=T0)
+    [one] = store.claim_jobs("w", LEASE_MS, 1, now_ms=T0, endpoints="*").leased
+    with pytest.raises(EndpointError, match="on the wire"):
+        store.remove_endpoint("A", cancel_live=True, now_ms=T0)
+    assert store.counts() == {"pending": 2, "leased": 1, "done": 0, "dead": 0}
+    finish_all(store, [one])
+    assert store.remove_endpoint("A", cancel_live=True, note="gone", actor="ops",
+                                 now_ms=T0) == 2
+    assert store.endpoints() == []
+    history = store.job_history("m1@A")
+    assert history is not None and [(c["note"], c["actor"]) for c in history["cancels"]] == [
+        ("gone", "ops")]
+    assert [row["action"] for row in store.endpoint_audit()] == ["add", "remove"]
+    with pytest.raises(EndpointError, match="no endpoint named 'A'"):
+        store.update_endpoint("A", {"url": "https://a.example/other"}, now_ms=T0)
+
+
+def test_secrets_and_header_values_are_in_no_read_error_or_audit_row(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
+    store = make_store()
+    hooked = endpoint("A", secrets=(SECRET,), headers=(("Authorization", HEADER_VALUE),))
+    store.add_endpoint(hooked, note="new customer", actor="ops", now_ms=T0)
+    store.enqueue_events([{"id": "m", "qty": 1}], now_ms=T0)
+    [job] = store.claim_jobs("w", LEASE_MS, 1, now_ms=T0, endpoints="*").leased
+    store.finish_jobs([(job.ticket, "retry", 0, Attempt(T0, 1, 503, "HTTP 503"))], now_ms=T0)
+    store.update_endpoint("A", {"headers": (("Authorization", HEADER_VALUE + "2"),)},
+                          now_ms=T0)
+    errors = []
+    for changes in ({"headers": (("Authorization", HEADER_VALUE + "\n"),)},
+                    {"headers": (("Host", HEADER_VALUE),)},
+                    {"secrets": (SECRET[:-3],)}):
+        with pytest.raises(ValueError) as refused:
+            store.update_endpoint("A", changes, now_ms=T0)
+        errors.append(str(refused.value))
+    with pytest.raises(EndpointError) as taken:
+        store.add_endpoint(hooked, now_ms=T0)
+    errors.append(str(taken.value))
+    # a row the server refuses: its message would show the row, secrets and all
+    admin.execute("ALTER TABLE lease.endpoints ADD CONSTRAINT short CHECK (length(url) < 30)")
+    with pytest.raises(StoreError, match="violates check constraint") as refused_row:
+        store.add_endpoint(endpoint("Bee-long-name-endpoint", secrets=(SECRET,),
+                                    headers=(("Authorization", HEADER_VALUE),)), now_ms=T0)
+    errors.append(str(refused_row.value))
+    reads = [store.endpoints(), store.endpoint_stats(), store.endpoint_audit(),
+             store.list_jobs(), store.job_history("m@A"), store.snapshot(now_ms=T0),
+             errors, repr(store.endpoint_configs()[0])]
+    text = json.dumps(reads, default=str)
+    for secret in (SECRET, SECRET[6:], HEADER_VALUE, "very-private"):
+        assert secret not in text
+    [shown] = store.endpoints()
+    assert (shown["secrets"], shown["headers"]) == (1, ["Authorization"])
+    [stats] = store.endpoint_stats()
+    assert (stats["ready"], stats["retried"], stats["last_error"]) == (
+        1, 1, {"error": "HTTP 503", "http_status": 503, "at_ms": T0})
+    assert [row["fields"] for row in store.endpoint_audit("A")] == [[], ["headers"]]
+    [config] = store.endpoint_configs(("A",))  # the dispatcher's, secrets and all
+    assert config.secrets == (SECRET,)
+    assert config.headers == (("Authorization", HEADER_VALUE + "2"),)
