@@ -16,10 +16,9 @@ import pytest
 from lease.endpoints import Endpoint, EndpointError
 from lease.postgres import SCHEMA_VERSION, PostgresStore, enqueue_in
 from lease.postgres.schema import MIGRATIONS
-from lease.postgres.statements import LIVE, VIRTUAL_TIME, WINDOW
 from lease.records import Attempt, Conflict, Leased, StoreError
 from tests.support.queues import T0
-from tests.support.waiting import WAIT_S, wait_until
+from tests.support.waiting import WAIT_S
 
 LEASE_MS = 600_000  # longer than any test: no lease here ends by itself
 SECRET = "whsec_" + "c2VjcmV0LXNpZ25pbmcta2V5LTEyMzQ1Njc4OTA="
@@ -300,39 +299,6 @@ def lock_waiters(admin: psycopg.Connection) -> int:
     return int(row[0])
 
 
-def test_a_claim_of_a_capped_endpoint_waits_for_the_one_judging_it(
-        postgres_url: str, make_store: Callable[..., PostgresStore],
-        admin: psycopg.Connection) -> None:
-    first = make_store()
-    first.add_endpoint(endpoint("A", max_in_flight=3), now_ms=T0)
-    first.add_endpoint(endpoint("B"), now_ms=T0)
-    first.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(10)], now_ms=T0)
-    with PausedClaims(postgres_url) as paused:
-        results: dict[str, list[Leased]] = {}
-
-        def claim(name: str, store: PostgresStore, served: tuple[str, ...]) -> threading.Thread:
-            def run() -> None:
-                results[name] = store.claim_jobs(name, LEASE_MS, 3, now_ms=T0,
-                                                 endpoints=served).leased
-            thread = threading.Thread(target=run)
-            thread.start()
-            return thread
-
-        held = claim("x", paused, ("A",))
-        assert paused.judged.wait(WAIT_S)  # x holds A's row, its 3 leases not yet written
-        # B has no cap: its claim locks nothing and goes through at once
-        assert len(first.claim_jobs("z", LEASE_MS, 3, now_ms=T0, endpoints=("B",)).leased) == 3
-        waiting = claim("y", first, ("A", "B"))
-        wait_until(lambda: lock_waiters(admin) == 1, "the second claim waits for A's row")
-        paused.go.set()
-        for thread in (held, waiting):
-            thread.join(WAIT_S)
-    assert ids(results["x"]) == ["m0@A", "m1@A", "m2@A"]
-    # A's cap was spent by x, counted after x committed: y took B's only
-    assert ids(results["y"]) == ["m3@B", "m4@B", "m5@B"]
-    assert live_leases(admin, "A") == 3
-
-
 def plan(admin: psycopg.Connection, statement: str, args: Any) -> dict:
     """EXPLAIN ANALYZE of a statement, run and rolled back."""
     with admin.transaction(force_rollback=True):
@@ -351,59 +317,6 @@ def nodes(node: dict) -> Iterator[dict]:
 
 # the partial indexes of live rows (none holds a done row)
 PARTIAL = {"jobs_fair", "jobs_live", "jobs_in_flight", "jobs_serving", "jobs_leased_until"}
-
-
-def test_the_claim_of_deliveries_reads_partial_indexes_however_many_are_done(
-        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
-    store = make_store()
-    store.add_endpoint(endpoint("A", max_in_flight=5), now_ms=T0)
-    store.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(20)], now_ms=T0)
-    admin.execute("""INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,
-  available_at, deadline, endpoint, message, fair_rank)
-  SELECT 'd' || g || '@A', 1, 'done', 1, 3, 1, %s, %s, 'A', 'd' || g, g
-  FROM generate_series(1, 100000) g""", (T0, T0 + 60_000))
-    admin.execute("ANALYZE lease.jobs")
-    window = plan(admin, WINDOW, {"now": T0, "all": True, "names": [], "rank": -1, "seq": 0,
-                                  "window": 256})
-    live = plan(admin, LIVE, (["A"], T0))
-    virtual = plan(admin, VIRTUAL_TIME, ())
-    for top in (window, live, virtual):
-        kinds = {n["Node Type"] for n in nodes(top)}
-        indexes = {n["Index Name"] for n in nodes(top) if "Index Name" in n}
-        assert "Seq Scan" not in kinds and indexes and indexes <= PARTIAL, top
-        # a few pages of the live rows, not the 100,000 done ones
-        assert top["Shared Hit Blocks"] + top.get("Shared Read Blocks", 0) <= 50, top
-    assert len(store.claim_jobs("w", LEASE_MS, 10, now_ms=T0, endpoints="*").leased) == 5
-
-
-def test_a_claim_of_a_rate_endpoint_reads_the_bucket_the_one_before_it_spent(
-        postgres_url: str, make_store: Callable[..., PostgresStore],
-        admin: psycopg.Connection) -> None:
-    clock = ManualClock(T0)
-    first = make_store(clock=clock)
-    first.add_endpoint(endpoint("A", rate=2.0, burst=4))
-    first.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(10)])
-    with PausedClaims(postgres_url, clock=clock) as paused:
-        results: dict[str, list[Leased]] = {}
-
-        def run(name: str, store: PostgresStore) -> None:
-            results[name] = store.claim_jobs(name, LEASE_MS, 10, endpoints="*").leased
-
-        held = threading.Thread(target=run, args=("x", paused))
-        held.start()
-        assert paused.judged.wait(WAIT_S)  # x read a full bucket: 4 tokens
-        waiting = threading.Thread(target=run, args=("y", first))
-        waiting.start()
-        wait_until(lambda: lock_waiters(admin) == 1, "the second claim waits for A's row")
-        paused.go.set()
-        for thread in (held, waiting):
-            thread.join(WAIT_S)
-    assert (len(results["x"]), len(results["y"])) == (4, 0)
-    clock.now += 500  # one more token
-    assert len(first.claim_jobs("z", LEASE_MS, 10, endpoints="*").leased) == 1
-
-
-# ------------------------------------------------------------------ fairness
 
 
 def test_a_small_endpoint_is_served_beside_a_large_backlog(
