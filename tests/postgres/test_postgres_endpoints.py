@@ -242,6 +242,10 @@ def test_the_cap_holds_across_connections_claiming_at_once(
 
             run_threads(threads, claim)
             taken = [job for jobs in leased for job in jobs]
+            assert len(taken) <= cap  # never more at once, whoever claimed
+            # a claim skips an endpoint another holds: one more, alone, fills the cap
+            taken += stores[0].claim_jobs("w0", LEASE_MS, cap, now_ms=T0,
+                                          endpoints=("A",)).leased
             # no lease ended and none was finished: every claim's leases are live
             assert len(taken) == live_leases(admin, "A") == cap
             finish_all(first, taken)
@@ -272,6 +276,9 @@ def test_the_bucket_is_never_overspent_by_claims_at_once(
 
         run_threads(threads, claim)
         taken = [job for jobs in leased for job in jobs]
+        assert len(taken) <= tokens  # never overspent, whoever claimed
+        # a claim skips an endpoint another holds: one more, alone, spends the rest
+        taken += stores[0].claim_jobs("w0", LEASE_MS, 10, endpoints="*").leased
         assert len(taken) == tokens
         level = admin.execute("SELECT tokens FROM lease.endpoints WHERE name = 'A'").fetchone()
         assert level is not None and 0 <= level[0] < 1
