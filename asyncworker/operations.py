@@ -691,7 +691,12 @@ FINGERPRINT_RE = re.compile(r"[0-9a-f]{64}")
 
 class RecoveryChanged(WorkFailed):
     """The confirmation names another set than the one recoverable now: nothing
-    sent (the command line's exit 1, the page's 409)."""
+    sent (the command line's exit 1, the page's 409). ``now`` is the dry run
+    of now, for the page to show in its place."""
+
+    def __init__(self, message: str, now: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.now = now
 
 
 def recover_fingerprint(name: str, since_ms: int, ids: list[str]) -> str:
@@ -762,7 +767,7 @@ def recover_confirmed(store: Store, name: str, since_ms: int, ttl_ms: int, note:
         raise RecoveryChanged(
             f"the deliveries of {name} finished since {when(since_ms)} are not the set the "
             f"dry run showed ({now['count']} now, fingerprint {now['fingerprint'][:12]}...): "
-            f"nothing sent; run the dry run again")
+            f"nothing sent; run the dry run again", now)
     try:
         recovered = store.recover_endpoint(name, since_ms, ttl_ms, note, ids=now["ids"],
                                            actor=actor) if now["ids"] else []

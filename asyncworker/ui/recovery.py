@@ -9,32 +9,37 @@ the dry run showed (``Store.recover_endpoint(..., ids=...)``), or is refused
 (409, nothing sent) when the set is another one by then. The receiver's
 inbox absorbs a delivery it already applied (the same id).
 
-The fingerprint is the command line's scheme (``recover`` of the endpoint
-and the time, then the sorted ids), so a dry run's fingerprint means the
-same set on either.
+The dry run and the confirmation are the command line's own
+(``asyncworker.operations.recover_preview`` and ``recover_confirmed``), so a
+dry run's fingerprint means the same set on either; this module only reads
+the page's form and maps their refusals to the page's answers.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from asyncworker.operations import (
+    FINGERPRINT_RE,
+    EndpointNotFound,
+    EndpointRefused,
+    RecoveryChanged,
+    UsageError,
+    recover_confirmed,
+    recover_preview,
+)
 from asyncworker.ui.bulk import BadRequest
-from lease.endpoints import MAX_RECOVER, EndpointError, check_endpoint_name
+from lease.endpoints import check_endpoint_name
 from lease.policy import DEFAULT_POLICY, PRODUCT, check_note
 from lease.store import Store
 from lease.worker import MAX_NOW_MS
 
-__all__ = ["RECOVER_SAMPLE", "NoSuchEndpoint", "Recovery", "confirm", "parse_recovery",
-           "parse_since", "preview", "recover_fingerprint"]
+__all__ = ["NoSuchEndpoint", "Recovery", "confirm", "parse_recovery", "parse_since", "preview"]
 
-RECOVER_SAMPLE = 20  # ids a dry run shows
-FINGERPRINT_RE = re.compile(r"[0-9a-f]{64}")
 # A moment as a date-time input sends it (UTC, as every time the page shows):
 # 2024-05-01T12:30, with seconds and milliseconds optional, a trailing Z allowed.
 SINCE_RE = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d)(?::(\d\d)(?:\.(\d{1,3})\d*)?)?Z?")
@@ -103,56 +108,39 @@ def parse_recovery(form: Mapping[str, str]) -> Recovery:
     return Recovery(name, since_ms, note, int(ttl_text))
 
 
-def recover_fingerprint(name: str, since_ms: int, ids: list[str]) -> str:
-    """sha256 of the action and its filter (the endpoint, the time), then of
-    the sorted ids: equal only for the same recovery matching the same set.
-    (Neither an endpoint's name nor an id holds a NUL or a newline.)"""
-    digest = hashlib.sha256()
-    digest.update(f"recover\0endpoint={name}\0since_ms={since_ms}\n".encode())
-    for job_id in sorted(ids):
-        digest.update(f"{job_id}\n".encode())
-    return digest.hexdigest()
-
-
 def preview(store: Store, recovery: Recovery) -> dict[str, Any]:
-    """The dry run, nothing changed: the ids (seq order), their count, a
-    sample, the fingerprint, and whether the cap was reached (``capped``:
-    there may be more; recover again after)."""
+    """The dry run, nothing changed (``operations.recover_preview``), with the
+    form's time to live and note for the confirmation to carry."""
     if getattr(store, "recover_endpoint", None) is None:
         raise NoSuchEndpoint(recovery.endpoint)  # a store that keeps no endpoints
     try:
-        ids = store.recover_endpoint(recovery.endpoint, recovery.since_ms, 1, "dry run",
-                                     dry_run=True)
-    except EndpointError as exc:
-        if recovery.endpoint not in {row["name"] for row in store.endpoints()}:
-            raise NoSuchEndpoint(recovery.endpoint) from None
+        dry = recover_preview(store, recovery.endpoint, recovery.since_ms)
+    except EndpointNotFound:
+        raise NoSuchEndpoint(recovery.endpoint) from None
+    except UsageError as exc:
         raise BadRequest(str(exc)) from None
-    except ValueError as exc:
-        raise BadRequest(str(exc)) from None
-    return {"endpoint": recovery.endpoint, "since_ms": recovery.since_ms,
-            "ttl_ms": recovery.ttl_ms, "note": recovery.note, "ids": ids, "count": len(ids),
-            "sample": ids[:RECOVER_SAMPLE],
-            "fingerprint": recover_fingerprint(recovery.endpoint, recovery.since_ms, ids),
-            "capped": len(ids) >= MAX_RECOVER}
+    return {**dry, "ttl_ms": recovery.ttl_ms, "note": recovery.note}
 
 
 def confirm(store: Store, recovery: Recovery, fingerprint: str, actor: str | None
             ) -> tuple[dict[str, Any], bool]:
-    """The confirmation: the dry run again; only when its fingerprint is the
-    one given are exactly its ids sent again. The result (the preview with
-    ``recovered`` and ``missed``: those that left the set between the check
-    and the change) and True; or the preview of now and False (nothing sent)."""
-    now = preview(store, recovery)
+    """The confirmation (``operations.recover_confirmed``): only when the set
+    recoverable now has ``fingerprint`` are exactly its ids sent again. The
+    result (the preview with ``recovered`` and ``missed``: those that left the
+    set between the check and the change) and True; or the preview of now and
+    False (nothing sent): a fingerprint that is no dry run's is a set changed."""
+    if getattr(store, "recover_endpoint", None) is None:
+        raise NoSuchEndpoint(recovery.endpoint)
     given = fingerprint.strip().lower()
-    if not FINGERPRINT_RE.fullmatch(given) or not hmac.compare_digest(
-            given.encode(), now["fingerprint"].encode()):
-        return now, False
+    if not FINGERPRINT_RE.fullmatch(given):
+        return preview(store, recovery), False
     try:
-        recovered = store.recover_endpoint(recovery.endpoint, recovery.since_ms,
-                                           recovery.ttl_ms, recovery.note, ids=now["ids"],
-                                           actor=actor) if now["ids"] else []
-    except EndpointError as exc:
+        done = recover_confirmed(store, recovery.endpoint, recovery.since_ms, recovery.ttl_ms,
+                                 recovery.note, given, actor=actor)
+    except RecoveryChanged as changed:
+        return {**changed.now, "ttl_ms": recovery.ttl_ms, "note": recovery.note}, False
+    except (EndpointNotFound, EndpointRefused) as exc:
         raise NoSuchEndpoint(f"{recovery.endpoint}: {exc}") from None
-    sent = set(recovered)
-    return {**now, "recovered": recovered,
-            "missed": [job_id for job_id in now["ids"] if job_id not in sent]}, True
+    except UsageError as exc:
+        raise BadRequest(str(exc)) from None
+    return {**done, "ttl_ms": recovery.ttl_ms, "note": recovery.note}, True
