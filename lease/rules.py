@@ -10,7 +10,8 @@ finish decision, the marker check) are in ``lease.worker``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from lease.policy import PRODUCT, Intake, check_ordering_key
 from lease.records import Attempt
@@ -47,6 +48,7 @@ __all__ = [
     "in_flight_refusals",
     "kept_audits",
     "list_filters",
+    "queue_depth",
 ]
 
 STATUSES = ("pending", "leased", "done", "dead")
@@ -246,3 +248,45 @@ def list_filters(status: str | None, reason: str | None, id_prefix: str | None,
     if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be an int in 1..{MAX_PAGE}, got {limit!r:.40}")
     return filters
+
+
+# ------------------------------------------------------------------ the queue's depth
+#
+# What a metrics scrape reads of a queue (Store.queue_depth), assembled from the
+# one grouped scan each driver runs: rows of (endpoint or None, status, count,
+# ready now, oldest ready available_at). Ready is what a claim may take now,
+# so a job waiting behind its key's dead first is not ready (it is blocked:
+# blocked_keys counts those keys), and an old age means dispatchers behind.
+# Both drivers call this, so the figures mean the same on both.
+
+def queue_depth(rows: Iterable[tuple[str | None, str, int, int, int | None]], now_ms: int,
+                blocked_keys: int, endpoints: Iterable[tuple[str, bool, str]]
+                ) -> dict[str, Any]:
+    """The queue's figures: jobs ``by_status`` (every status, 0 where none),
+    ``ready`` (what a claim may take now: pending, due, and first of its key's
+    line), ``oldest_ready_age_ms`` (None when none is ready), ``blocked_keys``;
+    and per endpoint (name, enabled, circuit state), the same figures of its
+    deliveries, every endpoint listed (zeros where it has none). A queue's own
+    jobs count in the totals only."""
+    def figures() -> dict[str, Any]:
+        return {"by_status": dict.fromkeys(STATUSES, 0), "ready": 0, "oldest": None}
+
+    total = figures()
+    per: dict[str, dict[str, Any]] = {}
+    for endpoint, status, count, ready, oldest in rows:
+        parts = [total] if endpoint is None else [total, per.setdefault(endpoint, figures())]
+        for part in parts:
+            part["by_status"][status] = part["by_status"].get(status, 0) + count
+            part["ready"] += ready or 0
+            if oldest is not None and (part["oldest"] is None or oldest < part["oldest"]):
+                part["oldest"] = oldest
+
+    def shown(part: dict[str, Any]) -> dict[str, Any]:
+        oldest = part["oldest"]
+        return {"by_status": part["by_status"], "ready": part["ready"],
+                "oldest_ready_age_ms": None if oldest is None else max(0, now_ms - oldest)}
+
+    return {**shown(total), "blocked_keys": blocked_keys,
+            "endpoints": [{"name": name, "enabled": bool(enabled), "circuit": circuit,
+                           **shown(per.get(name) or figures())}
+                          for name, enabled, circuit in sorted(endpoints)]}

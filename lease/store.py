@@ -126,6 +126,14 @@ class Store(Protocol):
         served ("*" or names; a disabled endpoint's wait for an operator)."""
         ...
 
+    def queue_depth(self, now_ms: int | None = None) -> dict[str, Any]:
+        """What a metrics scrape reads (``lease.rules.queue_depth``): jobs by
+        status, how many are ready now and the oldest one's age, the blocked
+        keys, and per endpoint the same of its deliveries with its enabled flag
+        and circuit state. One grouped scan of the jobs: its cost grows with
+        them, so a scraper reads it at an interval (``asyncworker.queue_metrics``)."""
+        ...
+
     def blocked_heads(self, limit: int = MAX_BATCH) -> list[dict[str, Any]]: ...
 
     def snapshot(self, now_ms: int | None = None) -> dict[str, Any]: ...

@@ -1,5 +1,6 @@
 """The commands that start something larger, each imported on use: the
-operator's page (``ui``: ``asyncworker.ui``), the benchmarks (``bench``) and
+operator's page (``ui``: ``asyncworker.ui``), the queue's metrics
+(``metrics``: ``asyncworker.ui.exporter``), the benchmarks (``bench``) and
 the demo's story (``demo``: ``asyncworker.cli.demo``)."""
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ def ui(args: argparse.Namespace) -> int:
     from asyncworker.ui import serve_ui  # aiohttp only for the commands that serve
 
     serve_ui(args)
+    return EXIT_OK
+
+
+def metrics(args: argparse.Namespace) -> int:
+    from asyncworker.ui.exporter import serve_metrics  # aiohttp only for the commands that serve
+
+    serve_metrics(args)
     return EXIT_OK
 
 

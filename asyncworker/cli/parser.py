@@ -90,6 +90,16 @@ def _int_in(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def _scrape_interval(text: str) -> float:
+    """--interval: seconds, 0..3600 (0 reads the store at every scrape)."""
+    if not re.fullmatch(r"[0-9]+(\.[0-9]*)?|\.[0-9]+", text):
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r:.40}")
+    value = float(text)
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be in 0..3600 seconds, got {text}")
+    return value
+
+
 def _probability(text: str) -> float:
     try:
         value = float(text)
@@ -651,6 +661,27 @@ def _operator_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
                    help="the receiver's /stats URL: its applied, duplicates and refusals on "
                         "the overview")
     _tls_arguments(p, serves=True, reaches="--receiver")
+
+    p = command("metrics", "serve the queue's own metrics for Prometheus (reads only)",
+                launchers.metrics,
+                "serve /metrics of QUEUE: jobs by status, ready now and the oldest's age, "
+                "blocked keys, endpoints by state, and per endpoint the same. The store is "
+                "read at most once per --interval however many scrape; read-only; loopback "
+                "unless --host; it answers only to the bound address's names and "
+                "--allowed-host. The page (asyncworker ui) serves the same at /metrics.")
+    _queue_argument(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=_int_in(0, 65535), default=9465,
+                   help="port (default 9465; 0 picks a free one); the URL is printed first")
+    p.add_argument("--allowed-host", metavar="NAME", action="append", default=[],
+                   help="a name it answers to besides the bound address's own: NAME at any "
+                        "port, or NAME:PORT; repeatable")
+    p.add_argument("--interval", type=_scrape_interval, default=None, metavar="SECONDS",
+                   help="read the store at most once per SECONDS (by default 15, a "
+                        "scrape interval); scrapes between reads get the last figures")
+    p.add_argument("--no-endpoint-label", dest="endpoint_label", action="store_false",
+                   help="no series per endpoint (for very many endpoints): the counts of "
+                        "endpoints by state stay")
 
     p = command("prune-inbox", "delete inbox rows first seen more than AGE ago (see the "
                 "trade-off in its --help)", actions.prune_inbox, PRUNE_INBOX_HELP)

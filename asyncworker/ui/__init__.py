@@ -14,6 +14,8 @@ POST with a CSRF token. ``docs/operator-ui.md`` says what each figure means.
   fingerprint, the confirmation of exactly that set)
 - ``safety``: the token, the session, CSRF and the security headers
 - ``serve``: the launch the ``ui`` command calls (``serve_ui``)
+- ``exporter``: ``asyncworker metrics QUEUE``, the queue's metrics served alone
+  (the page serves them at ``/metrics`` too: ``asyncworker.queue_metrics``)
 
 What the page does as the command line does (a queue opened for an operator,
 the flags' files, the receiver's figures, the dead reasons) is in

@@ -30,6 +30,7 @@ from aiohttp import web
 
 from asyncworker.operations import chunks, one_line, shown, stats_url, when
 from asyncworker.operations import endpoint_figures as stats_endpoints
+from asyncworker.queue_metrics import METRICS, QueueMetrics, queue_metrics_handler
 from asyncworker.store import AsyncStore
 from asyncworker.ui.bulk import (
     MAX_BULK,
@@ -324,6 +325,7 @@ def ui_app(queue: str, *, allow_changes: bool = False, token: str | None = None,
                              stats, hosts, None if receiver is None else receiver.ssl_context)
     app[QUEUE] = Queue(str(queue), allow_changes=allow_changes)
     app[TEMPLATES] = _templates()
+    app[METRICS] = QueueMetrics(lambda: app[QUEUE].look(lambda store: store.queue_depth()))
     app.cleanup_ctx.append(_open_queue)
     if stats is not None:
         app.cleanup_ctx.append(_http_session)
@@ -348,6 +350,7 @@ def _routes(app: web.Application) -> None:
     add("POST", "/login", login, name="login")
     add("POST", "/logout", logout, name="logout")
     add("GET", "/ui.css", css, name="css")
+    add("GET", "/metrics", queue_metrics_handler, name="metrics")
 
 
 def _templates() -> jinja2.Environment:

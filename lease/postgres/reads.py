@@ -13,6 +13,7 @@ from lease.rules import (
     DAY_MS,
     STATUSES,
     list_filters,
+    queue_depth,
 )
 
 
@@ -74,6 +75,25 @@ def read_snapshot(conn: psycopg.Connection, now: int, *, keys: bool = True) -> d
         **({"blocked_keys": one(BLOCKED_KEYS),
             "blocked_jobs": one(BLOCKED_JOBS)} if keys else {}),
     }
+
+
+# The queue's depth (Store.queue_depth): SQLite's one grouped scan, here.
+DEPTH = """SELECT {endpoint}, status, count(*)::bigint,
+  count(*) FILTER (WHERE status = 'pending' AND available_at <= %(now)s {first}),
+  min(available_at) FILTER (WHERE status = 'pending' AND available_at <= %(now)s {first})
+FROM lease.jobs GROUP BY 1, 2"""
+
+
+def read_depth(conn: psycopg.Connection, now: int, *, keys: bool,
+               endpoints: bool) -> dict[str, Any]:
+    """Store.queue_depth, inside one consistent read."""
+    rows = conn.execute(DEPTH.format(endpoint="endpoint" if endpoints else "NULL::text",
+                                     first="AND held = 0" if keys else ""),
+                        {"now": now}).fetchall()
+    blocked = conn.execute(BLOCKED_KEYS).fetchone() if keys else None
+    found = (conn.execute("SELECT name, enabled, circuit FROM lease.endpoints").fetchall()
+             if endpoints else [])
+    return queue_depth(rows, now, 0 if blocked is None else int(blocked[0]), found)
 
 
 def job_filter(status: str | None, reason: str | None, id_prefix: str | None,

@@ -59,6 +59,7 @@ from lease.postgres.reads import (
     job_filter,
     job_rows,
     read_counts,
+    read_depth,
     read_snapshot,
     read_stale_finishes,
 )
@@ -547,6 +548,13 @@ class PostgresStore:
                     "all": served == ALL, "names": [] if served == ALL else list(served)},
                     ).fetchone()
         return bool(row and row[0])
+
+    def queue_depth(self, now_ms: int | None = None) -> dict[str, Any]:
+        if now_ms is not None:
+            check_now(now_ms)
+        with self._tx(snapshot=True) as conn:
+            now = self._now_in(conn, now_ms)
+            return read_depth(conn, now, keys=self._keys, endpoints=self._endpoints)
 
     def blocked_heads(self, limit: int = MAX_BATCH) -> list[dict[str, Any]]:
         """reads.blocked_heads of SQLite: each blocked key's dead first job."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from lease.endpoints import Endpoint, check_endpoint_name, key_of_line
 from lease.policy import PRODUCT, check_ordering_key
-from lease.rules import DAY_MS, STATUSES, list_filters
+from lease.rules import DAY_MS, STATUSES, list_filters, queue_depth
 from lease.sqlite import endpoints
 from lease.worker import (
     NotAQueue,
@@ -235,6 +235,33 @@ def snapshot(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
         "redrives_last_day": redrives_day,
         **product,
     }
+
+
+# The queue's depth (Store.queue_depth): one grouped scan of the jobs (per
+# endpoint and status: how many, how many a claim may take now, the oldest of
+# those), the blocked keys and the endpoints' states, in one transaction. A
+# scrape's cost is that scan: about half a second at a million jobs.
+_DEPTH = """SELECT {endpoint}, status, COUNT(*),
+  SUM(status = 'pending' AND available_at <= :now {first}),
+  MIN(CASE WHEN status = 'pending' AND available_at <= :now {first} THEN available_at END)
+FROM jobs GROUP BY 1, 2"""
+
+
+def depth(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
+    """Store.queue_depth, read in one transaction."""
+    check_now(now_ms)
+    columns = _columns(con, "jobs")
+    con.execute("BEGIN")
+    try:
+        rows = con.execute(_DEPTH.format(
+            endpoint="endpoint" if "endpoint" in columns else "NULL",
+            first="AND held = 0" if "held" in columns else ""), {"now": now_ms}).fetchall()
+        blocked = con.execute(BLOCKED_KEYS).fetchone()[0] if "held" in columns else 0
+        found = (con.execute("SELECT name, enabled, circuit FROM endpoints").fetchall()
+                 if _has_table(con, "endpoints") else [])
+    finally:
+        con.execute("COMMIT")
+    return queue_depth(rows, now_ms, blocked, found)
 
 
 def _product_figures(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:

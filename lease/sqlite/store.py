@@ -193,6 +193,10 @@ class SQLiteStore:
         with store_errors():
             return reads.is_idle_for(self.connection, served)
 
+    def queue_depth(self, now_ms: int | None = None) -> dict[str, Any]:
+        with store_errors():
+            return reads.depth(self.connection, self._now(now_ms))
+
     def blocked_heads(self, limit: int = MAX_BATCH) -> list[dict[str, Any]]:
         check_int("limit", limit, 1, MAX_BATCH)
         with store_errors():
