@@ -19,6 +19,7 @@ from typing import NamedTuple
 from asyncworker.operations import DEAD_REASONS
 from lease.endpoints import check_endpoint_name
 from lease.policy import DEFAULT_POLICY, PRODUCT, check_note, check_ordering_key
+from lease.worker import check_job_id
 
 __all__ = ["ACTIONS", "BadRequest", "BulkRequest", "Filter", "Member", "MAX_BULK", "SAMPLE",
            "fingerprint", "outcome", "parse_bulk", "parse_filter"]
@@ -100,18 +101,62 @@ def parse_bulk(form: Mapping[str, str]) -> BulkRequest:
     reason, prefix, key, endpoint = parse_filter(form)
     if action == "cancel" and reason == "cancelled":
         raise BadRequest("reason cancelled: those jobs are cancelled already")
+    return BulkRequest(action, reason, prefix, parse_note(form), parse_ttl(form), key,
+                       endpoint)
+
+
+def parse_note(form: Mapping[str, str],
+               why: str = "say why, for the audit rows") -> str:
+    """A change's note: required (each job changed gets an audit row with it)."""
     note = form.get("note", "").strip()
     if not note:
-        raise BadRequest("a note is required: say why, for the audit rows")
+        raise BadRequest(f"a note is required: {why}")
     try:
         check_note(note)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
+    return note
+
+
+def parse_ttl(form: Mapping[str, str]) -> int:
+    """A redriven job's time to live (ms), the policy's default when not given."""
     ttl_text = form.get("ttl_ms") or str(DEFAULT_POLICY.ttl_ms)
     if not re.fullmatch(r"[0-9]{1,15}", ttl_text) or not (
             1 <= int(ttl_text) <= PRODUCT.max_ttl_ms):
         raise BadRequest(f"ttl_ms must be an integer in 1..{PRODUCT.max_ttl_ms}")
-    return BulkRequest(action, reason, prefix, note, int(ttl_text), key, endpoint)
+    return int(ttl_text)
+
+
+@dataclass(frozen=True)
+class JobChange:
+    """One job redriven or cancelled from its own page."""
+
+    action: str
+    job_id: str
+    note: str
+    ttl_ms: int = DEFAULT_POLICY.ttl_ms
+
+
+# What a job's status lets its page do: a dead job is redriven or cancelled, a
+# pending one cancelled (it will not be sent); a leased one is being sent (its
+# dispatcher's finish decides), a done one is history.
+JOB_ACTIONS = {"dead": ("redrive", "cancel"), "pending": ("cancel",)}
+
+
+def job_actions(status: str) -> tuple[str, ...]:
+    return JOB_ACTIONS.get(status, ())
+
+
+def parse_job_change(action: str, form: Mapping[str, str]) -> JobChange:
+    """A job page's change form, checked whole: BadRequest names the first thing wrong."""
+    if action not in ACTIONS:
+        raise BadRequest(f"action must be one of {', '.join(ACTIONS)}, got {action!r:.40}")
+    job_id = form.get("id", "")
+    try:
+        check_job_id("id", job_id, PRODUCT)
+    except ValueError:
+        raise BadRequest(f"id must be {PRODUCT.job_id_rule}") from None
+    return JobChange(action, job_id, parse_note(form), parse_ttl(form))
 
 
 def fingerprint(request: BulkRequest, members: Sequence[Member]) -> str:

@@ -40,9 +40,11 @@ from asyncworker.ui.bulk import (
     Filter,
     Member,
     fingerprint,
+    job_actions,
     outcome,
     parse_bulk,
     parse_filter,
+    parse_job_change,
 )
 from asyncworker.ui.recovery import NoSuchEndpoint, parse_recovery
 from asyncworker.ui.recovery import confirm as confirm_recovery
@@ -342,6 +344,8 @@ def _routes(app: web.Application) -> None:
     add("GET", "/dead", dead, name="dead")
     add("GET", "/endpoints", endpoints, name="endpoints")
     add("GET", "/endpoint", endpoint, name="endpoint")
+    add("POST", "/job/redrive", job_change, name="job_redrive")
+    add("POST", "/job/cancel", job_change, name="job_cancel")
     add("POST", "/dead/preview", preview, name="preview")
     add("POST", "/dead/apply", apply, name="apply")
     add("POST", "/endpoint/recover/preview", recover_preview, name="recover_preview")
@@ -605,10 +609,46 @@ async def job(request: web.Request) -> web.Response:
     show_body = _shows_body(request)
     if not show_body:
         history = {**history, "job": hide_body(history["job"])}
+    return _job_answer(request, history, show_body=show_body)
+
+
+def _job_answer(request: web.Request, history: dict[str, Any], *, show_body: bool = False,
+                status: int = 200, change: dict[str, str] | None = None) -> web.Response:
+    """A job's page: its row, its history, the actions its status allows (when
+    the page may change) and, after one, what it did (``change``)."""
     settings = request.app[SETTINGS]
+    job_id = history["job"]["id"]
     command = f"asyncworker inspect {shlex.quote(settings.queue)} {shlex.quote(job_id)}"
-    return _answer(request, "job.html", history, history=history, row=history["job"],
-                   command=command, show_body=show_body)
+    data = history if change is None else {**history, "change": change}
+    return _answer(request, "job.html", data, status=status, history=history,
+                   row=history["job"], command=command, show_body=show_body, change=change,
+                   actions=job_actions(history["job"]["status"]),
+                   ttl_ms=DEFAULT_POLICY.ttl_ms)
+
+
+async def job_change(request: web.Request) -> web.Response:
+    """One job redriven or cancelled from its page: no dry run (the set is the
+    one job the operator is looking at), a note required, an audit row with
+    the actor; refused (409, its page again with the store's words) when its
+    status no longer allows it."""
+    action = request.match_info.route.name.removeprefix("job_")  # type: ignore[union-attr]
+    one = parse_job_change(action, await _change_form(request))
+    actor = request.app[SETTINGS].operator
+
+    def change(store: Store) -> tuple[object, dict[str, Any] | None]:
+        if one.action == "redrive":
+            answer = store.redrive_jobs([one.job_id], one.ttl_ms, one.note, actor=actor)[0]
+        else:
+            answer = store.cancel_jobs([one.job_id], one.note, actor=actor)[0]
+        return answer, store.job_history(one.job_id)
+
+    answer, history = await request.app[QUEUE].change(change)
+    if history is None:
+        raise Refused(404, f"no job {one.job_id!r} in this queue")
+    result, detail = outcome(one.action, answer)
+    return _job_answer(request, history, status=200 if answer is True else 409,
+                       change={"action": one.action, "result": result, "detail": detail,
+                               "note": one.note})
 
 
 async def dead(request: web.Request) -> web.Response:

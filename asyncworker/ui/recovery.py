@@ -32,9 +32,9 @@ from asyncworker.operations import (
     recover_confirmed,
     recover_preview,
 )
-from asyncworker.ui.bulk import BadRequest
+from asyncworker.ui.bulk import BadRequest, parse_note, parse_ttl
 from lease.endpoints import check_endpoint_name
-from lease.policy import DEFAULT_POLICY, PRODUCT, check_note
+from lease.policy import DEFAULT_POLICY
 from lease.store import Store
 from lease.worker import MAX_NOW_MS
 
@@ -94,18 +94,8 @@ def parse_recovery(form: Mapping[str, str]) -> Recovery:
         since_ms = parse_since(form["since"])
     else:
         raise BadRequest("since is required: the deliveries finished since then are sent again")
-    note = form.get("note", "").strip()
-    if not note:
-        raise BadRequest("a note is required: each delivery sent again gets an audit row")
-    try:
-        check_note(note)
-    except ValueError as exc:
-        raise BadRequest(str(exc)) from None
-    ttl_text = form.get("ttl_ms") or str(DEFAULT_POLICY.ttl_ms)
-    if not re.fullmatch(r"[0-9]{1,15}", ttl_text) or not (
-            1 <= int(ttl_text) <= PRODUCT.max_ttl_ms):
-        raise BadRequest(f"ttl_ms must be an integer in 1..{PRODUCT.max_ttl_ms}")
-    return Recovery(name, since_ms, note, int(ttl_text))
+    note = parse_note(form, "each delivery sent again gets an audit row")
+    return Recovery(name, since_ms, note, parse_ttl(form))
 
 
 def preview(store: Store, recovery: Recovery) -> dict[str, Any]:
