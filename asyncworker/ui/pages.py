@@ -344,6 +344,8 @@ def _routes(app: web.Application) -> None:
     add("GET", "/dead", dead, name="dead")
     add("GET", "/endpoints", endpoints, name="endpoints")
     add("GET", "/endpoint", endpoint, name="endpoint")
+    add("GET", "/blocked", blocked, name="blocked")
+    add("POST", "/refresh", refresh, name="refresh")
     add("POST", "/job/redrive", job_change, name="job_redrive")
     add("POST", "/job/cancel", job_change, name="job_cancel")
     add("POST", "/dead/preview", preview, name="preview")
@@ -479,13 +481,56 @@ def _wants_json(request: web.Request) -> bool:
 def _render(request: web.Request, template: str, *, status: int = 200,
             headers: Mapping[str, str] | None = None, **context: Any) -> web.Response:
     settings = request.app[SETTINGS]
+    refreshable = status == 200 and _refreshable(request)
+    refresh_on = refreshable and request.cookies.get(REFRESH_COOKIE) != "off"
     page = request.app[TEMPLATES].get_template(template).render(
         settings=settings, csrf=settings.guard.csrf(), token_required=settings.guard.required,
         url=lambda route, /, **query: _url(request, route, **query),
         json_url=str(request.rel_url.update_query(format="json"))
-        if request.method == "GET" and status == 200 else None, **context)
-    return web.Response(text=page, status=status, headers=headers, content_type="text/html",
-                        charset="utf-8")
+        if request.method == "GET" and status == 200 else None,
+        refreshable=refreshable, refresh_s=REFRESH_S if refresh_on else None,
+        here=request.path_qs, **context)
+    answer = web.Response(text=page, status=status, headers=headers, content_type="text/html",
+                          charset="utf-8")
+    if refresh_on:  # the browser reloads the page itself: no script, the CSP stays
+        answer.headers["Refresh"] = str(REFRESH_S)
+    return answer
+
+
+# Auto-refresh: the pages that only show reload every REFRESH_S seconds, unless
+# the operator turned it off (a cookie). A page with a change form reloads only
+# when the page is read-only: a reload would lose a note being typed.
+REFRESH_S = 10
+REFRESH_COOKIE = "asyncworker_refresh"
+REFRESHED = frozenset({"overview", "jobs", "endpoints", "blocked"})
+REFRESHED_READ_ONLY = frozenset({"dead", "endpoint", "job"})
+
+
+def _refreshable(request: web.Request) -> bool:
+    if request.method != "GET":
+        return False
+    route = request.match_info.route.name
+    return route in REFRESHED or (route in REFRESHED_READ_ONLY
+                                  and not request.app[SETTINGS].allow_changes)
+
+
+async def refresh(request: web.Request) -> web.StreamResponse:
+    """The operator's auto-refresh, on or off (``to``), then back to ``next``: a
+    preference kept in a cookie, not a change of the queue (so it needs the
+    CSRF token, not --allow-changes)."""
+    posted = await request.post()
+    if not request.app[SETTINGS].guard.csrf_matches(posted.get("csrf")):
+        raise Refused(403, "the form's CSRF token is missing or stale: reload the page")
+    to = posted.get("to")
+    if to not in ("on", "off"):
+        raise BadRequest("to must be on or off")
+    answer = web.HTTPSeeOther(_next(request, posted.get("next")))
+    if to == "off":
+        answer.set_cookie(REFRESH_COOKIE, "off", httponly=True, samesite="Strict",
+                          secure=request.secure, path=_url(request, "overview"))
+    else:
+        answer.del_cookie(REFRESH_COOKIE, path=_url(request, "overview"))
+    raise answer
 
 
 def _answer(request: web.Request, template: str, data: Any, *, status: int = 200,
@@ -664,6 +709,15 @@ async def dead(request: web.Request) -> web.Response:
     return _answer(request, "dead.html", data, by_reason=by_reason, rows=rows,
                    next_after=next_after, filters=found._asdict(),
                    columns=delivery_columns(rows))
+
+
+async def blocked(request: web.Request) -> web.Response:
+    """The ordering keys blocked by a dead first job: each key (and endpoint),
+    its dead head (a link to its page: redrive or cancel it there) and how
+    many wait behind it."""
+    _wants_json(request)
+    rows = await request.app[QUEUE].look(lambda store: store.blocked_heads(MAX_PAGE))
+    return _answer(request, "blocked.html", {"blocked": rows}, rows=rows, limit=MAX_PAGE)
 
 
 async def endpoints(request: web.Request) -> web.Response:
