@@ -26,6 +26,8 @@ def stats(args: argparse.Namespace) -> int:
     with closing(open_queue_store(args.queue, read_only=True)) as store:
         snap = store.snapshot()  # at the store's clock: a database's is its server's
         endpoints = endpoint_figures(store)
+        if snap.get("blocked_keys"):  # named, each with its dead head
+            snap["blocked_heads"] = store.blocked_heads(BLOCKED_SHOWN)
     if endpoints:  # a queue without endpoints shows what it always did
         snap["endpoints"] = endpoints
     if args.receiver:
@@ -40,12 +42,28 @@ def stats(args: argparse.Namespace) -> int:
         print(json.dumps(snap, indent=2, sort_keys=True))
         return EXIT_OK
     print_table(stats_rows(snap))
+    if snap.get("blocked_heads"):
+        print()
+        print_table(blocked_rows(snap["blocked_heads"]))
+        more = snap["blocked_keys"] - len(snap["blocked_heads"])
+        if more > 0:
+            print(f"and {more} more blocked keys (the first {BLOCKED_SHOWN} by key shown)")
     if endpoints:
         print()
         print_table(endpoint_stats_rows(endpoints))
         for line in circuit_lines(endpoints):
             print(line)
     return EXIT_OK
+
+
+BLOCKED_SHOWN = 100  # blocked keys stats names, each with its dead head
+
+
+def blocked_rows(heads: list[dict]) -> list[tuple]:
+    """The blocked keys as a table: key, endpoint, dead head, why, how many wait."""
+    return [("blocked key", "endpoint", "dead first job", "reason", "waiting"),
+            *((head["key"], head.get("endpoint") or "-", head["id"], head["reason"],
+               head["waiting"]) for head in heads)]
 
 
 _JOB_COLUMNS = ("id", "qty", "status", "reason", "attempts", "max_attempts", "token")
