@@ -13,7 +13,9 @@ alone (schema version 0) is migrated forward once, every row kept; the
 commands that look (stats, dead, inspect) open it read-only, whatever its
 version, and write nothing.
 
-The package, by module: ``parser`` (every command's arguments), one module
+The package, by module: ``parser`` (every command's arguments), ``config``
+(the options of run, serve and ui from ``ASYNCWORKER_<OPTION>`` and a TOML
+file, the command line first), one module
 per group of commands (``intake``: init, enqueue; ``running``: run, serve;
 ``reads``: stats, dead, inspect; ``actions``: redrive, cancel, prune,
 prune-inbox; ``endpoints``: endpoint add, list, show, update, disable, enable,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
 import sys
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -109,7 +110,8 @@ def _redacted(message: str, given: str) -> str:
     for end in range(len(quoted), 2, -1):
         if quoted[:end] in message:
             return message.replace(quoted[:end], NOT_SHOWN)
-    return message
+    # the range checks end with the number as given: "must be in 1..100, got 0"
+    return re.sub(f"got {re.escape(given.strip())}$", f"got {NOT_SHOWN}", message)
 
 
 def _one_value(action: argparse.Action, text: str, source: str) -> Any:
@@ -172,8 +174,9 @@ def _scalar_text(value: object, source: str) -> str:
 
 
 def read_file(path: str, command: str,
-              commands: Mapping[str, argparse.ArgumentParser]) -> dict[str, Any]:
-    """The options of ``command`` the file sets, by key: top level, then its table."""
+              commands: Mapping[str, argparse.ArgumentParser]) -> dict[str, tuple[Any, str]]:
+    """The options of ``command`` the file sets, by key: each value and where it
+    was written (the top level, or the command's table over it)."""
     try:
         with open(path, "rb") as file:
             data = tomllib.load(file)
@@ -189,7 +192,10 @@ def read_file(path: str, command: str,
             raise ConfigError(f"{path}: {name}: a table of {name}'s options ([{name}])")
         _check_keys(path, f"[{name}] ", table, commands[name])
     _check_keys(path, "", data, commands[command])
-    return {**data, **tables.get(command, {})}
+    found = {key: (value, f"{path}: {key}") for key, value in data.items()}
+    found.update((key, (value, f"{path}: [{command}] {key}"))
+                 for key, value in tables.get(command, {}).items())
+    return found
 
 
 def _check_keys(path: str, where: str, table: Mapping[str, object],
@@ -223,7 +229,8 @@ def configured(sub: argparse.ArgumentParser, command: str, argv: Sequence[str],
         for action in actions:
             key = key_name(action)
             if key in given:
-                values[action.dest] = from_toml_value(action, given[key], f"{path}: {key}")
+                value, source = given[key]
+                values[action.dest] = from_toml_value(action, value, source)
     for action in actions:
         name = env_name(action)
         if name is not None and name in environ:

@@ -353,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default=None,
                    help=f"how far a signed request's timestamp may be from this clock, in "
                         f"seconds (default {TOLERANCE_S}; a replay inside it is a duplicate)")
+    add_config_argument(p)
 
     p = command("stats", "counts by status, oldest unfinished age, attempts, dead, redrives, "
                 "cancels, stale finishes (reads only)", reads.stats)

@@ -66,6 +66,7 @@ def test_every_option_has_a_name_in_the_environment_and_in_the_file():
         sub = commands.choices[command]
         options = {one for a in sub._actions for one in a.option_strings
                    if one.startswith("--") and one not in ("--help", "--config")}
+        assert "--config" in sub._option_string_actions, command
         actions = configurable_actions(sub)
         assert {f"--{key_name(a)}" for a in actions} == options
         assert all(env_name(a) == "ASYNCWORKER_" + key_name(a).upper().replace("-", "_")
@@ -129,9 +130,12 @@ def test_unknown_keys_and_wrong_types_name_their_source(tmp_path: Path, capsys):
     config = toml(tmp_path, "queue = \"q.db\"\n")
     assert "QUEUE goes on the command line" in refused(capsys, ["run", "--config", config])
 
+    err = refused(capsys, ["run", "q", "--config", toml(tmp_path, "[run]\nlease-ms = 0\n")])
+    assert f"{tmp_path}/asyncworker.toml: [run] lease-ms: must be in 1..3600000, got " in err
+
     for text, words in (("lease-ms = true", "not a boolean"),
                         ("lease-ms = [1]", "not a TOML list"),
-                        ("lease-ms = 0", "must be in 1..3600000"),
+                        ("lease-ms = 0", "asyncworker.toml: lease-ms: must be in 1..3600000"),
                         ("concurrency = 1.5", "not an integer"),
                         ("until-idle = \"yes\"", "a flag is true or false"),
                         ("endpoint = \"acme\"", "a repeatable option is an array"),
@@ -163,6 +167,11 @@ def test_errors_never_show_the_value_given(capsys, tmp_path: Path):
                 {"ASYNCWORKER_ENDPOINT": f"ok,{secret}"}):
         err = refused(capsys, ["run", "q"], env)
         assert "hunter2" not in err and "(the value, not shown)" in err, err
+    # a number out of range, named as the rule's "got N"
+    err = refused(capsys, ["run", "q"], {"ASYNCWORKER_LEASE_MS": "99999999"})
+    assert "99999999" not in err and "got (the value, not shown)" in err, err
+    err = refused(capsys, ["run", "q"], {"ASYNCWORKER_JITTER": "7.5"})
+    assert "7.5" not in err and "must be in 0..1" in err, err
     err = refused(capsys, ["run", "q", "--config", toml(tmp_path, f"owner = \"{secret}\"")])
     assert "hunter2" not in err
 
@@ -180,3 +189,29 @@ def test_help_reads_no_configuration(capsys, tmp_path: Path):
         parse(["run", "--help"], {"ASYNCWORKER_CONFIG": str(tmp_path / "missing.toml")})
     assert exited.value.code == 0
     assert "ASYNCWORKER_<OPTION>" in capsys.readouterr().out
+
+
+def test_the_documented_file_and_unit_parse(tmp_path: Path):
+    """docs/service.md's TOML example, for run and serve, and the unit's ExecStart."""
+    import re
+    import shlex
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    [example] = re.findall(r"```toml\n(.*?)```", (docs / "service.md").read_text(), re.S)
+    config = toml(tmp_path, example)
+    run = parse(["run", "q", "--config", config])
+    assert (run.concurrency, run.lease_ms, run.send_timeout, run.metrics, run.log_format) == (
+        64, 30_000, 120_000, ("127.0.0.1", 9100), "json")
+    serve = parse(["serve", "--config", config])
+    assert (serve.inbox, serve.port) == ("/var/lib/asyncworker/inbox.db", 8443)
+
+    unit = (docs / "asyncworker.service").read_text()
+    settings = dict(re.findall(r"^(\w+)=(.*)$", unit, re.M))
+    assert (settings["Type"], settings["NotifyAccess"], settings["KillSignal"]) == (
+        "notify", "main", "SIGTERM")
+    # the drain lasts up to a lease (30 s by default): the stop timeout outlasts it
+    assert int(settings["TimeoutStopSec"]) > 30
+    command = shlex.split(settings["ExecStart"])
+    assert command[0].endswith("/asyncworker") and command[1] == "run"
+    args = parse(command[1:], {"ASYNCWORKER_CONFIG": config})
+    assert args.queue.startswith(settings["ReadWritePaths"])
