@@ -24,7 +24,8 @@ import signal
 import socket
 from collections.abc import Callable, Mapping
 
-__all__ = ["RELOAD_REFUSED", "Notifier", "refuse_reload", "watchdog_interval_s"]
+__all__ = ["RELOAD_REFUSED", "Notifier", "refuse_reload", "refuse_reload_in_process",
+           "watchdog_interval_s"]
 
 log = logging.getLogger("asyncworker.service")
 
@@ -116,15 +117,25 @@ RELOAD_REFUSED = ("SIGHUP ignored: there is no log file to reopen (the logs go t
                   "restart the service to change them")
 
 
+def _refused(*_: object) -> None:
+    log.warning(RELOAD_REFUSED, extra={"signal": "SIGHUP"})
+
+
 def refuse_reload(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
     """SIGHUP, by convention "reload", would end the process by default: say
     instead, once per signal, why it changes nothing. Returns the undo."""
 
     def refused() -> None:
-        log.warning(RELOAD_REFUSED, extra={"signal": "SIGHUP"})
+        _refused()
 
     def undo() -> None:
         loop.remove_signal_handler(signal.SIGHUP)
 
     loop.add_signal_handler(signal.SIGHUP, refused)
     return undo
+
+
+def refuse_reload_in_process() -> None:
+    """The same for a command whose event loop is not ours to reach (the
+    operator's page): a Python-level handler, run in the main thread."""
+    signal.signal(signal.SIGHUP, _refused)

@@ -187,6 +187,35 @@ def test_sighup_is_refused_with_a_reason_and_the_work_goes_on(
         assert RELOAD_REFUSED in rx.stderr
 
 
+def test_the_operators_page_refuses_sighup_too(queue: Path, tmp_path: Path):
+    """ui, configured by a file (its port and a name it answers to), keeps
+    serving after SIGHUP and says why it changed nothing."""
+    import http.client
+
+    config = tmp_path / "ui.toml"
+    config.write_text("[ui]\nport = 0\nallowed-host = [\"ops.internal\"]\n")
+    with running(["ui", str(queue), "--config", str(config)], {}) as child:
+        assert child.proc.stdout is not None
+        found = re.search(r"http://127\.0\.0\.1:(\d+)/", child.proc.stdout.readline())
+        assert found, "".join(child.lines)
+
+        def status_as(host: str) -> int:
+            connection = http.client.HTTPConnection("127.0.0.1", int(found.group(1)),
+                                                    timeout=10)
+            try:
+                connection.request("GET", "/?format=json", headers={"Host": host})
+                return connection.getresponse().status
+            finally:
+                connection.close()
+
+        child.proc.send_signal(signal.SIGHUP)
+        assert RELOAD_REFUSED in child.line_with("SIGHUP ignored")
+        assert status_as("ops.internal") == 200  # the name from the file, still served
+        assert status_as("elsewhere.example") == 421
+        code, _ = child.stop()
+    assert code == 0
+
+
 def test_without_a_manager_nothing_is_sent_and_run_behaves_as_before():
     assert Notifier.from_environment({}).enabled is False
     assert Notifier(None).send(READY="1") is False
