@@ -18,7 +18,7 @@ wins over the file, which wins over the built-in default.
   ``[serve]`` or ``[ui]`` holds one command's options over them, so one file
   can serve several commands. The positional QUEUE stays on the command line.
 - Variables ``ASYNCWORKER_...`` that name no option of the command are
-  ignored: the environment is shared by every command. A key of the file that
+  ignored: the environment is shared by every command. An empty one is unset. A key of the file that
   names no option is an error, as is a value of the wrong type.
 
 An error names its source (``ASYNCWORKER_LEASE_MS``, ``FILE: lease-ms``) and
@@ -233,7 +233,8 @@ def configured(sub: argparse.ArgumentParser, command: str, argv: Sequence[str],
                 values[action.dest] = from_toml_value(action, value, source)
     for action in actions:
         name = env_name(action)
-        if name is not None and name in environ:
+        # empty is unset: an EnvironmentFile's "ASYNCWORKER_OWNER=" keeps the default
+        if name is not None and environ.get(name, "").strip():
             values[action.dest] = from_env_text(action, environ[name], name)
     return values
 

@@ -182,6 +182,11 @@ def test_variables_of_no_option_are_ignored_and_other_commands_read_nothing(tmp_
            "ASYNCWORKER_JSON": "yes"}
     assert parse(["stats", "q"], env).json is False  # stats: the command line alone
     assert parse(["run", "q", "--config", toml(tmp_path, "")], env).owner is None
+    # an empty variable is unset: the file's value, else the default, stands
+    config = toml(tmp_path, "concurrency = 9\n")
+    args = parse(["run", "q", "--config", config],
+                 {"ASYNCWORKER_CONCURRENCY": "", "ASYNCWORKER_OWNER": " "})
+    assert (args.concurrency, args.owner) == (9, None)
 
 
 def test_help_reads_no_configuration(capsys, tmp_path: Path):
