@@ -435,6 +435,8 @@ class Dispatcher:
         self._running = False
         self._failure: BaseException | None = None
         self._last_claim_ms: int | None = None
+        # set once the first claim committed: the store answers and the work has begun
+        self.first_claim = asyncio.Event()
         self._routes: EndpointRoutes | None = None
         if served is not None:
             self._routes = EndpointRoutes(
@@ -769,6 +771,7 @@ class Dispatcher:
         stats.claim_calls += 1
         self.metrics.observe_claim(seconds)
         self._last_claim_ms = claimed.now_ms
+        self.first_claim.set()
         for reason, n in claimed.moved.items():
             stats.count_dead(reason, n)
             stats.quarantined += n

@@ -13,7 +13,9 @@ alone (schema version 0) is migrated forward once, every row kept; the
 commands that look (stats, dead, inspect) open it read-only, whatever its
 version, and write nothing.
 
-The package, by module: ``parser`` (every command's arguments), one module
+The package, by module: ``parser`` (every command's arguments), ``config``
+(the options of run, serve and ui from ``ASYNCWORKER_<OPTION>`` and a TOML
+file, the command line first), one module
 per group of commands (``intake``: init, enqueue; ``running``: run, serve;
 ``reads``: stats, dead, inspect; ``actions``: redrive, cancel, prune,
 prune-inbox; ``endpoints``: endpoint add, list, show, update, disable, enable,
@@ -54,6 +56,7 @@ import sqlite3
 import sys
 from collections.abc import Sequence
 
+from asyncworker.cli.config import parse_arguments
 from asyncworker.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 from asyncworker.cli.output import to_stderr
 from asyncworker.cli.parser import build_parser
@@ -68,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.reconfigure(errors="backslashreplace")
     args = argparse.Namespace(command=None)
     try:
-        args = build_parser().parse_args(argv)  # bad arguments: exit 2 with one line
+        # bad arguments, from the command line, the environment or --config: exit 2, one line
+        args = parse_arguments(build_parser(), argv)
         _configure_logs(args)
         code = int(args.handler(args))
         sys.stdout.flush()  # a reader that left shows here, inside the guard

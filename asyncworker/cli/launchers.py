@@ -15,8 +15,10 @@ from lease.stores import is_postgres_url
 
 
 def ui(args: argparse.Namespace) -> int:
+    from asyncworker.service import refuse_reload_in_process
     from asyncworker.ui import serve_ui  # aiohttp only for the commands that serve
 
+    refuse_reload_in_process()  # a service, as run and serve are: SIGHUP never ends it
     serve_ui(args)
     return EXIT_OK
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from asyncworker.cli import actions, endpoints, intake, launchers, reads, running
+from asyncworker.cli.config import add_config_argument
 from asyncworker.cli.exits import EXIT_CODES, EXIT_USAGE
 from asyncworker.cli.output import AGE_UNITS, SHOW_EACH, duration
 from asyncworker.operations import DEAD_REASONS, one_line
@@ -281,7 +282,8 @@ by default) plus the time a stale sender may still be sending."""
 
 
 QUEUE_HELP = ("the queue: a SQLite file's path, or a postgresql:// URL "
-              "(postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE)")
+              "(postgresql://USER@HOST[:PORT]/DATABASE, or postgresql:///?service=NAME; "
+              "the password from PGPASSFILE, ~/.pgpass or PGPASSWORD, never the URL)")
 
 
 def _queue_argument(p: argparse.ArgumentParser) -> None:
@@ -327,8 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _enqueue_arguments(command("enqueue", "add jobs: one with --id and --qty or --body, or "
                                "JSON lines with --file", intake.enqueue))
-    _run_arguments(command("run", "dispatch jobs to a receiver with the async dispatcher",
-                           running.run))
+    p = command("run", "dispatch jobs to a receiver with the async dispatcher", running.run)
+    _run_arguments(p)
+    add_config_argument(p)
 
     p = command("serve", "run the receiver (an inbox that deduplicates)", running.serve)
     p.add_argument("--inbox", metavar="PATH", required=True,
@@ -360,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default=None,
                    help=f"how far a signed request's timestamp may be from this clock, in "
                         f"seconds (default {TOLERANCE_S}; a replay inside it is a duplicate)")
+    add_config_argument(p)
 
     p = command("stats", "counts by status, oldest unfinished age, attempts, dead, redrives, "
                 "cancels, stale finishes (reads only)", reads.stats)
@@ -661,6 +665,7 @@ def _operator_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
                    help="the receiver's /stats URL: its applied, duplicates and refusals on "
                         "the overview")
     _tls_arguments(p, serves=True, reaches="--receiver")
+    add_config_argument(p)
 
     p = command("metrics", "serve the queue's own metrics for Prometheus (reads only)",
                 launchers.metrics,

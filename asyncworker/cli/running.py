@@ -11,11 +11,19 @@ import socket
 import sqlite3
 import sys
 import time
+from collections.abc import Coroutine
 from contextlib import closing
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asyncworker.cli.exits import EXIT_DEAD, EXIT_INTERRUPTED, EXIT_OK
-from asyncworker.cli.output import announce, duration, say_blocked, say_left_leased, show_progress
+from asyncworker.cli.output import (
+    announce,
+    duration,
+    progress_line,
+    say_blocked,
+    say_left_leased,
+    show_progress,
+)
 from asyncworker.operations import (
     UsageError,
     WorkFailed,
@@ -32,6 +40,7 @@ from lease.signing import TOLERANCE_S
 
 if TYPE_CHECKING:
     from asyncworker.dispatcher import Dispatcher, DispatcherStats
+    from asyncworker.service import Notifier
     from lease.http import Destination
 
 
@@ -217,7 +226,10 @@ async def _dispatch(dispatcher: Dispatcher, until_idle: bool, banner: str,
     import asyncio
 
     from asyncworker.dispatcher import run_until_signalled
+    from asyncworker.service import Notifier, refuse_reload
 
+    notifier = Notifier.from_environment()
+    allow_reload = refuse_reload(asyncio.get_running_loop())
     # Bound before the queue is opened: a port taken is exit 2 with nothing claimed.
     served = None if metrics is None else await _serve_metrics(dispatcher, *metrics)
     signalled: list[str] = []
@@ -226,10 +238,13 @@ async def _dispatch(dispatcher: Dispatcher, until_idle: bool, banner: str,
     def on_stop(line: str) -> None:
         signalled.append(line)
         announce(line)
+        notifier.stopping(line)
 
     try:
         async with dispatcher:
-            progress = asyncio.create_task(_progress(dispatcher.stats), name="progress")
+            progress = asyncio.create_task(_progress(dispatcher.stats, notifier),
+                                           name="progress")
+            telling = asyncio.create_task(_tell_manager(dispatcher, notifier), name="notify")
             blocked = None
             try:
                 await run_until_signalled(
@@ -241,17 +256,47 @@ async def _dispatch(dispatcher: Dispatcher, until_idle: bool, banner: str,
                         lambda store: store.blocked_heads()))
             finally:
                 progress.cancel()
+                telling.cancel()
                 seconds = time.monotonic() - started
                 rate = dispatcher.stats.ok / seconds if seconds > 0 else 0.0
                 show_progress(dispatcher.stats, rate, final=True)
+                notifier.stopping("stopped: " + progress_line(dispatcher.stats, rate))
             if dispatcher.aborted:
                 say_left_leased(dispatcher.left_leased)
             if blocked:
                 say_blocked(blocked)
             return RunEnd(seconds, rate, blocked)
     finally:
+        allow_reload()
+        notifier.close()
         if served is not None:
             await served.cleanup()
+
+
+async def _tell_manager(dispatcher: Dispatcher, notifier: Notifier) -> None:
+    """READY once the first claim committed (the store answers, the work has
+    begun: a unit ordered after this one finds it dispatching), and WATCHDOG
+    every half of the manager's interval while the loop runs."""
+    import asyncio
+
+    from asyncworker.service import watchdog_interval_s
+
+    if not notifier.enabled:
+        return
+
+    async def ready() -> None:
+        await dispatcher.first_claim.wait()
+        notifier.ready(f"dispatching: owner {dispatcher.owner}, first claim made")
+
+    telling = asyncio.create_task(ready(), name="ready")
+    interval = watchdog_interval_s()
+    try:
+        while interval is not None:
+            notifier.watchdog()
+            await asyncio.sleep(interval)
+        await telling
+    finally:
+        telling.cancel()
 
 
 def _heads(blocked: list[dict]) -> list[dict]:
@@ -275,7 +320,8 @@ async def _serve_metrics(dispatcher: Dispatcher, host: str, port: int) -> Any:
     return runner
 
 
-async def _progress(stats: DispatcherStats) -> None:
+async def _progress(stats: DispatcherStats, notifier: Notifier) -> None:
+    """The progress line on stderr, and as the service's status when it has a manager."""
     import asyncio
 
     interval = 0.5 if sys.stderr.isatty() else 2.0
@@ -283,7 +329,10 @@ async def _progress(stats: DispatcherStats) -> None:
     while True:
         await asyncio.sleep(interval)
         now = time.monotonic()
-        show_progress(stats, (stats.ok - last_ok) / (now - last_time))
+        rate = (stats.ok - last_ok) / (now - last_time)
+        show_progress(stats, rate)
+        if notifier.ready_sent and not notifier.stopping_sent:
+            notifier.status(progress_line(stats, rate))
         last_ok, last_time = stats.ok, now
 
 
@@ -305,11 +354,10 @@ def serve(args: argparse.Namespace) -> int:
     loop = _usable_loop(args.loop)
     eventloop.tune_gc()  # this process is the receiver's own
     try:
-        eventloop.run(receiver.serve(args.inbox, args.host, args.port, faults=faults,
-                                     max_group=args.group, secrets=secrets,
-                                     tls_cert=args.tls_cert, tls_key=args.tls_key,
-                                     tolerance_s=args.signature_tolerance_s or TOLERANCE_S,
-                                     path=args.path), loop)
+        eventloop.run(_refusing_reload(receiver.serve(
+            args.inbox, args.host, args.port, faults=faults, max_group=args.group,
+            secrets=secrets, tls_cert=args.tls_cert, tls_key=args.tls_key,
+            tolerance_s=args.signature_tolerance_s or TOLERANCE_S, path=args.path)), loop)
     except BrokenPipeError:
         raise
     # The receiver refuses before it binds or prints its URL: a foreign or damaged
@@ -322,3 +370,16 @@ def serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"{args.host} port {args.port}: {exc.strerror or exc}") from None
     return EXIT_OK
+
+
+async def _refusing_reload(serving: Coroutine[Any, Any, None]) -> None:
+    """The receiver, with SIGHUP said to change nothing instead of ending it."""
+    import asyncio
+
+    from asyncworker.service import refuse_reload
+
+    allow_reload = refuse_reload(asyncio.get_running_loop())
+    try:
+        await serving
+    finally:
+        allow_reload()
