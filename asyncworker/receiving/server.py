@@ -75,6 +75,7 @@ from asyncworker.receiving.inbox import (
     probe_inbox,
 )
 from asyncworker.receiving.requests import Signatures, check_signature, error, read_body
+from asyncworker.service import Notifier
 from lease.http import ID_HEADER, TOKEN_HEADER, is_loopback
 from lease.policy import MAX_BODY_BYTES, PRODUCT, canonical_body
 from lease.signing import TOLERANCE_S, SignatureError
@@ -594,14 +595,18 @@ async def serve(inbox_path: str | os.PathLike, host: str = "127.0.0.1", port: in
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    notifier = Notifier.from_environment()  # systemd's Type=notify, when it runs us
     try:
         await listener.start()
         print(listener.url, flush=True)
+        notifier.ready(f"receiving at {listener.url}")  # the inbox open, the socket listening
         await stop.wait()
+        notifier.stopping("answering the requests in progress, then closing the inbox")
     finally:
         await listener.close()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+        notifier.close()
     # The figures of this run, as the last line: the inbox's are durable, and a
     # supervisor that restarts the receiver can add up the process_* ones.
     print(json.dumps(stats(app)), flush=True)

@@ -77,9 +77,10 @@ async def _serve(args: argparse.Namespace, hosts: Hosts, sock: socket.socket) ->
             await web.SockSite(runner, sock).start()
             port = sock.getsockname()[1]
             host = f"[{args.host.strip('[]')}]" if ":" in args.host else args.host
-            print(f"asyncworker metrics: {shown(args.queue)} at http://{host}:{port}/metrics "
+            url = f"http://{host}:{port}/metrics"
+            print(f"asyncworker metrics: {shown(args.queue)} at {url} "
                   f"(read at most every {interval:g} s)", flush=True)
-            await _until_signalled()
+            await _until_signalled(f"serving the metrics of {shown(args.queue)} at {url}")
         finally:
             await runner.cleanup()
     finally:

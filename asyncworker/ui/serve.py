@@ -32,6 +32,7 @@ from asyncworker.operations import (
     shown,
 )
 from asyncworker.receiving.server import server_tls_context
+from asyncworker.service import Notifier
 from asyncworker.ui.pages import ui_app
 from asyncworker.ui.safety import LOOPBACK_NAMES, Access, Hosts, parse_token_line
 from lease.http import is_loopback
@@ -140,20 +141,26 @@ async def _serve(app: web.Application, args: argparse.Namespace, sock: socket.so
         host = f"[{args.host.strip('[]')}]" if ":" in args.host else args.host
         mode = "changes allowed" if args.allow_changes else "read-only"
         scheme = "http" if tls is None else "https"
-        print(f"asyncworker ui: {shown(args.queue)} at {scheme}://{host}:{port}/ ({mode})",
-              flush=True)
-        await _until_signalled()
+        url = f"{scheme}://{host}:{port}/"
+        print(f"asyncworker ui: {shown(args.queue)} at {url} ({mode})", flush=True)
+        await _until_signalled(f"serving the page of {shown(args.queue)} at {url}")
     finally:
         await runner.cleanup()
 
 
-async def _until_signalled() -> None:
+async def _until_signalled(serving: str) -> None:
+    """Serve until SIGINT or SIGTERM, saying READY (``serving``: its status) and
+    then STOPPING to a service manager that runs us with Type=notify."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    notifier = Notifier.from_environment()
     try:
+        notifier.ready(serving)  # the queue opened, the port listening
         await stop.wait()
+        notifier.stopping("closing")
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        notifier.close()

@@ -244,3 +244,26 @@ def test_a_socket_path_and_a_manager_gone(caplog: pytest.LogCaptureFixture):
         notifier.close()
     warnings = [r for r in caplog.records if "cannot notify" in r.getMessage()]
     assert len(warnings) == 1
+
+
+@pytest.mark.parametrize("command", ["serve", "ui", "metrics"])
+def test_the_servers_say_ready_once_they_listen_and_stopping_on_sigterm(
+        command: str, queue: Path, tmp_path: Path, manager: FakeManager):
+    """serve, ui and metrics are up when their port listens (and their inbox or
+    queue is open): READY then, with the URL; STOPPING on SIGTERM; exit 0."""
+    args = (["serve", "--inbox", str(tmp_path / "inbox.db"), "--port", "0"]
+            if command == "serve" else [command, str(queue), "--port", "0"])
+    with running(args, {"NOTIFY_SOCKET": manager.name}) as child:
+        assert child.proc.stdout is not None
+        found = re.search(r"(http://127\.0\.0\.1:\d+)(/\S*)?", child.proc.stdout.readline())
+        assert found, "".join(child.lines)
+        ready = manager.first("READY")
+        assert ready["READY"] == "1" and found.group(1) in ready["STATUS"]
+        with urllib.request.urlopen(found.group(0) if command != "serve"
+                                    else found.group(1) + "/stats", timeout=10) as answer:
+            assert answer.status == 200  # it answers as soon as it said it was ready
+        assert not manager.has("STOPPING")
+        child.proc.send_signal(signal.SIGTERM)
+        assert manager.first("STOPPING")["STOPPING"] == "1"
+        code, _ = child.ended()
+    assert code == 0, "".join(child.lines)
