@@ -451,7 +451,9 @@ class Dispatcher:
         self._routes: EndpointRoutes | None = None
         self._to_release: list[Held] = []  # claimed, never to be sent: given back in a batch
         self._releaser: asyncio.Task | None = None
-        self._confirms: set[asyncio.Task] = set()  # reads of the circuits asked for at once
+        # a read of the circuits asked for at once (a failure's finish recorded), one at a time
+        self._confirming: asyncio.Task | None = None
+        self._confirm_wanted = False
         if served is not None:
             self._routes = EndpointRoutes(
                 self._queue, served, pool_limit=concurrency,
@@ -734,8 +736,8 @@ class Dispatcher:
         await self._finisher.settle()
         if self._releaser is not None:
             await asyncio.wait({self._releaser})
-        for confirm in list(self._confirms):
-            confirm.cancel()
+        if self._confirming is not None:
+            self._confirming.cancel()
 
     async def _all_sent(self) -> None:
         """Wait until no job's task is left: a send that ends may start a job
@@ -1014,9 +1016,15 @@ class Dispatcher:
         route, routes = held.route, self._routes
         if route is None or routes is None or not routes.confirmed(route, held):
             return
-        confirm = asyncio.create_task(routes.watch(), name="circuits read")
-        self._confirms.add(confirm)
-        confirm.add_done_callback(self._confirms.discard)
+        self._confirm_wanted = True  # reads asked for while one runs: one more after it
+        if self._confirming is None or self._confirming.done():
+            self._confirming = asyncio.create_task(self._read_circuits(routes),
+                                                   name="circuits read")
+
+    async def _read_circuits(self, routes: EndpointRoutes) -> None:
+        while self._confirm_wanted:
+            self._confirm_wanted = False
+            await routes.watch()
 
     @staticmethod
     def _cut_error(held: Held, timeout: str) -> Exception:

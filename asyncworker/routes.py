@@ -37,14 +37,18 @@ keeps its endpoint's circuit as this dispatcher knows it: the store's, as
 last read, stepped by this dispatcher's own attempts as each is judged,
 before its finish is written (``EndpointRoutes.judged``: the store's own
 rule, ``lease.breaker.step``). When that circuit may not send
-(``lease.breaker.may_send``: open within its cool-down, or paused), the
-dispatcher gives that endpoint's claimed deliveries that are not on the
-wire yet back to the store (``Store.release_jobs``) instead of sending them:
-the first of its own failures that opens the circuit, or a read that finds
-it open, is enough. A change of its own is kept over a read until the
-finish of the attempt that made it is recorded, then the circuits are read
-at once: a read may predate that finish, and if another dispatcher's
-success kept the circuit closed, the store's word is the route's again.
+(``lease.breaker.may_send``: open within its cool-down, or paused), or
+while a failure of its own waits for the store's word, the dispatcher
+gives that endpoint's claimed deliveries that are not on the wire yet back
+to the store (``Store.release_jobs``) instead of sending them. A failure is
+enough to hold the endpoint back: the other dispatchers' failures may have
+opened the circuit already, and a send begun before the next read would
+reach an endpoint whose circuit is open. The local view is kept over a read
+until the finish of that failure is recorded, then the circuits are read at
+once: the store's word (open, or still closed) is the route's again. The
+cost, for an endpoint that fails now and then while up: each failure gives
+its claimed deliveries back for one finish and one read (no attempt spent,
+due again at once).
 
 Failed attempts in an outage are counted, not logged one by one: an
 attempt that failed (``lease.breaker.signal_of``: no answer, a timeout, a
@@ -158,14 +162,16 @@ class Route:
         # its circuit as this dispatcher knows it: read from the store, then
         # stepped by this dispatcher's own attempts as each is judged
         self.circuit = Circuit()
-        # a change this dispatcher's own attempts made to ``circuit`` that the
-        # store has not shown yet: what caused it (a job in flight), until its
-        # finish is recorded and the circuits are read again
+        # a failure of this dispatcher's own that the store has not shown yet:
+        # the job in flight that saw it, until its finish is recorded and the
+        # circuits are read again (meanwhile nothing more is sent to it)
         self.unconfirmed: object | None = None
 
     def may_send(self, now_ms: int) -> bool:
-        """Whether a delivery claimed for it may still be sent (``lease.breaker.may_send``)."""
-        return may_send(self.circuit, now_ms)
+        """Whether a delivery claimed for it may still be sent: no failure of
+        its own is waiting for the store's word, and the circuit lets it
+        (``lease.breaker.may_send``)."""
+        return self.unconfirmed is None and may_send(self.circuit, now_ms)
 
     @property
     def quiet(self) -> bool:
@@ -372,18 +378,19 @@ class EndpointRoutes:
                cause: object) -> bool:
         """One of this dispatcher's attempts judged (its ``signal_of``), before
         its finish is written: the route's circuit stepped by the store's own
-        rule (``lease.breaker.step``), so the dispatcher learns that the
-        circuit opened (or a Retry-After paused it) as soon as its own
-        failures say so, not a finish group and a refresh later. True when the
-        route could send before this attempt and may not now; ``cause`` is
-        then what the change waits on to be confirmed (``confirmed``)."""
+        rule (``lease.breaker.step``). A failure, while the route could send,
+        holds it back until the store has its word (``confirmed``, then a
+        read): the failures of the other dispatchers may have opened the
+        circuit already, or this one may, and a send begun before the read
+        would reach an endpoint whose circuit is open. True then; ``cause``
+        is what the read waits for."""
         circuit = route.circuit
         if signal == "success" and circuit.state == CLOSED and not circuit.failures \
                 and circuit.window_ms is None:
             return False  # a healthy endpoint's delivery changes nothing: no step per job
         could = route.may_send(now_ms)
         route.circuit, _ = step(circuit, signal, seen, now_ms)
-        if could and not route.may_send(now_ms):
+        if could and signal == "failure":
             route.unconfirmed = cause
             return True
         return False
