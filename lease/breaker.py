@@ -111,10 +111,13 @@ def signal_of(outcome: str | None, attempt: Attempt) -> str | None:
 
 
 def step(circuit: Circuit, signal: str, attempt: Attempt, now_ms: int,
-         breaker: Breaker = BREAKER) -> tuple[Circuit, str | None]:
+         breaker: Breaker | None = None) -> tuple[Circuit, str | None]:
     """The circuit after one attempt's signal, and the change it made, if
     any: "opened", "reopened", "closed", "paused" (for the log line and the
-    audit row)."""
+    audit row). ``breaker`` None: the module's ``BREAKER`` as it is when
+    called (not as it was at import: a test or an embedder may replace it)."""
+    if breaker is None:
+        breaker = BREAKER
     window_ms, failed, total = circuit.window_ms, circuit.window_failed, circuit.window_total
     if window_ms is None or now_ms - window_ms >= breaker.window_ms:
         window_ms, failed, total = None, 0, 0
