@@ -900,7 +900,11 @@ class Dispatcher:
                 held.route.figures.errors += 1
             log.exception("job failed", extra=self._facts(held, status="leased",
                                                           error=_error_line(exc)))
+            self._confirm(held)  # no finish will confirm what it told its circuit
             return
+        except BaseException:  # cancelled: no finish either
+            self._confirm(held)
+            raise
         held.handed_over = True
         self._finisher.add(held, judged)
 
