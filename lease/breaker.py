@@ -114,11 +114,11 @@ def step(circuit: Circuit, signal: str, attempt: Attempt, now_ms: int,
          breaker: Breaker | None = None) -> tuple[Circuit, str | None]:
     """The circuit after one attempt's signal, and the change it made, if
     any: "opened", "reopened", "closed", "paused" (for the log line and the
-    audit row). ``breaker`` None: the module's ``BREAKER`` as it is when
-    called (not as it was at import: a test or an embedder may replace it)."""
-    if breaker is None:
-        breaker = BREAKER
+    audit row)."""
     window_ms, failed, total = circuit.window_ms, circuit.window_failed, circuit.window_total
+    # None: the module's BREAKER as it is now, not as it was at import (a test
+    # or an embedder may replace it)
+    breaker = BREAKER if breaker is None else breaker
     if window_ms is None or now_ms - window_ms >= breaker.window_ms:
         window_ms, failed, total = None, 0, 0
     if signal == "success":
