@@ -144,7 +144,7 @@ class DispatcherStats:
     dead: int = 0
     dead_by_reason: dict[str, int] = field(default_factory=_no_deaths)  # all three keys
     quarantined: int = 0  # the moves to dead made by this dispatcher's claims (part of dead)
-    stale: int = 0  # a finish (or an extension) that found the lease gone
+    stale: int = 0  # a finish (or an extension, or a release) that found the lease gone
     # outcomes not recorded: the store stayed busy past every lease of their group (the
     # job stays leased, its lease runs out); no fence judged them, so not stale
     unrecorded_busy: int = 0
@@ -160,6 +160,9 @@ class DispatcherStats:
     # deliveries claimed for an endpoint this dispatcher does not know, even after reading
     # the endpoints again (removed since): left leased, never sent; their leases run out
     unknown_endpoint: int = 0
+    # deliveries claimed and given back unsent (Store.release_jobs): their endpoint's
+    # circuit opened, or a Retry-After paused it, after their claim; no attempt spent
+    released: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Every counter, JSON-serialisable (``dead_by_reason`` a nested dict)."""
@@ -257,6 +260,16 @@ class SendSlots:
         if self.room >= self.wake_at or not self._stats.sending:
             self.freed.set()
         return following
+
+    def take_waiting(self, route: object) -> list[Held]:
+        """Take the jobs of ``route`` out of the line (their endpoint may not be sent to)."""
+        taken = [held for held in self.waiting if held.route is route]
+        if taken:
+            self.waiting = deque(held for held in self.waiting if held.route is not route)
+            self._stats.waiting = len(self.waiting)
+            if self.room >= self.wake_at:
+                self.freed.set()
+        return taken
 
     def drop_waiting(self) -> list[Held]:
         """Empty the line (an abort): its jobs are never sent, their leases expire."""
@@ -438,12 +451,18 @@ class Dispatcher:
         # set once the first claim committed: the store answers and the work has begun
         self.first_claim = asyncio.Event()
         self._routes: EndpointRoutes | None = None
+        self._to_release: list[Held] = []  # claimed, never to be sent: given back in a batch
+        self._releaser: asyncio.Task | None = None
+        # a read of the circuits asked for at once (a failure's finish recorded), one at a time
+        self._confirming: asyncio.Task | None = None
+        self._confirm_wanted = False
         if served is not None:
             self._routes = EndpointRoutes(
                 self._queue, served, pool_limit=concurrency,
                 figures_of=self.metrics.figures_of, keep_trying=lambda: not self._stop.is_set(),
                 on_busy=self._count_busy, refresh_s=self.refresh_s, owner=owner,
-                summary_s=float(summary_s), summary_clock=self._summary_clock)
+                summary_s=float(summary_s), summary_clock=self._summary_clock,
+                on_held_back=self._hold_back)
             self.metrics.circuits = self.circuits
 
     def _summary_clock(self) -> float:
@@ -714,9 +733,13 @@ class Dispatcher:
         self.abort()
 
     async def _settle(self) -> None:
-        """Wait for the jobs to unwind and for every queued finish to be written."""
+        """Wait for the jobs to unwind and for every queued finish and release to be written."""
         await self._all_sent()
         await self._finisher.settle()
+        if self._releaser is not None:
+            await asyncio.wait({self._releaser})
+        if self._confirming is not None:
+            self._confirming.cancel()
 
     async def _all_sent(self) -> None:
         """Wait until no job's task is left: a send that ends may start a job
@@ -762,10 +785,10 @@ class Dispatcher:
                                       for job in claimed.leased):
             await routes.refresh()  # an endpoint added since: read them again, at once
         self._slots.measure_line()
-        self._claimed(claimed, seconds)
-        return bool(claimed.leased)
+        # all of it given back (its endpoint's circuit opened): no claim at once again
+        return self._claimed(claimed, seconds) > 0
 
-    def _claimed(self, claimed: Claimed, seconds: float) -> None:
+    def _claimed(self, claimed: Claimed, seconds: float) -> int:
         """Count a committed claim (its quarantine moves too) and start its jobs."""
         stats = self.stats
         stats.claim_calls += 1
@@ -780,7 +803,7 @@ class Dispatcher:
             log.warning("quarantined", extra={"owner": self.owner, "dead": sum(moved.values()),
                                               "reasons": moved})
         if not claimed.leased:
-            return
+            return 0
         stats.claimed += len(claimed.leased)
         stats.claim_batches += 1
         if self._aborted:  # it committed while the abort came: nothing more is sent
@@ -789,12 +812,13 @@ class Dispatcher:
                         _some_ids([job.ticket for job in claimed.leased]),
                         extra={"owner": self.owner, "jobs": len(claimed.leased),
                                "status": "leased"})
-            return
+            return 0
         stats.in_flight += len(claimed.leased)
         first_ms = claimed.now_ms
         slots, watch, start = self._slots, self._keeper.watch, self._start
         routes = self._routes
         route: Route | None = None
+        held_back = 0
         for job in claimed.leased:
             ticket = job.ticket
             if routes is not None:
@@ -806,12 +830,17 @@ class Dispatcher:
             held = Held(ticket, job.event, first_ms, half_way(first_ms, ticket["lease_until"]),
                         job.digest, route)
             held.can_extend = ticket["lease_until"] - first_ms >= self.lease_ms  # else capped
+            if route is not None and not route.may_send(first_ms):
+                self._release([held])  # its circuit opened since this claim began
+                held_back += 1
+                continue
             watch(held)  # its lease is kept from the claim, whether it sends or waits
             if slots.free:
                 slots.take(held)
                 start(held)
             else:
                 slots.wait(held)
+        return len(claimed.leased) - held_back
 
     def _unknown_endpoint(self, endpoint: str | None, ticket: dict) -> None:
         """A delivery of an endpoint it does not have, even after reading them
@@ -854,9 +883,19 @@ class Dispatcher:
 
     async def _work(self, held: Held) -> None:
         """Send, judge, and hand the outcome to the finisher: the task ends there
-        (the finisher owns the outcome from then on, and counts it)."""
+        (the finisher owns the outcome from then on, and counts it). A delivery
+        whose endpoint's circuit opened since its claim is given back instead,
+        unsent (``_release``)."""
+        route = held.route
+        if route is not None and not route.may_send(self._time.now()):
+            self._keeper.unwatch(held)
+            self._give_back(held)
+            self._release([held])
+            return
         try:
             judged = await self._judged_send(held)
+            if route is not None:
+                self._judged(held, route, judged)
             await held.settled()  # an extension in flight first: its ticket is the store's
         except Exception as exc:
             self.stats.errors += 1
@@ -864,7 +903,11 @@ class Dispatcher:
                 held.route.figures.errors += 1
             log.exception("job failed", extra=self._facts(held, status="leased",
                                                           error=_error_line(exc)))
+            self._confirm(held)  # no finish will confirm what it told its circuit
             return
+        except BaseException:  # cancelled: no finish either
+            self._confirm(held)
+            raise
         held.handed_over = True
         self._finisher.add(held, judged)
 
@@ -909,6 +952,86 @@ class Dispatcher:
         if error is None:
             return Judged("ok", 0, seen)
         return self._judge_error(held, error, seen)
+
+    def _judged(self, held: Held, route: Route, judged: Judged) -> None:
+        """What an attempt tells its endpoint's circuit, as this dispatcher
+        knows it, before the finish is written: when it may not send from now
+        on, the endpoint's deliveries waiting in line are given back."""
+        signal = signal_of(judged.outcome, judged.seen)
+        if signal is None:
+            return
+        assert self._routes is not None
+        if self._routes.judged(route, signal, judged.seen, self._time.now(), held):
+            self._hold_back(route)
+
+    def _hold_back(self, route: Route) -> None:
+        """``route``'s endpoint may not be sent to now: what waits in line for it
+        is given back (the sends on the wire end as they do)."""
+        taken = self._slots.take_waiting(route)
+        for held in taken:
+            self._keeper.unwatch(held)
+        if taken:
+            self._release(taken)
+
+    def _release(self, helds: list[Held]) -> None:
+        """Give these claimed, unsent deliveries back to the store, in batches
+        of one store call each; from here this path owns them and counts them."""
+        for held in helds:
+            held.handed_over = True  # not the finisher's: counted when released
+        self._to_release += helds
+        if self._releaser is None or self._releaser.done():
+            self._releaser = asyncio.create_task(self._release_all(), name="releaser")
+
+    async def _release_all(self) -> None:
+        while self._to_release:
+            group = self._to_release[:MAX_BATCH]
+            del self._to_release[:MAX_BATCH]
+            for held in group:
+                await held.settled()  # an extension in flight first: its ticket is the store's
+            await self._release_group(group)
+
+    async def _release_group(self, group: list[Held]) -> None:
+        """One release transaction; a delivery it could not give back (its
+        lease gone, or the store failing) is left to its lease's end."""
+        stats = self.stats
+        stats.in_flight -= len(group)
+        tickets = [held.ticket for held in group]
+
+        def live() -> bool:
+            return any(self._time.now() < ticket["lease_until"] for ticket in tickets)
+
+        try:
+            results = await self._queue.release_jobs(tickets, reason="circuit",
+                                                     keep_trying=live,
+                                                     on_busy=lambda _: self._count_busy())
+        except Busy:
+            results = [False] * len(group)
+        except Exception as exc:
+            self._leave_leased(tickets)
+            log.warning("release failed, %d deliveries left leased: %s", len(group),
+                        _some_ids(tickets), extra={"owner": self.owner, "jobs": len(group),
+                                                   "status": "leased",
+                                                   "error": _error_line(exc)})
+            return
+        released = sum(1 for result in results if result is True)
+        stats.released += released
+        stats.stale += len(group) - released
+
+    def _confirm(self, held: Held) -> None:
+        """``held``'s finish is written (or failed): a change of its endpoint's
+        circuit it made at this dispatcher is checked against the store at once."""
+        route, routes = held.route, self._routes
+        if route is None or routes is None or not routes.confirmed(route, held):
+            return
+        self._confirm_wanted = True  # reads asked for while one runs: one more after it
+        if self._confirming is None or self._confirming.done():
+            self._confirming = asyncio.create_task(self._read_circuits(routes),
+                                                   name="circuits read")
+
+    async def _read_circuits(self, routes: EndpointRoutes) -> None:
+        while self._confirm_wanted:
+            self._confirm_wanted = False
+            await routes.watch()
 
     @staticmethod
     def _cut_error(held: Held, timeout: str) -> Exception:
@@ -997,6 +1120,7 @@ class Dispatcher:
     def _recorded(self, held: Held, judged: Judged, recorded: Recorded) -> None:
         stats = self.stats
         stats.in_flight -= 1
+        self._confirm(held)
         if judged.outcome is None:  # evidence only: counted as the bad ACK or error it is
             return
         route = held.route
@@ -1048,6 +1172,8 @@ class Dispatcher:
         Called while the group's exception is being handled: it is the record's."""
         self.stats.in_flight -= len(helds)
         self.stats.errors += sum(1 for one in judged if one.outcome is not None)
+        for held in helds:
+            self._confirm(held)
         for held, one in zip(helds, judged, strict=True):
             if held.route is not None and one.outcome is not None:
                 held.route.figures.errors += 1

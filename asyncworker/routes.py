@@ -32,6 +32,24 @@ dispatchers print each change at most N times, each line with the change's
 ``at_ms`` (the same in all of them: dedupe an aggregated log on endpoint,
 action and at_ms). A dispatcher that starts during an outage says so once.
 
+What is claimed and not yet sent waits on the circuit too. Each route
+keeps its endpoint's circuit as this dispatcher knows it: the store's, as
+last read, stepped by this dispatcher's own attempts as each is judged,
+before its finish is written (``EndpointRoutes.judged``: the store's own
+rule, ``lease.breaker.step``). When that circuit may not send
+(``lease.breaker.may_send``: open within its cool-down, or paused), or
+while a failure of its own waits for the store's word, the dispatcher
+gives that endpoint's claimed deliveries that are not on the wire yet back
+to the store (``Store.release_jobs``) instead of sending them. A failure is
+enough to hold the endpoint back: the other dispatchers' failures may have
+opened the circuit already, and a send begun before the next read would
+reach an endpoint whose circuit is open. The local view is kept over a read
+until the finish of that failure is recorded, then the circuits are read at
+once: the store's word (open, or still closed) is the route's again. The
+cost, for an endpoint that fails now and then while up: each failure gives
+its claimed deliveries back for one finish and one read (no attempt spent,
+due again at once).
+
 Failed attempts in an outage are counted, not logged one by one: an
 attempt that failed (``lease.breaker.signal_of``: no answer, a timeout, a
 5xx, a 429) while its endpoint's circuit is not closed (as last read), or
@@ -53,7 +71,16 @@ from typing import Any
 from asyncworker.metrics import CONDITIONS, EndpointFigures
 from asyncworker.store import AsyncStore
 from asyncworker.wire import WireClient
-from lease.breaker import BREAKER, BREAKER_ACTOR, CLOSED, HALF_OPEN, OPEN
+from lease.breaker import (
+    BREAKER,
+    BREAKER_ACTOR,
+    CLOSED,
+    HALF_OPEN,
+    OPEN,
+    Circuit,
+    may_send,
+    step,
+)
 from lease.endpoints import ALL, Endpoint, EndpointError
 from lease.http import Destination
 from lease.records import Attempt
@@ -119,7 +146,7 @@ class Route:
     change is sent with the newest configuration."""
 
     __slots__ = ("name", "endpoint", "client", "figures", "sending", "gone", "failing",
-                 "condition", "summary")
+                 "condition", "summary", "circuit", "unconfirmed")
 
     def __init__(self, endpoint: Endpoint, client: WireClient,
                  figures: EndpointFigures) -> None:
@@ -132,6 +159,19 @@ class Route:
         self.failing = 0  # failed attempts in a row, as this dispatcher's finishes saw them
         self.condition = CLOSED  # its circuit as last read (CONDITIONS)
         self.summary = FailureSummary()  # the failed attempts counted, not logged
+        # its circuit as this dispatcher knows it: read from the store, then
+        # stepped by this dispatcher's own attempts as each is judged
+        self.circuit = Circuit()
+        # a failure of this dispatcher's own that the store has not shown yet:
+        # the job in flight that saw it, until its finish is recorded and the
+        # circuits are read again (meanwhile nothing more is sent to it)
+        self.unconfirmed: object | None = None
+
+    def may_send(self, now_ms: int) -> bool:
+        """Whether a delivery claimed for it may still be sent: no failure of
+        its own is waiting for the store's word, and the circuit lets it
+        (``lease.breaker.may_send``)."""
+        return self.unconfirmed is None and may_send(self.circuit, now_ms)
 
     @property
     def quiet(self) -> bool:
@@ -156,7 +196,8 @@ class EndpointRoutes:
                  on_busy: Callable[[], None] = lambda: None,
                  refresh_s: float = REFRESH_S, owner: str | None = None,
                  summary_s: float = SUMMARY_S,
-                 summary_clock: Callable[[], float] = time.monotonic) -> None:
+                 summary_clock: Callable[[], float] = time.monotonic,
+                 on_held_back: Callable[[Route], None] = lambda _: None) -> None:
         self._queue = queue
         self._names = None if served == ALL else tuple(served)
         self._pool_limit = pool_limit
@@ -172,6 +213,7 @@ class EndpointRoutes:
         self.owner = owner
         self.summary_s = summary_s
         self._clock = summary_clock
+        self._on_held_back = on_held_back  # a route whose deliveries may not be sent now
         # the circuits: each endpoint's row as last read (Store.endpoints), when
         # (the store's time), and per endpoint its signature and audit rows seen
         self.circuits: dict[str, dict[str, Any]] = {}
@@ -179,6 +221,7 @@ class EndpointRoutes:
         self._signatures: dict[str, tuple] = {}
         self._audited: dict[str, int] = {}
         self.watches = 0  # reads of the circuits that succeeded
+        self._watching = asyncio.Lock()
 
     def get(self, name: str | None) -> Route | None:
         return None if name is None else self._routes.get(name)
@@ -252,6 +295,10 @@ class EndpointRoutes:
         breaker made since the last read (the first read logs only the
         circuits that are not closed, once). False (logged) when the store
         could not be read."""
+        async with self._watching:  # one read at a time, each after the one before
+            return await self._watch()
+
+    async def _watch(self) -> bool:
         known = dict(self._signatures)
         names = self._names
 
@@ -285,6 +332,7 @@ class EndpointRoutes:
                               "enabled": row["enabled"], "disabled_why": row["disabled_why"]}
             route = self._routes.get(name)
             if route is not None:
+                self._know_circuit(route, row["circuit"], now_ms)
                 before, route.condition = route.condition, condition
                 if condition == CLOSED and before != CLOSED:
                     route.failing = 0
@@ -311,6 +359,50 @@ class EndpointRoutes:
             del self._signatures[name]
             self._audited.pop(name, None)
         self.circuits, self.circuits_ms = circuits, now_ms
+
+    def _know_circuit(self, route: Route, read: dict[str, Any], now_ms: int) -> None:
+        """The circuit read from the store becomes the route's, unless a change
+        of this dispatcher's own is not confirmed yet (the read may predate its
+        finish); a route that may not send now is handed to ``on_held_back``."""
+        if route.unconfirmed is None:
+            route.circuit = Circuit(
+                state=read.get("state") or CLOSED, since_ms=read.get("since_ms"),
+                why=read.get("why"), failures=read.get("failures") or 0,
+                open_until_ms=read.get("open_until_ms"),
+                paused_until_ms=read.get("paused_until_ms"),
+                failing_since_ms=read.get("failing_since_ms"))
+        if not route.may_send(now_ms):
+            self._on_held_back(route)
+
+    def judged(self, route: Route, signal: str, seen: Attempt, now_ms: int,
+               cause: object) -> bool:
+        """One of this dispatcher's attempts judged (its ``signal_of``), before
+        its finish is written: the route's circuit stepped by the store's own
+        rule (``lease.breaker.step``). A failure, while the route could send,
+        holds it back until the store has its word (``confirmed``, then a
+        read): the failures of the other dispatchers may have opened the
+        circuit already, or this one may, and a send begun before the read
+        would reach an endpoint whose circuit is open. True then; ``cause``
+        is what the read waits for."""
+        circuit = route.circuit
+        if signal == "success" and circuit.state == CLOSED and not circuit.failures \
+                and circuit.window_ms is None:
+            return False  # a healthy endpoint's delivery changes nothing: no step per job
+        could = route.may_send(now_ms)
+        route.circuit, _ = step(circuit, signal, seen, now_ms)
+        if could and signal == "failure":
+            route.unconfirmed = cause
+            return True
+        return False
+
+    def confirmed(self, route: Route, cause: object) -> bool:
+        """``cause``'s finish is recorded (or failed): the store now holds what
+        it told the breaker, and the next read of the circuits is the
+        route's again. True when a read should come at once."""
+        if route.unconfirmed is not cause:
+            return False
+        route.unconfirmed = None
+        return True
 
     def _tell_found(self, name: str, circuit: dict[str, Any]) -> None:
         why = circuit.get("disabled_why") if circuit["condition"] == DISABLED else None

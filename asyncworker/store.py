@@ -227,6 +227,15 @@ class AsyncStore:
             raise result
         return True
 
+    async def release_jobs(self, tickets: list, *, reason: str, now_ms: int | None = None,
+                           keep_trying: Callable[[], bool] | None = None,
+                           on_busy: Callable[[Busy], None] | None = None) -> list:
+        """Claimed jobs given back unsent (``Store.release_jobs``), in one
+        transaction: per ticket True (released) or False (stale)."""
+        tickets = list(tickets)
+        return await self.call(lambda s: s.release_jobs(tickets, reason=reason, now_ms=now_ms),
+                               keep_trying=keep_trying, on_busy=on_busy)
+
     async def snapshot(self, now_ms: int | None = None) -> dict:
         return await self.call(lambda s: s.snapshot(now_ms))
 

@@ -38,10 +38,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from lease.policy import PRODUCT
 from lease.records import Attempt
+from lease.worker import MAX_BATCH, check_ticket, marker_matches
 
 __all__ = ["BREAKER", "BREAKER_ACTOR", "Breaker", "CIRCUIT_FIELDS", "Circuit", "CLOSED",
-           "OPEN", "HALF_OPEN", "claim_room", "closed_circuit", "disabled_by", "signal_of",
+           "OPEN", "HALF_OPEN", "RELEASE_REASONS", "check_release", "claim_room",
+           "closed_circuit", "disabled_by", "may_send", "release_decisions", "signal_of",
            "step"]
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
@@ -108,11 +111,14 @@ def signal_of(outcome: str | None, attempt: Attempt) -> str | None:
 
 
 def step(circuit: Circuit, signal: str, attempt: Attempt, now_ms: int,
-         breaker: Breaker = BREAKER) -> tuple[Circuit, str | None]:
+         breaker: Breaker | None = None) -> tuple[Circuit, str | None]:
     """The circuit after one attempt's signal, and the change it made, if
     any: "opened", "reopened", "closed", "paused" (for the log line and the
     audit row)."""
     window_ms, failed, total = circuit.window_ms, circuit.window_failed, circuit.window_total
+    # None: the module's BREAKER as it is now, not as it was at import (a test
+    # or an embedder may replace it)
+    breaker = BREAKER if breaker is None else breaker
     if window_ms is None or now_ms - window_ms >= breaker.window_ms:
         window_ms, failed, total = None, 0, 0
     if signal == "success":
@@ -186,6 +192,65 @@ def claim_room(circuit: Circuit, live: int, now_ms: int) -> tuple[int | None, bo
     # the cool-down is over (or a probe is out): one probe at a time
     room = max(0, 1 - live)
     return room, room > 0 and circuit.state == OPEN
+
+
+def may_send(circuit: Circuit, now_ms: int) -> bool:
+    """Whether a delivery claimed earlier may still be sent now, by its
+    endpoint's circuit as last known: not while it is open within its
+    cool-down, nor while a Retry-After pauses it (``claim_room``'s rule: a
+    half-open circuit lets the probe a claim already leased go)."""
+    room, _ = claim_room(circuit, 0, now_ms)
+    return room != 0
+
+
+# Why a claimed delivery is given back unsent (``Store.release_jobs``):
+# "circuit": its endpoint's circuit opened (or a Retry-After paused it) after
+# the claim, so sending it would spend an attempt on an endpoint known to be
+# down; counted in the endpoint's attempts saved. "unsent": any other reason
+# a dispatcher gives back what it will not send; counted nowhere.
+RELEASE_REASONS = ("circuit", "unsent")
+
+
+def check_release(tickets: object, reason: object) -> list[dict]:
+    """The arguments of a release, checked: a list of at most MAX_BATCH
+    tickets (each as a claim gave it) and one of RELEASE_REASONS."""
+    if type(tickets) is not list or len(tickets) > MAX_BATCH:
+        raise ValueError(f"tickets must be a list of at most {MAX_BATCH}")
+    for ticket in tickets:
+        check_ticket(ticket, PRODUCT)
+    if reason not in RELEASE_REASONS:
+        raise ValueError(f"reason must be one of {RELEASE_REASONS}, got {reason!r:.40}")
+    return tickets
+
+
+def release_decisions(rows: dict[str, dict], tickets: list[dict],
+                      now_ms: int) -> tuple[list[bool], list[dict]]:
+    """Pure: per ticket True (its job is given back: pending again, its lease
+    cleared, its attempt count as before the claim) or False (stale: the
+    ticket no longer holds the job's whole marker, or its lease or deadline
+    has passed; nothing changes), and the rows to write, each updated in
+    place. ``rows`` are the jobs' marker columns by id (a finish's
+    ``MARKED``): a ticket given twice is stale the second time, as two
+    releases in sequence would find it.
+
+    The claim counted the attempt (``lease_ticket``: ``attempt`` =
+    ``attempts`` + 1); a release takes exactly that back, and keeps the
+    token: the next claim raises it, so the released ticket stays stale. The
+    job keeps its ``available_at`` (when it became due), so it is due at
+    once and keeps its place among its endpoint's due deliveries. No attempt
+    row is written: nothing was sent."""
+    results: list[bool] = []
+    released: list[dict] = []
+    for ticket in tickets:
+        row = rows.get(ticket["id"])
+        if row is None or not marker_matches(row, ticket, now_ms):
+            results.append(False)
+            continue
+        row.update(status="pending", attempts=row["attempts"] - 1, owner=None,
+                   lease_until=None)
+        results.append(True)
+        released.append(row)
+    return results, released
 
 
 def _pause(attempt: Attempt, breaker: Breaker) -> int | None:

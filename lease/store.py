@@ -100,6 +100,20 @@ class Store(Protocol):
         """``items`` of FinishItem; per item a Finished."""
         ...
 
+    def release_jobs(self, tickets: list, *, reason: str,
+                     now_ms: int | None = None) -> list:
+        """Give claimed jobs back unsent, in one transaction
+        (``lease.breaker.release_decisions``): per ticket True (pending again,
+        its lease cleared, its attempt count as before the claim, due at once
+        in its place; its token kept, so the ticket stays stale; no attempt
+        row: nothing was sent) or False (stale: the ticket no longer holds the
+        job, its lease or deadline passed; nothing changed). ``reason`` is one
+        of ``lease.breaker.RELEASE_REASONS``; "circuit" counts each delivery
+        released in its endpoint's attempts saved. The claims honour the
+        circuit: a released delivery is claimed again when its endpoint's
+        circuit lets it."""
+        ...
+
     # -- the operator
     def redrive_jobs(self, job_ids: list, ttl_ms: int, note: str, *,
                      now_ms: int | None = None, fault: Fault = None,

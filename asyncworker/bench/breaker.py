@@ -630,8 +630,21 @@ def run_breaker_scenarios(*, full: bool = False, quick: bool = False,
     return results
 
 
+def run_main(params_json: str) -> None:
+    """The breaker's scenarios alone, judged: ``python -m asyncworker.bench.breaker run
+    '{"full": true, "only": ["neighbours"]}'`` (``run_breaker_scenarios``'s arguments)."""
+    params = json.loads(params_json)
+    if "only" in params:
+        params["only"] = tuple(params["only"])
+    results = run_breaker_scenarios(**params)
+    print_breaker_table(results, sys.stdout)
+    print(json.dumps(results, default=str))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "receiver":
         receiver_main(json.loads(sys.argv[2]))
+    elif sys.argv[1] == "run":
+        run_main(sys.argv[2] if len(sys.argv) > 2 else "{}")
     else:
         child_main(sys.argv[1], sys.argv[2])

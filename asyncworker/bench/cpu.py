@@ -253,6 +253,7 @@ class MemoryStore:
 
     # the rest of lease.store.Store: not called by a dispatcher's run
     enqueue_events = redrive_jobs = cancel_jobs = prune_done = counts = snapshot = _not_here
+    release_jobs = _not_here
     job_history = dead_jobs = jobs_with_status = list_jobs = stale_finishes = _not_here
     schema_version = queue_depth = _not_here
     add_endpoint = update_endpoint = remove_endpoint = endpoint_configs = _not_here

@@ -13,6 +13,7 @@ import psycopg_pool
 from psycopg import pq
 from psycopg.rows import tuple_row
 
+from lease.breaker import check_release
 from lease.endpoints import (
     ALL,
     MAX_RECOVER,
@@ -63,6 +64,7 @@ from lease.postgres.reads import (
     read_snapshot,
     read_stale_finishes,
 )
+from lease.postgres.release import release_jobs
 from lease.postgres.schema import (
     CHANNEL,
     CONNECT_TIMEOUT_S,
@@ -408,6 +410,18 @@ class PostgresStore:
         if changed:
             call_fault(fault, "after-commit")
         return results
+
+    def release_jobs(self, tickets: list, *, reason: str,
+                     now_ms: int | None = None) -> list:
+        """``lease.sqlite.release.release_jobs`` on PostgreSQL (lease.postgres.release)."""
+        check_release(tickets, reason)
+        if now_ms is not None:
+            check_now(now_ms)
+        if not tickets:
+            return []
+        with self._tx() as conn:
+            now = self._now_in(conn, now_ms)
+            return release_jobs(conn, tickets, now, reason, endpoints=self._endpoints)
 
     # -- the operator
 

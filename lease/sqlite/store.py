@@ -15,7 +15,7 @@ from lease.policy import (
 from lease.records import (
     Claimed,
 )
-from lease.sqlite import jobs, reads
+from lease.sqlite import jobs, reads, release
 from lease.sqlite.errors import store_errors
 from lease.sqlite.jobs import (
     cancel_jobs,
@@ -159,6 +159,11 @@ class SQLiteStore:
                     fault: Fault = None) -> list:
         with store_errors():
             return finish_jobs(self.connection, items, self._now(now_ms), fault)
+
+    def release_jobs(self, tickets: list, *, reason: str,
+                     now_ms: int | None = None) -> list:
+        with store_errors():
+            return release.release_jobs(self.connection, tickets, self._now(now_ms), reason)
 
     def redrive_jobs(self, job_ids: list, ttl_ms: int, note: str, *,
                      now_ms: int | None = None, fault: Fault = None,

@@ -304,3 +304,48 @@ async def test_a_dispatcher_started_during_an_outage_says_so_once(tmp_path: Path
         found = said.said("found open")
         assert len(found) == 1 and "failures in a row" in found[0]
         assert not said.said("circuit opened")  # the change before its start is not told again
+
+
+class GoesDown(Switch):
+    """Up for its first ``after`` deliveries, then down (503)."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__(down=False)
+        self.after = after
+
+    async def answer(self, seen: Seen) -> web.StreamResponse:
+        if not self.down and len(self.applied) >= self.after:
+            self.down = True
+        return await super().answer(seen)
+
+
+async def test_deliveries_waiting_in_line_when_the_circuit_opens_are_released_not_sent(
+        tmp_path: Path):
+    """Claimed deliveries not yet on the wire when the dispatcher's own
+    failures open the circuit are given back to the store, unsent and with
+    no attempt spent: the endpoint sees the sends that were in flight when
+    the first failure was judged, and nothing more but the probes."""
+    path = tmp_path / "queue.db"
+    concurrency, prefetch = 8, 16
+    switch = GoesDown(after=200)
+    async with receiver(None, host=HOST, answer=switch.answer) as rx:
+        setup(path, {"down": rx.url}, 1000)
+        d = dispatcher(path, concurrency=concurrency, batch_size=16, prefetch=prefetch)
+        async with running(d):
+            await until(lambda: circuit(path, "down")["state"] == "open")
+            # every claimed delivery delivered, refused, or given back (none left leased)
+            await until(lambda: d.stats.in_flight == 0 and len(switch.applied) + switch.refused
+                        + d.stats.released == d.stats.claimed)
+            refused, released, claimed = switch.refused, d.stats.released, d.stats.claimed
+            delivered = len(switch.applied)
+            saved = circuit(path, "down")["attempts_saved"]
+            pending_unspent = [row for row in SQLiteStore(path).jobs_with_status("pending")
+                               if row["attempts"] == 0]
+        probes = audit(path, "down").count("reopened")
+    assert delivered + refused + released == claimed, (delivered, refused, released, claimed)
+    # on the wire: only those in flight when the first failure was judged (and the probes)
+    assert refused <= concurrency + probes, (refused, released)
+    assert released >= 1, (refused, released)
+    assert saved >= released
+    assert len(pending_unspent) >= released  # released: their attempt not spent
+    print(f"\nreleased {released}, refused {refused} while down, {probes} failed probes")

@@ -83,3 +83,14 @@ def test_the_claims_room_is_one_probe_at_most_whenever_the_circuit_is_not_closed
                 and now < circuit.open_until_ms:
             assert room == 0
         assert circuit.cooldown_ms <= BREAKER.cooldown_cap_ms
+
+
+def test_step_reads_the_module_thresholds_when_called_not_at_import(monkeypatch):
+    import lease.breaker
+
+    monkeypatch.setattr(lease.breaker, "BREAKER", lease.breaker.Breaker(open_after=2))
+    circuit = Circuit()
+    circuit, change = step(circuit, "failure", DOWN, 1)
+    assert change is None
+    circuit, change = step(circuit, "failure", DOWN, 2)
+    assert change == "opened"  # two in a row: the thresholds in force now
