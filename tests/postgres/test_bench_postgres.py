@@ -63,7 +63,7 @@ def test_ahead_of_a_peer_means_ours_at_its_best_ahead_of_the_peer_at_its_best():
     assert "1 process: 9,000 vs 7,000; 2 processes: 8,000 vs 12,000" in figure
     assert judged["end to end ahead of procrastinate at its best"][1]
     figure, met = judged["2 dispatcher processes >= 1.5 x 1, end to end (a note)"]
-    assert not met and figure.startswith("0.89 (8,000 vs 9,000 jobs/s)")
+    assert not met and figure.startswith("0.88 (8,000 vs 9,000 jobs/s)")
 
 
 def test_two_processes_are_judged_against_one_on_the_in_process_send():
@@ -71,9 +71,10 @@ def test_two_processes_are_judged_against_one_on_the_in_process_send():
             {"scenario": "2 dispatcher processes, in-process send", "rate": 15_000.0}]
     judged = {target: met for target, _, met in targets(rows)}
     assert judged["2 dispatcher processes >= 1.5 x 1, in-process send"]
-    rows[1]["rate"] = 14_999.0
-    assert not {target: met for target, _, met in targets(rows)}[
-        "2 dispatcher processes >= 1.5 x 1, in-process send"]
+    rows[1]["rate"] = 14_970.0
+    [(figure, met)] = [(figure, met) for target, figure, met in targets(rows)
+                       if target == "2 dispatcher processes >= 1.5 x 1, in-process send"]
+    assert not met and figure.startswith("1.49 ")  # 1.497 never reads as 1.50
 
 
 def test_the_server_has_a_core_of_its_own_only_beside_fewer_processes_than_cores():
