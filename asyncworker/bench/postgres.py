@@ -25,13 +25,14 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import platform
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,13 @@ POLICY = RetryPolicy(max_attempts=3, ttl_ms=3_600_000, lease_ms=30_000)
 CONCURRENCY = 64  # sends in flight per dispatcher process, and the peers' concurrency
 BATCH = 64  # jobs per claim (a finish group: up to 4x), and the peers' batch where they have one
 THREADS = 4  # connections of each dispatcher's pool
-PEERS = {"procrastinate": "procrastinate", "pgqueuer": "pgqueuer"}  # peer -> module
+PEERS = {"pgqueuer": ("pgqueuer", "asyncpg"),  # peer -> the modules it needs here
+         "procrastinate": ("procrastinate",)}
+SYSTEMS = ("ours", *PEERS)  # end to end, each in one and in two processes
+CHUNK = 10_000  # jobs per intake call, end to end, for ours and the peers alike
+PGQUEUER_BATCH = 100  # jobs per dequeue of each pgqueuer consumer
+PROCRASTINATE_CONCURRENCY = 64  # sub-workers per procrastinate worker
+TARGET_PROCESS_SCALING = 1.5  # two processes / one, at least
 CHILD_TIMEOUT_S = 1200
 TARGET_RATE = 10_000.0
 TARGET_HISTORY_RATIO = 1.5
@@ -83,6 +90,33 @@ def scenario_commit(url: str, n: int) -> dict:
     return {"rate": n / elapsed, "commits_per_job": 1.0}
 
 
+@contextlib.contextmanager
+def _workers(params: list[dict]) -> Iterator[Callable[[], list[dict]]]:
+    """Worker processes (``worker_main``), one per params, each ready (its
+    connections made) when this yields; what it yields starts them all
+    together and returns their results. Any still running at the end is killed."""
+    workers = [subprocess.Popen(
+        [sys.executable, "-m", "asyncworker.bench.postgres", "worker", json.dumps(p)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for p in params]
+
+    def go() -> list[dict]:
+        for worker in workers:
+            assert worker.stdin is not None
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+        return [json.loads(worker.communicate(timeout=CHILD_TIMEOUT_S)[0]) for worker in workers]
+
+    try:
+        for worker in workers:
+            assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
+        yield go
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+
+
 def scenario_dispatch(url: str, n: int, processes: int, receiver: bool = False) -> dict:
     """n jobs, then ``processes`` dispatcher processes started together until
     every job is done: an in-process send, or the receiver on loopback."""
@@ -94,25 +128,10 @@ def scenario_dispatch(url: str, n: int, processes: int, receiver: bool = False) 
 
             folder = stack.enter_context(_temporary_folder())
             target = stack.enter_context(Receiver(folder, 0)).url
-        workers = [subprocess.Popen(
-            [sys.executable, "-m", "asyncworker.bench.postgres", "worker",
-             json.dumps({"url": db, "owner": f"bench-{k}", "target": target})],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            for k in range(processes)]
-        try:
-            for worker in workers:  # each has opened its store and read the clock
-                assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
-            for worker in workers:
-                assert worker.stdin is not None
-                worker.stdin.write("go\n")
-                worker.stdin.flush()
-            results = [json.loads(worker.communicate(timeout=CHILD_TIMEOUT_S)[0])
-                       for worker in workers]
-        finally:
-            for worker in workers:
-                if worker.poll() is None:
-                    worker.kill()
-                    worker.wait()
+        go = stack.enter_context(_workers([
+            {"system": "ours", "url": db, "owner": f"bench-{k}", "target": target}
+            for k in range(processes)]))
+        results = go()
     ok = sum(r["ok"] for r in results)
     if ok != n:
         raise RuntimeError(f"{ok} of {n} jobs done: {results}")
@@ -126,29 +145,40 @@ def scenario_dispatch(url: str, n: int, processes: int, receiver: bool = False) 
 
 
 def worker_main(params: dict) -> None:
-    """One dispatcher process of scenario_dispatch: ready, then go, then run."""
+    """One worker process of ``_workers``: ours (a dispatcher) or a peer's consumer."""
+    from asyncworker import eventloop
+
+    consumers: dict[str, Callable[..., Coroutine[Any, Any, dict]]] = {
+        "ours": _ours_consume, "pgqueuer": _pgqueuer_consume,
+        "procrastinate": _procrastinate_consume}
+    consume = consumers[params.pop("system")]
+    print(json.dumps(eventloop.run(consume(**params))))
+
+
+async def _ready_then_go() -> float:
+    """Say ready, wait for go; the time the work starts."""
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    return time.time()
+
+
+async def _ours_consume(url: str, owner: str, target: str) -> dict:
     from asyncworker.dispatcher import Dispatcher
 
     async def send(event: dict, token: int) -> bool:
         return True
 
-    async def main() -> dict:
-        latencies: list[float] = []
-        target = params["target"]
-        options: dict[str, Any] = {"send": send} if target == "-" else {"url": target}
-        async with Dispatcher(params["url"], params["owner"], concurrency=CONCURRENCY,
-                              batch_size=BATCH, threads=THREADS, policy=POLICY,
-                              poll_interval=0.01, latencies=latencies, **options) as d:
-            print("ready", flush=True)
-            await asyncio.to_thread(sys.stdin.readline)
-            start = time.time()
-            stats = await d.run(until_idle=True)
-            end = time.time()
-        return {"start": start, "end": end, "ok": stats.ok,
-                "commits": stats.claim_calls + stats.finish_batches + stats.extended,
-                "latencies": [round(x * 1000, 3) for x in latencies], "rss_mb": _rss_mb()}
-
-    print(json.dumps(asyncio.run(main())))
+    latencies: list[float] = []
+    options: dict[str, Any] = {"send": send} if target == "-" else {"url": target}
+    async with Dispatcher(url, owner, concurrency=CONCURRENCY, batch_size=BATCH,
+                          threads=THREADS, policy=POLICY, poll_interval=0.01,
+                          latencies=latencies, **options) as d:
+        start = await _ready_then_go()
+        stats = await d.run(until_idle=True)
+        end = time.time()
+    return {"start": start, "end": end, "ok": stats.ok,
+            "commits": stats.claim_calls + stats.finish_batches + stats.extended,
+            "latencies": [round(x * 1000, 3) for x in latencies], "rss_mb": _rss_mb()}
 
 
 def scenario_history(url: str, finished: int, probes: int) -> dict:
@@ -190,84 +220,91 @@ def scenario_redrive(url: str, n: int) -> dict:
         return redrive_dead_letters(store, n)
 
 
-def scenario_ours_end_to_end(url: str, n: int) -> dict:
-    """Ours doing the peers' work: enqueue n in one intake, then one
-    dispatcher process with an in-process send until every job is done
-    (each completion fenced by the whole marker)."""
-    from asyncworker.dispatcher import Dispatcher
-
-    async def send(event: dict, token: int) -> bool:
-        return True
-
-    async def consume(db: str) -> int:
-        async with Dispatcher(db, "bench", send=send, concurrency=CONCURRENCY,
-                              batch_size=BATCH, threads=THREADS, policy=POLICY,
-                              poll_interval=0.01) as d:
-            return (await d.run(until_idle=True)).ok
+def scenario_end_to_end(url: str, n: int, system: str, processes: int) -> dict:
+    """The peers' work, for ours or a peer (``SYSTEMS``): its schema installed,
+    ``processes`` consumer processes connected and waiting; then, timed, n jobs
+    enqueued in chunks of ``CHUNK`` and every consumer started together, until
+    each has found the queue empty. The rate is n over the time from the first
+    enqueue to the last consumer's end."""
+    from asyncworker import eventloop
 
     with database(url) as db:
+        eventloop.run(_install(system, db))
+        with _workers([{"system": system, "url": db, **_consumer_options(system, k)}
+                       for k in range(processes)]) as go:
+            started = time.time()
+            eventloop.run(_enqueue_for(system, db, n))
+            enqueued = time.time()
+            results = go()
+    consumed = sum(r["ok"] for r in results)
+    if consumed != n:
+        raise RuntimeError(f"{system} consumed {consumed} of {n}: {results}")
+    return {"rate": n / (max(r["end"] for r in results) - started),
+            "enqueue_s": round(enqueued - started, 3),
+            "per_process": [round(r["ok"] / (r["end"] - r["start"])) for r in results],
+            "rss_mb": max(r["rss_mb"] for r in results)}
+
+
+def _consumer_options(system: str, k: int) -> dict:
+    return {"owner": f"bench-{k}", "target": "-"} if system == "ours" else {}
+
+
+async def _install(system: str, url: str) -> None:
+    """The system's schema, before the clock starts."""
+    if system == "ours":
         from lease.stores import open_store
 
-        with open_store(db, create=True):
-            pass
-        started = time.perf_counter()
-        _enqueue(db, n)
-        done = asyncio.run(consume(db))
-        elapsed = time.perf_counter() - started
-    if done != n:
-        raise RuntimeError(f"{done} of {n} jobs done")
-    return {"rate": n / elapsed, "note": "enqueue + consume, fenced completion"}
+        open_store(url, create=True).close()
+    elif system == "pgqueuer":
+        queries, connection = await _pgqueuer_queries(url)
+        try:
+            await queries.install()
+        finally:
+            await connection.close()
+    else:
+        app, _ = _procrastinate_app(url, pool_size=2)
+        async with app.open_async():
+            await app.schema_manager.apply_schema_async()
 
 
-def scenario_peer(url: str, n: int, peer: str) -> dict:
-    """A peer doing the same work on the same server: enqueue n (in batches,
-    as each allows), then consume each with its ack, concurrency 64."""
-    with database(url) as db:
-        run = {"procrastinate": _procrastinate, "pgqueuer": _pgqueuer}[peer]
-        consumed, elapsed = asyncio.run(run(db, n))
-    if consumed != n:
-        raise RuntimeError(f"{peer} consumed {consumed} of {n}")
-    return {"rate": n / elapsed, "note": "enqueue + consume with ack, unfenced"}
+async def _enqueue_for(system: str, url: str, n: int) -> None:
+    """n no-op jobs, in chunks of ``CHUNK``, by each system's own batched intake."""
+    chunks = [range(start, min(n, start + CHUNK)) for start in range(0, n, CHUNK)]
+    if system == "ours":
+        await asyncio.to_thread(_enqueue, url, n)
+    elif system == "pgqueuer":
+        queries, connection = await _pgqueuer_queries(url)
+        try:
+            for chunk in chunks:
+                await queries.enqueue(["job"] * len(chunk), [str(i).encode() for i in chunk],
+                                      [0] * len(chunk))
+        finally:
+            await connection.close()
+    else:
+        app, _ = _procrastinate_app(url, pool_size=2)
+        async with app.open_async():
+            task = app.tasks["job"]
+            for chunk in chunks:
+                await task.batch_defer_async(*({"i": i} for i in chunk))
 
 
-async def _procrastinate(url: str, n: int) -> tuple[int, float]:
-    import procrastinate
+async def _pgqueuer_queries(url: str) -> tuple[Any, Any]:
+    """pgqueuer on its asyncpg driver (its benchmark page's recommendation)."""
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Queries
 
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
-    consumed = 0
-
-    @app.task(name="job")
-    async def job(i: int) -> None:
-        nonlocal consumed
-        consumed += 1
-
-    async with app.open_async():
-        await app.schema_manager.apply_schema_async()
-        started = time.perf_counter()
-        for start in range(0, n, 1000):
-            kwargs: list[dict[str, Any]] = [{"i": i} for i in range(start, min(n, start + 1000))]
-            await job.batch_defer_async(*kwargs)
-        await app.run_worker_async(concurrency=CONCURRENCY, wait=False,
-                                   install_signal_handlers=False)
-        return consumed, time.perf_counter() - started
+    connection = await asyncpg.connect(dsn=url)
+    return Queries(AsyncpgDriver(connection)), connection
 
 
-async def _pgqueuer(url: str, n: int) -> tuple[int, float]:
-    import psycopg
-    from pgqueuer import PsycopgDriver, Queries, QueueManager
+async def _pgqueuer_consume(url: str) -> dict:
+    """One pgqueuer consumer: a QueueManager on one asyncpg connection, as its
+    own benchmark runs each consumer, batch ``PGQUEUER_BATCH``, draining."""
+    from pgqueuer import QueueManager
     from pgqueuer.domain.types import QueueExecutionMode
 
-    connection = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    queries, connection = await _pgqueuer_queries(url)
     try:
-        driver = PsycopgDriver(connection)
-        queries = Queries(driver)
-        await queries.install()
-        started = time.perf_counter()
-        for start in range(0, n, 1000):
-            size = min(n, start + 1000) - start
-            await queries.enqueue(["job"] * size,
-                                  [str(i).encode() for i in range(start, start + size)],
-                                  [0] * size)
         manager = QueueManager(queries)
         consumed = 0
 
@@ -276,13 +313,42 @@ async def _pgqueuer(url: str, n: int) -> tuple[int, float]:
             nonlocal consumed
             consumed += 1
 
-        # its batch at most half its bound on tasks (pgqueuer's own rule)
-        await manager.run(mode=QueueExecutionMode.drain, batch_size=CONCURRENCY // 2,
-                          max_concurrent_tasks=CONCURRENCY,
+        start = await _ready_then_go()
+        await manager.run(mode=QueueExecutionMode.drain, batch_size=PGQUEUER_BATCH,
                           dequeue_timeout=timedelta(seconds=1))
-        return consumed, time.perf_counter() - started
+        end = time.time()
     finally:
         await connection.close()
+    return {"start": start, "end": end, "ok": consumed, "rss_mb": _rss_mb()}
+
+
+def _procrastinate_app(url: str, pool_size: int) -> tuple[Any, list[int]]:
+    """procrastinate on its psycopg pool of ``pool_size`` connections, with the
+    no-op task ``job``; the list counts the jobs it ran."""
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(
+        conninfo=url, min_size=pool_size, max_size=pool_size))
+    consumed = [0]
+
+    @app.task(name="job")
+    async def job(i: int) -> None:
+        consumed[0] += 1
+
+    return app, consumed
+
+
+async def _procrastinate_consume(url: str) -> dict:
+    """One procrastinate worker: ``PROCRASTINATE_CONCURRENCY`` sub-workers and a
+    pool of one connection more (its docs: short jobs need as many connections
+    as the concurrency, plus one), stopping when it finds no job."""
+    app, consumed = _procrastinate_app(url, PROCRASTINATE_CONCURRENCY + 1)
+    async with app.open_async():
+        start = await _ready_then_go()
+        await app.run_worker_async(concurrency=PROCRASTINATE_CONCURRENCY, wait=False,
+                                   install_signal_handlers=False)
+        end = time.time()
+    return {"start": start, "end": end, "ok": consumed[0], "rss_mb": _rss_mb()}
 
 
 SCENARIOS: dict[str, Callable[..., dict]] = {
@@ -290,8 +356,7 @@ SCENARIOS: dict[str, Callable[..., dict]] = {
     "dispatch": scenario_dispatch,
     "history": scenario_history,
     "redrive": scenario_redrive,
-    "ours_end_to_end": scenario_ours_end_to_end,
-    "peer": scenario_peer,
+    "end_to_end": scenario_end_to_end,
 }
 
 
@@ -323,6 +388,9 @@ def run_child(name: str, params: dict) -> dict:
 
 
 def child_main(name: str, params_json: str) -> None:
+    from asyncworker import eventloop
+
+    eventloop.tune_gc()  # every child, the peers' too, set up as asyncworker run's
     params = json.loads(params_json)
     if name == "worker":
         worker_main(params)
@@ -359,7 +427,8 @@ def _server_version(url: str) -> str:
 
 
 def peers_installed() -> list[str]:
-    return [peer for peer, module in PEERS.items() if importlib.util.find_spec(module)]
+    return [peer for peer, modules in PEERS.items()
+            if all(importlib.util.find_spec(module) for module in modules)]
 
 
 def run_postgres_bench(store: str, *, quick: bool = False, peers: bool = False,
@@ -374,7 +443,8 @@ def run_postgres_bench(store: str, *, quick: bool = False, peers: bool = False,
     with server_for(store) as url:
         version = _server_version(url)
         rows = _measure(url, quick, peers)
-    print_table(rows, version, out)
+        cores_note = server_cores(url)
+    print_table(rows, version, out, cores_note)
     return rows
 
 
@@ -421,41 +491,111 @@ def _measure(url: str, quick: bool, peers: bool) -> list[dict]:
         run_child("redrive", {"url": url, "n": redriven}), None, "")
 
     if peers:
-        n = size(10_000, 200)
-        row(f"ours: enqueue {n:,} + consume (1 process)",
-            run_child("ours_end_to_end", {"url": url, "n": n}), None, "")
-        for peer in PEERS:
-            if peer in peers_installed():
-                row(f"peer {peer}: enqueue {n:,} + consume/ack",
-                    run_child("peer", {"url": url, "n": n, "peer": peer}), None, "")
-            else:
-                rows.append({"scenario": f"peer {peer}: not installed",
-                             "note": "pip install '.[peers]'"})
+        rows += _end_to_end_rows(url, size(10_000, 200), row)
     return rows
 
 
-def targets(rows: list[dict]) -> list[tuple[str, str, bool]]:
-    """(target, figure, met) for each target of the PostgreSQL benchmark."""
+# how each system runs end to end: its best documented settings, ours as `asyncworker run`'s
+SETTINGS = {
+    "ours": f"concurrency {CONCURRENCY}, claims of {BATCH}, a pool of {THREADS}; "
+            "fenced completion",
+    "pgqueuer": f"asyncpg, batch {PGQUEUER_BATCH}, one connection a process; ack unfenced",
+    "procrastinate": f"concurrency {PROCRASTINATE_CONCURRENCY}, a psycopg pool of "
+                     f"{PROCRASTINATE_CONCURRENCY + 1}; ack unfenced",
+}
+
+
+def _end_to_end_label(system: str, n: int, processes: int) -> str:
+    work = "consume" if system == "ours" else "consume/ack"
+    who = "ours" if system == "ours" else f"peer {system}"
+    return f"{who}: enqueue {n:,} + {work}, {processes} process{'es' if processes > 1 else ''}"
+
+
+def _end_to_end_rows(url: str, n: int, row: Callable[..., dict]) -> list[dict]:
+    """Ours and every installed peer end to end, in one and in two processes;
+    each process count's rows one after the other, so each comparison is
+    measured in the same minutes."""
+    installed = peers_installed()
+    missing = [{"scenario": f"peer {peer}: not installed", "system": peer,
+                "note": "pip install '.[peers]'"} for peer in PEERS if peer not in installed]
+    for processes in (1, 2):
+        for system in ("ours", *installed):
+            result = run_child("end_to_end", {"url": url, "n": n, "system": system,
+                                              "processes": processes})
+            per_process = result.pop("per_process")
+            measured = row(_end_to_end_label(system, n, processes), result, None, "")
+            measured.update(system=system, processes=processes,
+                            note=f"{SETTINGS[system]}; enqueue {result['enqueue_s']} s, "
+                                 f"per process {per_process} jobs/s")
+    return missing
+
+
+def server_cores(url: str, processes: int = 2) -> str:
+    """Whether the server had a core of its own beside ``processes`` of ours."""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    if host not in ("", "localhost", "127.0.0.1", "::1") and not host.startswith("/"):
+        return f"the server on {host}, apart from the dispatchers"
+    cores = os.cpu_count() or 1
+    if cores > processes:
+        return f"the server had a core of its own ({cores} cores for it and {processes} processes)"
+    return (f"the server had no core of its own: {cores} cores for it and "
+            f"{processes} processes")
+
+
+def targets(rows: list[dict], cores_note: str = "") -> list[tuple[str, str, bool]]:
+    """(target, figure, met) for each target of the PostgreSQL benchmark, judged
+    from the measured rows."""
     found: list[tuple[str, str, bool]] = []
     by_label = {r["scenario"]: r for r in rows}
+    one = by_label.get("1 dispatcher process, in-process send")
     two = by_label.get("2 dispatcher processes, in-process send")
     if two is not None:
         found.append(("2 processes, in-process send >= 10,000 jobs/s",
                       f"{two['rate']:,.0f} jobs/s", two["rate"] >= TARGET_RATE))
+    scaling = f" ({cores_note})" if cores_note else ""
+    if one is not None and two is not None:
+        found.append(_scaling("in-process send", one["rate"], two["rate"], scaling))
     history = next((r for r in rows if "claim_small" in r), None)
     if history is not None:
         found.append(("claim latency at 1M finished rows <= 1.5 x at 1,000",
                       f"{history['ratio']:.2f}", history["ratio"] <= TARGET_HISTORY_RATIO))
-    ours = next((r for r in rows if r["scenario"].startswith("ours:")), None)
-    for r in rows:
-        if r["scenario"].startswith("peer ") and "rate" in r and ours is not None:
-            name = r["scenario"].split()[1].rstrip(":")
-            found.append((f"ahead of {name}", f"{ours['rate']:,.0f} vs {r['rate']:,.0f} jobs/s "
-                          f"(x{ours['rate'] / r['rate']:.2f})", ours["rate"] > r["rate"]))
+    ends = {(r["system"], r["processes"]): r["rate"] for r in rows
+            if "processes" in r and "rate" in r}
+    if ("ours", 1) in ends and ("ours", 2) in ends:
+        found.append(_scaling("end to end", ends["ours", 1], ends["ours", 2], scaling))
+    for peer in PEERS:
+        theirs = {k: rate for (system, k), rate in ends.items() if system == peer}
+        ours = {k: rate for (system, k), rate in ends.items() if system == "ours"}
+        if theirs and ours:
+            found.append(_ahead(peer, ours, theirs))
     return found
 
 
-def print_table(rows: list[dict], version: str, out: Any) -> None:
+def _scaling(what: str, one: float, two: float, cores: str) -> tuple[str, str, bool]:
+    return (f"2 dispatcher processes >= {TARGET_PROCESS_SCALING} x 1, {what}{cores}",
+            # rounded down: 1.497, not met, reads 1.49, never 1.50
+            f"{math.floor(two / one * 100) / 100:.2f} ({two:,.0f} vs {one:,.0f} jobs/s)",
+            two >= TARGET_PROCESS_SCALING * one)
+
+
+def _ahead(peer: str, ours: dict[int, float], theirs: dict[int, float]) -> tuple[str, str, bool]:
+    """Ours at its best against the peer at its best, end to end; each process
+    count's pair beside it."""
+    def best(rates: dict[int, float]) -> tuple[float, str]:
+        k = max(rates, key=rates.__getitem__)
+        return rates[k], f"{k} process{'es' if k > 1 else ''}"
+
+    (mine, where_mine), (their, where_their) = best(ours), best(theirs)
+    each = "; ".join(f"{k} process{'es' if k > 1 else ''}: {ours[k]:,.0f} vs {theirs[k]:,.0f}"
+                     for k in sorted(ours) if k in theirs)
+    return (f"end to end ahead of {peer} at its best",
+            f"ours {mine:,.0f} jobs/s ({where_mine}) vs {their:,.0f} ({where_their}), "
+            f"x{mine / their:.2f} ({each})", mine > their)
+
+
+def print_table(rows: list[dict], version: str, out: Any, cores_note: str = "") -> None:
     from asyncworker.bench.measure import fmt
 
     header = ("scenario", "jobs/s", "p50 ms", "p99 ms", "commits/job", "RSS MB", "limit",
@@ -472,15 +612,17 @@ def print_table(rows: list[dict], version: str, out: Any) -> None:
                       fmt(r.get("rss_mb"), 1), fmt(r.get("limit")), fmt(r.get("ratio"), 2),
                       r.get("limit_label") or r.get("note", "")))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
+    load = os.getloadavg()
     out.write(f"\nPostgreSQL: {version}; machine: {platform.machine()}, {os.cpu_count()} "
-              f"cores, Python {platform.python_version()}\n")
+              f"cores, Python {platform.python_version()}, load average {load[0]:.1f} "
+              f"{load[1]:.1f}" + (f"; {cores_note}" if cores_note else "") + "\n")
     for n, line in enumerate(lines):
         out.write("| " + " | ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True))
                   + " |\n")
         if n == 0:
             out.write("|" + "|".join("-" * (w + 2) for w in widths) + "|\n")
     out.write("\ntargets:\n")
-    for target, figure, met in targets(rows):
+    for target, figure, met in targets(rows, cores_note):
         out.write(f"  {'met    ' if met else 'not met'}  {target}: {figure}\n")
     out.flush()
 
