@@ -101,7 +101,7 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
         limit = samples[1]
         limits[latency] = limit["rate"]
         spread = f"median of 3: {samples[0]['rate']:,.0f} .. {samples[2]['rate']:,.0f}"
-        row(f"receiver limit, plain client c64, {latency} ms", limit, None, "")
+        row(f"receiver limit, wire client c64 (no queue), {latency} ms", limit, None, "")
         rows[-1]["note"] = spread
     ungrouped = run_child("receiver_limit", {"n": size(2000, 100), "concurrency": 64,
                                              "latency_ms": 0, "group": 1, "pin": pin})
@@ -155,7 +155,7 @@ def run_bench(*, quick: bool = False, peers: bool = False, out: Any = None,
     from asyncworker.bench.cpu import run_cpu_bench
 
     out.write("\nCPU per job, paired against one receiver (python -m asyncworker.bench.cpu): "
-              "the plain client and the dispatcher alternate, A B A B, each in a fresh "
+              "the wire client (no queue) and the dispatcher alternate, A B A B, each in a fresh "
               "process; the ratios are the medians of the pairs (min..max)\n")
     out.flush()
     rows += [{"scenario": f"cpu: {row['case']}", **row}

@@ -127,21 +127,29 @@ def scenario_async(folder: Path, n: int, concurrency: int, batch: int,
 
 def scenario_receiver_limit(folder: Path, n: int, concurrency: int, latency_ms: int,
                             group: int = 64, pin: bool = True) -> dict:
-    """The receiver's own rate, from a plain concurrent client (no queue at all)."""
-    from asyncworker.sender import new_session, send_http
+    """The receiver's own rate, from the cheapest client: the dispatcher's own
+    HTTP client (``asyncworker.wire``) with no queue at all, C requests in
+    flight, the same bytes and headers a dispatcher sends. A costlier client
+    (aiohttp's) runs out of its own core first and measures itself, not the
+    receiver (``python -m asyncworker.bench.cpu`` shows both)."""
+    from asyncworker.wire import WireClient
+    from lease.http import Destination, request_parts
 
     async def fire(url: str) -> list[float]:
-        gate = asyncio.Semaphore(concurrency)
+        destination = Destination(url)
         latencies: list[float] = []
-        async with new_session(limit=concurrency) as session:
-            async def one(i: int) -> None:
-                async with gate:
+        next_i = iter(range(n))
+        async with WireClient(limit=concurrency) as client:
+            async def worker() -> None:
+                for i in next_i:
+                    outgoing = request_parts({"id": f"r-{i}", "qty": 1}, i + 1, None)
                     begun = time.perf_counter()
-                    await send_http(url, {"id": f"r-{i}", "qty": 1}, timeout=30,
-                                    session=session)
+                    status, _, _ = await client.post(destination, outgoing, 30.0)
                     latencies.append(time.perf_counter() - begun)
+                    if status != 200:
+                        raise RuntimeError(f"the receiver answered {status}")
 
-            await asyncio.gather(*(one(i) for i in range(n)))
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
         return latencies
 
     with receiver_apart(folder, latency_ms, group=group, pin=pin) as receiver:

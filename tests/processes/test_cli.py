@@ -449,12 +449,14 @@ def test_bench_quick_smoke():
     assert table[0].startswith("| scenario") and len(table) >= 15
     assert any("durable commit" in line for line in table)
     assert any("async vs receiver c256, 50 ms" in line for line in table)
+    # the receiver's limit is the cheapest client's: the dispatcher's own, no queue
+    assert any("receiver limit, wire client c64 (no queue), 0 ms" in line for line in table)
     assert any("bulk redrive, 2,000 dead jobs" in line for line in table)
     header = [cell.strip() for cell in table[0].strip("|").split("|")]
     assert header[:3] == ["scenario", "jobs/s", "CPU us/job"]
     in_process = next(line for line in table if "async in-process, batch 64" in line)
     assert float(in_process.split("|")[3].replace(",", "")) > 0  # CPU per job, measured
-    # the paired CPU table follows, with the plain client beside the dispatcher
+    # the paired CPU table follows, with the wire client beside the dispatcher
     assert any(line.startswith("| case | receiver limit/s") for line in table)
     assert any(line.startswith("| c64, 0 ms |") for line in table)
     # where the rows found each receiver and its clients: apart, in both tables
