@@ -342,7 +342,10 @@ def judge_circuits(con: sqlite3.Connection, signals: list[tuple[str, str, Attemp
     endpoint's breaker (lease.breaker.step); a circuit changed is written,
     its change audited (actor "breaker", the evidence as the note), and one
     that closed makes its endpoint's waiting deliveries due at once."""
-    names = sorted({name for name, _, _ in signals})
+    by_name: dict[str, list[tuple[str, Attempt]]] = {}
+    for name, signal, attempt in signals:
+        by_name.setdefault(name, []).append((signal, attempt))
+    names = sorted(by_name)
     marks = ", ".join("?" * len(names))
     rows = {row["name"]: row for row in select_rows(con, CIRCUIT_OF.format(marks=marks), names)}
     for name in names:
@@ -350,7 +353,7 @@ def judge_circuits(con: sqlite3.Connection, signals: list[tuple[str, str, Attemp
         if row is None:  # removed since its claim
             continue
         before = circuit = circuit_of(row)
-        for _, signal, attempt in (s for s in signals if s[0] == name):
+        for signal, attempt in by_name[name]:
             circuit, change = step(circuit, signal, attempt, now_ms)
             if change is not None:
                 _audit(con, name, now_ms, change, [], circuit.why, BREAKER_ACTOR)
