@@ -64,11 +64,12 @@ from lease.sqlite.statements import (
     ROTATED_EACH,
     ROTATED_ONE,
     ROTATION,
+    ROTATION_NAMES,
     SUBSCRIBERS,
     UPDATE_ENDPOINT,
     WRITE_CIRCUIT,
 )
-from lease.worker import Conflict, select_rows
+from lease.worker import Conflict, select_rows, select_tuples
 
 # How many batches of endpoints one claim takes from the rotation at most:
 # endpoints at their cap or in a backoff cannot make a claim read them all.
@@ -163,8 +164,10 @@ def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_
     leasing: set[str] = set()  # the endpoints with a live lease: they have work
     after: dict[str, Any] = {"served": -1, "name": ""}
     for _ in range(MAX_BATCHES):
-        endpoints = select_rows(con, sql, {**names, **after, "now": now_ms,
-                                           "limit": batch_size}).fetchall()
+        # dicts made straight from tuples: a sqlite3.Row reads a column by a
+        # search of its names, and a claim reads a dozen of each endpoint's
+        endpoints = [dict(zip(ROTATION_NAMES, row, strict=True)) for row in select_tuples(
+            con, sql, {**names, **after, "now": now_ms, "limit": batch_size})]
         if not endpoints:
             break
         after = {"served": endpoints[-1]["served_at"], "name": endpoints[-1]["name"]}
@@ -181,7 +184,7 @@ def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_
     return rows
 
 
-def _room(row: Any, now_ms: int, buckets: dict[str, float], probes: set[str],
+def _room(row: dict[str, Any], now_ms: int, buckets: dict[str, float], probes: set[str],
           found: dict[str, list[int]]) -> int:
     """One endpoint's allowance for this claim (lease.endpoints.allowance) by
     its live leases, its bucket and its breaker, less its leases run out,

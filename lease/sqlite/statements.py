@@ -70,8 +70,9 @@ ORDER BY seq LIMIT :limit
 # examined back. A backlog an endpoint may not send now is never read.
 _LEASED = ("jobs.endpoint = endpoints.name AND jobs.status = 'leased'"
            " AND jobs.endpoint IS NOT NULL")
-ROTATION = f"""SELECT name, served_at, enabled, max_in_flight, rate, burst, tokens, refilled_ms,
-  {', '.join(CIRCUIT_COLUMNS)},
+ROTATION_NAMES = ("name", "served_at", "enabled", "max_in_flight", "rate", "burst", "tokens",
+                  "refilled_ms", *CIRCUIT_COLUMNS, "live", "run_out")
+ROTATION = f"""SELECT {', '.join(ROTATION_NAMES[:-2])},
   (SELECT COUNT(*) FROM jobs INDEXED BY jobs_in_flight
     WHERE {_LEASED} AND jobs.lease_until > :now) AS live,
   (SELECT group_concat(jobs.lease_until || ' ' || jobs.seq) FROM jobs INDEXED BY jobs_in_flight
