@@ -254,10 +254,10 @@ def _due_each(con: sqlite3.Connection, names: list[str], limit: int, offset: int
     for start in range(0, len(names), _CHUNK):
         chunk = names[start:start + _CHUNK]
         size = _padded(len(chunk))
-        for name, pairs in con.execute(_due_sql(size), [now_ms, limit, offset, *chunk,
+        for name, seqs in con.execute(_due_sql(size), [now_ms, limit, offset, *chunk,
                                                         *[None] * (size - len(chunk))]):
             if name is not None:
-                got[name] = _in_index_order(pairs)
+                got[name] = [] if seqs is None else [int(seq) for seq in seqs.split(",")]
     return got
 
 

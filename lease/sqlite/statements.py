@@ -83,10 +83,13 @@ WHERE has_work = 1 AND enabled = 1 {{only}}
   AND (circuit <> 'open' OR open_until_ms <= :now)
   AND (served_at, name) > (:served, :name)
 ORDER BY served_at, name LIMIT :limit"""
-# "available_at seq" of each endpoint's due rows, LIMIT ?2 OFFSET ?3, for the
-# names in VALUES (a NULL name: padding, no row); ?1 is the store's time.
-DUE_EACH = f"""SELECT e.column1, (SELECT group_concat(d.available_at || ' ' || d.seq) FROM (
-    SELECT available_at, seq FROM jobs INDEXED BY jobs_endpoint_due
+# The seqs of each endpoint's due rows in the order they became due, LIMIT ?2
+# OFFSET ?3, for the names in VALUES (a NULL name: padding, no row); ?1 is the
+# store's time. The aggregate takes its subquery's rows in their order (SQLite
+# runs the subquery as a coroutine the aggregate steps through), as the batch
+# reads of lease.sqlite.batch do.
+DUE_EACH = f"""SELECT e.column1, (SELECT group_concat(d.seq) FROM (
+    SELECT seq FROM jobs INDEXED BY jobs_endpoint_due
     WHERE endpoint = e.column1 AND {DUE_LINE} AND available_at <= ?1
     ORDER BY available_at, seq LIMIT ?2 OFFSET ?3) AS d)
 FROM (VALUES {{names}}) AS e"""
