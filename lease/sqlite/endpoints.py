@@ -61,6 +61,7 @@ from lease.sqlite.statements import (
     PICK_FAIR_NAMES,
     RELEASE_WAITING,
     RESET_BUCKET,
+    ROTATE_ALL,
     ROTATED_EACH,
     ROTATED_ONE,
     ROTATION,
@@ -278,15 +279,21 @@ def _picked_rows(con: sqlite3.Connection, picked: list[int]) -> list[dict[str, A
 def _rotated(con: sqlite3.Connection, order: list[str], rows: list[dict[str, Any]],
              buckets: dict[str, float], probes: set[str], idle: list[str],
              now_ms: int) -> None:
-    """Every endpoint examined written back in one statement (ROTATED_EACH):
-    the back of the rotation, out of it if it has nothing left (``idle``: the
-    ones this claim found nothing of, nor a lease), its bucket less one token
-    a lease, its probe's circuit half-open."""
+    """Every endpoint examined to the back of the rotation (ROTATE_ALL); the
+    ones with more to write in one more statement (ROTATED_EACH): out of the
+    rotation if it has nothing left (``idle``: the ones this claim found
+    nothing of, nor a lease), its bucket less one token a lease, its probe's
+    circuit half-open."""
+    for start in range(0, len(order), _CHUNK):
+        chunk = order[start:start + _CHUNK]
+        size = _padded(len(chunk))
+        con.execute(_rotate_sql(size), [now_ms, *chunk, *[None] * (size - len(chunk))])
     leased = Counter(row["endpoint"] for row in rows)
     maybe_idle = set(idle)
     values = [(name, buckets[name] - leased[name] if name in buckets and leased[name] else None,
                int(name in probes and leased[name] > 0), int(name in maybe_idle))
               for name in order]
+    values = [row for row in values if row[1] is not None or row[2] or row[3]]
     if not UPDATE_FROM:
         con.executemany(ROTATED_ONE, [(now_ms, tokens, probe, idle, name)
                                       for name, tokens, probe, idle in values])
@@ -298,7 +305,7 @@ def _rotated(con: sqlite3.Connection, order: list[str], rows: list[dict[str, Any
                                          *[None] * (4 * (size - len(chunk)))])
 
 
-# UPDATE ... FROM is SQLite 3.33's; an older one writes the endpoints a row a step.
+# UPDATE ... FROM is SQLite 3.33's; an older one writes those endpoints a row a step.
 UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)
 
 
@@ -315,6 +322,11 @@ def _due_sql(size: int) -> str:
 @functools.lru_cache(maxsize=8)
 def _pick_sql(size: int) -> str:
     return PICK_FAIR.format(marks=", ".join("?" * size))
+
+
+@functools.lru_cache(maxsize=8)
+def _rotate_sql(size: int) -> str:
+    return ROTATE_ALL.format(marks=", ".join("?" * size))
 
 
 @functools.lru_cache(maxsize=8)

@@ -100,14 +100,16 @@ SELECT {', '.join(PICK_NAMES)}, digest, endpoint, message,
   (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body
 FROM jobs WHERE seq IN ({{marks}})
 """
-# Every endpoint a claim examined, in one statement: to the back of the
-# rotation (?1, the store's time); out of it when it has nothing pending or
-# leased (until its next delivery: an intake, a redrive, a recovery puts it
-# back), looked for only where the claim found none ({idle}); a rate endpoint
-# that leased, its bucket's level after its leases ({tokens}, NULL:
-# untouched); the probe leased ({probe}): its circuit half-open, and the
-# deliveries that came due while it was open counted as attempts the breaker
-# saved.
+# Every endpoint a claim examined to the back of the rotation, in one
+# statement (a NULL name: padding).
+ROTATE_ALL = "UPDATE endpoints SET served_at = ? WHERE name IN ({marks})"
+# The few with more to write, in one more: out of the rotation when it has
+# nothing pending or leased (until its next delivery: an intake, a redrive, a
+# recovery puts it back), looked for only where the claim found none
+# ({idle}); a rate endpoint that leased, its bucket's level after its leases
+# ({tokens}, NULL: untouched); the probe leased ({probe}): its circuit
+# half-open, and the deliveries that came due while it was open counted as
+# attempts the breaker saved. ?1 is the store's time.
 _PROBED = "{probe} AND endpoints.circuit = 'open'"
 _ROTATED_SET = f"""served_at = ?1,
   tokens = coalesce({{tokens}}, endpoints.tokens),
