@@ -169,6 +169,7 @@ def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_
         # search of its names, and a claim reads a dozen of each endpoint's
         endpoints = [dict(zip(ROTATION_NAMES, row, strict=True)) for row in select_tuples(
             con, sql, {**names, **after, "now": now_ms, "limit": batch_size})]
+        _read_circuits(con, [row for row in endpoints if not _plainly_closed(row)])
         if not endpoints:
             break
         after = {"served": endpoints[-1]["served_at"], "name": endpoints[-1]["name"]}
@@ -196,11 +197,8 @@ def _room(row: dict[str, Any], now_ms: int, buckets: dict[str, float], probes: s
     if row["rate"] is not None:
         tokens = refill(row["tokens"], row["refilled_ms"], now_ms, row["rate"], row["burst"])
         buckets[name] = tokens
-    # most circuits are closed and not paused: claim_room reads nothing else
-    # of those, so one Circuit stands for them all (building one a row cost
-    # more than the rest of the claim's look at its endpoint)
-    closed = row["circuit"] == CLOSED and row["paused_until_ms"] is None
-    room, probe = claim_room(_CLOSED if closed else circuit_of(row), live, now_ms)
+    circuit = _CLOSED if _plainly_closed(row) else circuit_of(row)
+    room, probe = claim_room(circuit, live, now_ms)
     if probe:
         probes.add(name)
     room = allowance(row, live, tokens, room)
@@ -208,7 +206,26 @@ def _room(row: dict[str, Any], now_ms: int, buckets: dict[str, float], probes: s
     return room - len(found[name])
 
 
+def _plainly_closed(row: dict[str, Any]) -> bool:
+    """Closed and not paused: claim_room reads nothing else of such a circuit,
+    so one Circuit stands for them all (most of them; reading and building
+    each one's cost more than the rest of the claim's look at its endpoint)."""
+    return row["circuit"] == CLOSED and row["paused_until_ms"] is None
+
+
 _CLOSED = closed_circuit()
+
+
+def _read_circuits(con: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
+    """The breaker's columns of these endpoints' rows, read into them."""
+    if not rows:
+        return
+    marks = ", ".join("?" * len(rows))
+    found = {row[0]: row for row in select_tuples(con, CIRCUIT_OF.format(marks=marks),
+                                                   [row["name"] for row in rows])}
+    for row in rows:
+        # CIRCUIT_OF: name, enabled, disable_after_ms, then the breaker's columns
+        row.update(zip(CIRCUIT_COLUMNS, found[row["name"]][3:], strict=True))
 
 
 def _in_index_order(pairs: str | None) -> list[int]:
@@ -285,9 +302,9 @@ def _rotated(con: sqlite3.Connection, order: list[str], rows: list[dict[str, Any
     nothing of, nor a lease), its bucket less one token a lease, its probe's
     circuit half-open."""
     for start in range(0, len(order), _CHUNK):
-        chunk = order[start:start + _CHUNK]
-        size = _padded(len(chunk))
-        con.execute(_rotate_sql(size), [now_ms, *chunk, *[None] * (size - len(chunk))])
+        names = order[start:start + _CHUNK]
+        size = _padded(len(names))
+        con.execute(_rotate_sql(size), [now_ms, *names, *[None] * (size - len(names))])
     leased = Counter(row["endpoint"] for row in rows)
     maybe_idle = set(idle)
     values = [(name, buckets[name] - leased[name] if name in buckets and leased[name] else None,

@@ -70,8 +70,10 @@ ORDER BY seq LIMIT :limit
 # examined back. A backlog an endpoint may not send now is never read.
 _LEASED = ("jobs.endpoint = endpoints.name AND jobs.status = 'leased'"
            " AND jobs.endpoint IS NOT NULL")
+# Of the breaker's columns only the two that say whether the circuit is plainly
+# closed: the rest is read (CIRCUIT_OF) for the few endpoints whose is not.
 ROTATION_NAMES = ("name", "served_at", "enabled", "max_in_flight", "rate", "burst", "tokens",
-                  "refilled_ms", *CIRCUIT_COLUMNS, "live", "run_out")
+                  "refilled_ms", "circuit", "paused_until_ms", "live", "run_out")
 ROTATION = f"""SELECT {', '.join(ROTATION_NAMES[:-2])},
   (SELECT COUNT(*) FROM jobs INDEXED BY jobs_in_flight
     WHERE {_LEASED} AND jobs.lease_until > :now) AS live,
