@@ -48,6 +48,7 @@ from lease.sqlite.statements import (
     CONTENT_OF,
     DELETE_ENDPOINT,
     DUE_EACH,
+    DUE_FIRST_EACH,
     ENDPOINT_COLUMNS,
     ENDPOINT_ROW,
     ENDPOINT_ROWS,
@@ -176,8 +177,8 @@ def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_
         leasing.update(row["name"] for row in endpoints if row["live"])
         rooms = {row["name"]: _room(row, now_ms, buckets, probes, found) for row in endpoints}
         order += [row["name"] for row in endpoints]
-        _fill(con, rooms, found, limit - sum(len(rows) for rows in found.values()), now_ms)
-        if sum(len(rows) for rows in found.values()) >= limit or len(endpoints) < batch_size:
+        _fill(con, rooms, found, limit - sum(map(len, found.values())), now_ms)
+        if sum(map(len, found.values())) >= limit or len(endpoints) < batch_size:
             break
     picked = round_robin(found, order, limit)
     rows = _picked_rows(con, picked)
@@ -272,10 +273,17 @@ def _due_each(con: sqlite3.Connection, names: list[str], limit: int, offset: int
     for start in range(0, len(names), _CHUNK):
         chunk = names[start:start + _CHUNK]
         size = _padded(len(chunk))
-        for name, seqs in con.execute(_due_sql(size), [now_ms, limit, offset, *chunk,
-                                                        *[None] * (size - len(chunk))]):
-            if name is not None:
-                got[name] = [] if seqs is None else [int(seq) for seq in seqs.split(",")]
+        sql = _due_first_sql(size) if limit == 1 else _due_sql(size)
+        for name, seqs in con.execute(sql, [now_ms, limit, offset, *chunk,
+                                            *[None] * (size - len(chunk))]):
+            if name is None:
+                continue
+            if seqs is None:
+                got[name] = []
+            elif limit == 1:
+                got[name] = [seqs]  # the one seq itself
+            else:
+                got[name] = [int(seq) for seq in seqs.split(",")]
     return got
 
 
@@ -334,6 +342,11 @@ def _padded(n: int) -> int:
 @functools.lru_cache(maxsize=8)
 def _due_sql(size: int) -> str:
     return DUE_EACH.format(names=", ".join(["(?)"] * size))
+
+
+@functools.lru_cache(maxsize=8)
+def _due_first_sql(size: int) -> str:
+    return DUE_FIRST_EACH.format(names=", ".join(["(?)"] * size))
 
 
 @functools.lru_cache(maxsize=8)

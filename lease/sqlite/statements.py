@@ -95,6 +95,12 @@ DUE_EACH = f"""SELECT e.column1, (SELECT group_concat(d.seq) FROM (
     WHERE endpoint = e.column1 AND {DUE_LINE} AND available_at <= ?1
     ORDER BY available_at, seq LIMIT ?2 OFFSET ?3) AS d)
 FROM (VALUES {{names}}) AS e"""
+# The same when each endpoint's share is one row (a claim spread over as many
+# endpoints as its limit): the row itself, with no aggregate to build.
+DUE_FIRST_EACH = f"""SELECT e.column1, (SELECT seq FROM jobs INDEXED BY jobs_endpoint_due
+    WHERE endpoint = e.column1 AND {DUE_LINE} AND available_at <= ?1
+    ORDER BY available_at, seq LIMIT ?2 OFFSET ?3)
+FROM (VALUES {{names}}) AS e"""
 # The deliveries picked, the payload last (lease.sqlite.batch reads it beside the JSON).
 PICK_FAIR_NAMES = (*PICK_NAMES, "digest", "endpoint", "message", "body")
 PICK_FAIR = f"""
