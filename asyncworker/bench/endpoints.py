@@ -118,9 +118,15 @@ def _add_endpoints(store: Any, endpoints: list[Any], url: str) -> None:
     if store.kind == "postgresql":
         pg_driver = importlib.import_module("lease.postgres.endpoints")
         now = store.now_ms()
-        with _pg_connection(url) as conn, conn.transaction():
-            for endpoint in endpoints:
-                pg_driver.add(conn, endpoint, now, None, None)
+        with _pg_connection(url) as conn:
+            with conn.transaction():
+                for endpoint in endpoints:
+                    pg_driver.add(conn, endpoint, now, None, None)
+            conn.autocommit = True
+            # as autovacuum would after such an intake: without statistics the
+            # planner takes a table of 10,000 rows for a few pages, and sorts
+            # the whole rotation for each claim instead of reading its index
+            conn.execute("ANALYZE lease.endpoints")
         return
     from lease.sqlite import endpoints as driver
 

@@ -253,12 +253,14 @@ def judge(intake: Intake, qty: int, digest: str | None, key: str | None,
 class Pick:
     """What a claim's pick decided: the seqs to lease in rotation order, the
     endpoints it examined (locked till it commits), each rate endpoint's
-    bucket level now, and the endpoints whose lease would be the probe."""
+    bucket level now, the endpoints whose lease would be the probe, and
+    the ones it found work of (none of them is idle)."""
 
     seqs: list[int]
     order: list[str]
     buckets: dict[str, float]
     probes: set[str]
+    busy: set[str]
 
 
 def pick_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], limit: int,
@@ -284,7 +286,8 @@ def pick_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], lim
         _fill(conn, rooms, found, limit - sum(len(rows) for rows in found.values()), now)
         if sum(len(rows) for rows in found.values()) >= limit or len(batch) < args["limit"]:
             break
-    return Pick(round_robin(found, order, limit), order, buckets, probes)
+    return Pick(round_robin(found, order, limit), order, buckets, probes,
+                {name for name, seqs in found.items() if seqs})
 
 
 def _rooms(conn: psycopg.Connection, batch: list[dict[str, Any]], now: int,
@@ -344,28 +347,39 @@ def lease_deliveries(conn: psycopg.Connection, pick: Pick, owner: str, lease_ms:
     endpoint's bucket spent by what it leased, a probe's circuit half-open;
     every endpoint examined to the back of the rotation, the ones with
     nothing pending or leased out of it."""
-    leased = conn.execute(LEASE_PICKED, {"seqs": pick.seqs, "now": now, "owner": owner,
-                                         "lease_ms": lease_ms}).fetchall() if pick.seqs else []
+    # One round trip for the lease, the rotation and its look for idle
+    # endpoints. The look passes over the endpoints the pick found work of:
+    # not idle, and the costliest to look at (the index range of a busy
+    # endpoint starts with the entries its last claims left dead).
+    with conn.pipeline():
+        picked = conn.execute(LEASE_PICKED, {"seqs": pick.seqs, "now": now, "owner": owner,
+                                             "lease_ms": lease_ms}) if pick.seqs else None
+        idle = _rotate(conn, pick.order, pick.busy, now)
+    leased = picked.fetchall() if picked is not None else []
     _spend(conn, pick.buckets, leased, now)
     for name in sorted(pick.probes & {row[8] for row in leased}):
         conn.execute(HALF_OPEN, {"now": now, "name": name})
-    _rotate(conn, pick.order, {row[8] for row in leased}, now)
+    _clear(conn, [name for (name,) in idle] if idle is not None else [])
     return [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
                     "attempt": attempt, "lease_until": until}, body, digest, endpoint, message)
             for _, job_id, qty, token, attempt, until, body, digest, endpoint, message
             in sorted(leased)]
 
 
-def _rotate(conn: psycopg.Connection, order: list[str], served: set[str], now: int) -> None:
-    """The endpoints examined to the back of the rotation; the ones with
-    nothing pending or leased out of it (NO_WORK says why no intake's
-    delivery is lost by it)."""
+def _rotate(conn: psycopg.Connection, order: list[str], busy: set[str],
+            now: int) -> psycopg.Cursor | None:
+    """The endpoints examined to the back of the rotation; the cursor of
+    those, but the busy ones, with nothing pending or leased, or None."""
     if not order:
-        return
+        return None
     names = sorted(order)
     conn.execute(ROTATE, {"now": now, "names": names})
-    idle = [name for (name,) in conn.execute(
-        IDLE_ENDPOINTS, ([name for name in names if name not in served],))]
+    return conn.execute(IDLE_ENDPOINTS, ([name for name in names if name not in busy],))
+
+
+def _clear(conn: psycopg.Connection, idle: list[str]) -> None:
+    """The idle endpoints out of the rotation (NO_WORK says why no intake's
+    delivery is lost by it)."""
     if idle:
         clear = [name for (name,) in conn.execute(LOCK_TO_CLEAR, (idle,))]
         if clear:
