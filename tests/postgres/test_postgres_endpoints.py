@@ -285,6 +285,38 @@ def test_the_bucket_is_never_overspent_by_claims_at_once(
         finish_all(first, taken, clock.now)
 
 
+def test_one_probe_at_a_time_across_connections_claiming_at_once(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
+    threads = 8
+    first = make_store()
+    first.add_endpoint(endpoint("down"), now_ms=T0)
+    first.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(40)], now_ms=T0)
+    failed = first.claim_jobs("w", LEASE_MS, 5, now_ms=T0, endpoints="*").leased
+    first.finish_jobs([(job.ticket, "retry", 0, Attempt(T0, 3, None, "connection refused"))
+                       for job in failed], now_ms=T0 + 1)  # five in a row: open
+    stores = [make_store() for _ in range(threads)]
+    for _ in range(3):  # each cool-down's end: claims at once, then the probe fails
+        [state] = first.endpoints()
+        assert state["circuit"]["state"] == "open"
+        probe_at = state["circuit"]["open_until_ms"]
+        leased: list[list[Leased]] = [[] for _ in range(threads)]
+
+        def claim(n: int, leased: list[list[Leased]] = leased, at: int = probe_at) -> None:
+            for k in range(3):
+                leased[n] += stores[n].claim_jobs(f"w{n}", LEASE_MS, 5, now_ms=at + k,
+                                                  endpoints="*").leased
+
+        run_threads(threads, claim)
+        [probe] = [job for jobs in leased for job in jobs]  # one, whoever claimed
+        assert live_leases(admin, "down") == 1
+        assert first.endpoints()[0]["circuit"]["state"] == "half-open"
+        # while it is out, a claim alone takes nothing either
+        assert stores[0].claim_jobs("w0", LEASE_MS, 5, now_ms=probe_at + 10,
+                                    endpoints="*").leased == []
+        first.finish_jobs([(probe.ticket, "retry", 0, Attempt(probe_at + 10, 3, 503))],
+                          now_ms=probe_at + 11)
+
+
 class PausedClaims(PostgresStore):
     """A store whose claims of deliveries stop, their endpoints judged and
     locked, until the test lets them go."""
