@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import psycopg
@@ -95,7 +96,6 @@ from lease.postgres.statements import (
     PROMOTE,
     PUBLIC_COLUMNS,
     RELEASE_WAITING,
-    ROTATE,
     ROTATION,
     SPEND_TOKENS,
     UPDATE_ENDPOINT,
@@ -271,16 +271,18 @@ def pick_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], lim
     driver's pick_deliveries, with the rows of the endpoints locked)."""
     args: dict[str, Any] = {
         "now": now, "all": served == ALL, "names": [] if served == ALL else list(served),
-        "limit": rotation_batch(limit), "served": -(2**63), "name": ""}
+        "limit": rotation_batch(limit), "served": -(2**63), "name": "", "seen": []}
     found: dict[str, list[int]] = {}
     order: list[str] = []
     buckets: dict[str, float] = {}
     probes: set[str] = set()
     for _ in range(MAX_BATCHES):
-        batch = dicts(conn, ROTATION, args)
+        batch = sorted(dicts(conn, ROTATION, args),
+                       key=lambda row: (row["served_at"], row["name"]))
         if not batch:
             break
         args["served"], args["name"] = batch[-1]["served_at"], batch[-1]["name"]
+        args["seen"] = args["seen"] + [row["name"] for row in batch]
         rooms = _rooms(conn, batch, now, buckets, probes, found)
         order += [row["name"] for row in batch]
         _fill(conn, rooms, found, limit - sum(len(rows) for rows in found.values()), now)
@@ -326,7 +328,7 @@ def _fill(conn: psycopg.Connection, rooms: dict[str, int], found: dict[str, list
     read = dict.fromkeys(rooms, 0)
     while wanted > 0 and rooms:
         share = shares(rooms, wanted)
-        names = sorted(share, key=list(rooms).index)
+        names = list(share)  # in the rooms' order: the rotation's
         got: dict[str, list[int]] = {name: [] for name in names}
         for name, seq in conn.execute(DUE_OF, {
                 "names": names, "lims": [share[name] for name in names],
@@ -345,16 +347,17 @@ def lease_deliveries(conn: psycopg.Connection, pick: Pick, owner: str, lease_ms:
     """The picked deliveries leased (those another transaction holds
     skipped), in seq order, as the SQLite driver returns them; each rate
     endpoint's bucket spent by what it leased, a probe's circuit half-open;
-    every endpoint examined to the back of the rotation, the ones with
-    nothing pending or leased out of it."""
-    # One round trip for the lease, the rotation and its look for idle
-    # endpoints. The look passes over the endpoints the pick found work of:
-    # not idle, and the costliest to look at (the index range of a busy
-    # endpoint starts with the entries its last claims left dead).
+    the endpoints examined (the pick sent each to the back of the rotation)
+    with nothing pending or leased out of it."""
+    # One round trip for the lease and the look for idle endpoints, which
+    # passes over the ones the pick found work of: not idle, and the costliest
+    # to look at (the index range of a busy endpoint starts with the entries
+    # its last claims left dead).
+    idle_names = sorted(name for name in pick.order if name not in pick.busy)
     with conn.pipeline():
         picked = conn.execute(LEASE_PICKED, {"seqs": pick.seqs, "now": now, "owner": owner,
                                              "lease_ms": lease_ms}) if pick.seqs else None
-        idle = _rotate(conn, pick.order, pick.busy, now)
+        idle = conn.execute(IDLE_ENDPOINTS, (idle_names,)) if idle_names else None
     leased = picked.fetchall() if picked is not None else []
     _spend(conn, pick.buckets, leased, now)
     for name in sorted(pick.probes & {row[8] for row in leased}):
@@ -364,17 +367,6 @@ def lease_deliveries(conn: psycopg.Connection, pick: Pick, owner: str, lease_ms:
                     "attempt": attempt, "lease_until": until}, body, digest, endpoint, message)
             for _, job_id, qty, token, attempt, until, body, digest, endpoint, message
             in sorted(leased)]
-
-
-def _rotate(conn: psycopg.Connection, order: list[str], busy: set[str],
-            now: int) -> psycopg.Cursor | None:
-    """The endpoints examined to the back of the rotation; the cursor of
-    those, but the busy ones, with nothing pending or leased, or None."""
-    if not order:
-        return None
-    names = sorted(order)
-    conn.execute(ROTATE, {"now": now, "names": names})
-    return conn.execute(IDLE_ENDPOINTS, ([name for name in names if name not in busy],))
 
 
 def _clear(conn: psycopg.Connection, idle: list[str]) -> None:
@@ -401,9 +393,12 @@ def _spend(conn: psycopg.Connection, buckets: dict[str, float], leased: list,
 # ------------------------------------------------------------------ the breaker
 
 
+_CIRCUIT_OF = itemgetter(*CIRCUIT_COLUMNS)
+
+
 def circuit_of(row: Any) -> Circuit:
     """The breaker's columns of an endpoint's row, as a Circuit."""
-    return Circuit(*(row[name] for name in CIRCUIT_COLUMNS))
+    return Circuit(*_CIRCUIT_OF(row))
 
 
 def lock_circuits(conn: psycopg.Connection, items: list,

@@ -281,14 +281,22 @@ ORDER BY name FOR KEY SHARE"""
 # past its deadline) is checked on each row read, and again at the lease.
 DUE_LINE = "endpoint IS NOT NULL AND status = 'pending' AND held = 0"
 _READY_NOW = "attempts < max_attempts AND deadline > %(now)s"
-ROTATION = f"""SELECT name, served_at, enabled, max_in_flight, rate, burst, tokens, refilled_ms,
-  {_CIRCUIT} FROM lease.endpoints
-WHERE has_work = 1 AND enabled AND (%(all)s OR name = ANY(%(names)s::text[]))
-  AND (paused_until_ms IS NULL OR paused_until_ms <= %(now)s)
-  AND (circuit <> 'open' OR open_until_ms <= %(now)s)
-  AND (served_at, name) > (%(served)s, %(name)s)
-ORDER BY served_at, name LIMIT %(limit)s
-FOR NO KEY UPDATE SKIP LOCKED"""
+_ROTATION_COLUMNS = ("name, served_at, enabled, max_in_flight, rate, burst, tokens,"
+                     f" refilled_ms, {_CIRCUIT}")
+# A batch of the rotation, locked, and sent to its back in the same statement
+# (each row rewritten by its ctid, which the lock holds still): the rows as
+# they were, their old places in the rotation among them. A later batch of
+# the same claim passes over the endpoints it has seen.
+ROTATION = f"""WITH batch AS (SELECT ctid AS at, {_ROTATION_COLUMNS} FROM lease.endpoints
+  WHERE has_work = 1 AND enabled AND (%(all)s OR name = ANY(%(names)s::text[]))
+    AND (paused_until_ms IS NULL OR paused_until_ms <= %(now)s)
+    AND (circuit <> 'open' OR open_until_ms <= %(now)s)
+    AND (served_at, name) > (%(served)s, %(name)s) AND name <> ALL(%(seen)s::text[])
+  ORDER BY served_at, name LIMIT %(limit)s
+  FOR NO KEY UPDATE SKIP LOCKED)
+UPDATE lease.endpoints e SET served_at = %(now)s FROM batch
+WHERE e.ctid = batch.at
+RETURNING {", ".join(f"batch.{c.strip()}" for c in _ROTATION_COLUMNS.split(","))}"""
 # Each endpoint's leases, by lease end: the live ones counted, the ones run
 # out (still ready) taken first.
 LEASES_OF = f"""SELECT endpoint, seq, lease_until, {_READY_NOW} AS ready FROM lease.jobs
@@ -302,7 +310,6 @@ CROSS JOIN LATERAL (SELECT seq, available_at FROM lease.jobs
     AND {_READY_NOW}
   ORDER BY available_at, seq LIMIT u.lim OFFSET u.off) d
 ORDER BY u.ord, d.available_at, d.seq"""
-ROTATE = """UPDATE lease.endpoints SET served_at = %(now)s WHERE name = ANY(%(names)s::text[])"""
 # An endpoint with nothing pending or leased leaves the rotation (until its
 # next delivery: an intake, a redrive, a recovery puts it back). The claim
 # holds the endpoint's row FOR NO KEY UPDATE already; it clears has_work only
