@@ -38,6 +38,7 @@ from operator import itemgetter
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from lease.breaker import (
@@ -93,6 +94,7 @@ from lease.postgres.statements import (
     LOCK_TO_CLEAR,
     MESSAGES,
     NO_WORK,
+    ORDERED_READS,
     PROMOTE,
     PUBLIC_COLUMNS,
     RELEASE_WAITING,
@@ -276,8 +278,12 @@ def pick_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], lim
     order: list[str] = []
     buckets: dict[str, float] = {}
     probes: set[str] = set()
-    for _ in range(MAX_BATCHES):
-        batch = sorted(dicts(conn, ROTATION, args),
+    # in the round trip of the first batch (the setting ends with the claim)
+    with conn.pipeline():
+        conn.execute(ORDERED_READS)
+        first = conn.cursor(row_factory=dict_row).execute(ROTATION, args)
+    for n in range(MAX_BATCHES):
+        batch = sorted(first.fetchall() if n == 0 else dicts(conn, ROTATION, args),
                        key=lambda row: (row["served_at"], row["name"]))
         if not batch:
             break

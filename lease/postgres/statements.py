@@ -281,6 +281,13 @@ ORDER BY name FOR KEY SHARE"""
 # past its deadline) is checked on each row read, and again at the lease.
 DUE_LINE = "endpoint IS NOT NULL AND status = 'pending' AND held = 0"
 _READY_NOW = "attempts < max_attempts AND deadline > %(now)s"
+# The claim reads each endpoint's due deliveries in order, a few from the
+# start of its index range. When the statistics give an endpoint a few due
+# rows, the planner would rather fetch them all by bitmap and sort them: 64
+# endpoints of 10 due rows each, 640 rows read for 64 (0.5 ms against 0.13
+# in index order). No read of a claim of deliveries needs a bitmap: they are
+# off for its transaction.
+ORDERED_READS = "SET LOCAL enable_bitmapscan = off"
 _ROTATION_COLUMNS = ("name, served_at, enabled, max_in_flight, rate, burst, tokens,"
                      f" refilled_ms, {_CIRCUIT}")
 # A batch of the rotation, locked, and sent to its back in the same statement
