@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lease.policy import PRODUCT, Intake, check_ordering_key
+from lease.policy import PRODUCT, Intake, check_actor, check_note, check_ordering_key
 from lease.records import Attempt
 from lease.worker import (
     MAX_BATCH,
@@ -38,6 +38,13 @@ __all__ = [
     "TABLES_V3",
     "TABLES_V4",
     "TABLES_PG4",
+    "TABLES_PG5",
+    "TABLES_V5",
+    "TRACE_COLUMNS",
+    "CONSOLE_TABLES",
+    "PAUSE_ACTIONS",
+    "pause_decision",
+    "paused_state",
     "ENDPOINT_TABLES",
     "DELIVERY_COLUMNS",
     "CIRCUIT_COLUMNS",
@@ -81,9 +88,22 @@ ENDPOINT_TABLES = {
     "endpoint_audit": ["seq", "endpoint", "at_ms", "action", "fields", "note", "actor"],
 }
 DELIVERY_COLUMNS = ["endpoint", "message", "event_type"]
-TABLES = {**TABLES_V4, "jobs": TABLES_V4["jobs"] + DELIVERY_COLUMNS, **ENDPOINT_TABLES}
+TABLES_V5 = {**TABLES_V4, "jobs": TABLES_V4["jobs"] + DELIVERY_COLUMNS, **ENDPOINT_TABLES}
+# The W3C trace context its intake ran in; NULL: none.
+TRACE_COLUMNS = ["trace"]
+# The operator's console: SQLite's version 6, PostgreSQL's version 5.
+# pause: one row (id 1) while the queue is paused, none otherwise; every
+# claim reads it. queue_audit: each pause and resume. workers: each
+# dispatcher that claimed (its host and pid as it registered them).
+CONSOLE_TABLES = {
+    "pause": ["id", "since_ms", "actor", "note"],
+    "queue_audit": ["seq", "at_ms", "action", "note", "actor"],
+    "workers": ["owner", "host", "pid", "started_ms", "last_claim_ms", "last_claimed"],
+}
+TABLES = {**TABLES_V5, "jobs": TABLES_V5["jobs"] + TRACE_COLUMNS, **CONSOLE_TABLES}
 # PostgreSQL's versions have these tables (its jobs keep their bodies)
-TABLES_PG4 = {name: columns for name, columns in TABLES.items() if name != "bodies"}
+TABLES_PG4 = {name: columns for name, columns in TABLES_V5.items() if name != "bodies"}
+TABLES_PG5 = {name: columns for name, columns in TABLES.items() if name != "bodies"}
 TABLES_V3 = {name: columns for name, columns in TABLES_V4.items() if name != "bodies"}
 TABLES_V2 = {**TABLES_V3, "jobs": TABLES_V4["jobs"][:-2]}
 TABLES_V1 = {  # version 1: a version-1 PostgreSQL database has these
@@ -98,6 +118,36 @@ TABLES_V1 = {  # version 1: a version-1 PostgreSQL database has these
 }
 
 
+
+# ------------------------------------------------------------------ pause and resume
+#
+# A paused queue leases nothing: every claim (the queue's own jobs and the
+# deliveries) reads the pause row first and, when there is one, returns no
+# lease and changes nothing (not even its quarantine: a paused queue is one
+# the operator wants left as it is; the quarantine runs at the first claim
+# after the resume). Leases taken before the pause run to their end, and
+# their finishes are written: a pause stops new sends, never one on the wire.
+
+PAUSE_ACTIONS = ("pause", "resume")
+
+
+def pause_decision(action: str, paused: bool, note: object, actor: object) -> bool:
+    """Pure: whether a pause or a resume changes the queue (False: it is
+    already so, and nothing is written, no audit row either); the note and
+    the actor checked first, so a bad one is refused whatever the state."""
+    if action not in PAUSE_ACTIONS:
+        raise ValueError(f"action must be one of {PAUSE_ACTIONS}, got {action!r:.40}")
+    check_note(note)
+    check_actor(actor)
+    return paused != (action == "pause")
+
+
+def paused_state(row: tuple[int, str | None, str] | None) -> dict[str, Any] | None:
+    """The pause row (since_ms, actor, note) as Store.paused gives it; None: not paused."""
+    if row is None:
+        return None
+    since_ms, actor, note = row
+    return {"since_ms": int(since_ms), "actor": actor, "note": note}
 
 
 def conflict(intake: Intake, qty: int, digest: str | None,

@@ -127,6 +127,29 @@ class Store(Protocol):
 
     def prune_done(self, finished_before_ms: int, limit: int = MAX_BATCH) -> int: ...
 
+    # -- the queue's pause: each change one transaction with its audit row
+    def pause(self, note: str, *, actor: str | None = None,
+              now_ms: int | None = None) -> bool:
+        """Pause the queue: from its commit on, every claim (the queue's own
+        jobs and the deliveries, on every host) leases nothing and changes
+        nothing, not even its quarantine (``lease.rules``, "pause"). Leases
+        already taken run to their end and finish as usual. False (nothing
+        written) when it already is paused."""
+        ...
+
+    def resume(self, note: str, *, actor: str | None = None,
+               now_ms: int | None = None) -> bool:
+        """End the pause; False (nothing written) when it is not paused."""
+        ...
+
+    def paused(self) -> dict[str, Any] | None:
+        """None, or since when, by whom and why: since_ms, actor, note."""
+        ...
+
+    def queue_audit(self) -> list[dict[str, Any]]:
+        """Each pause and resume, oldest first: at_ms, action, note, actor."""
+        ...
+
     # -- observations (read only)
     def counts(self) -> dict[str, int]: ...
 

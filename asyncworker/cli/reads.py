@@ -15,6 +15,7 @@ from asyncworker.operations import (
     WorkFailed,
     endpoint_figures,
     open_queue_store,
+    paused_words,
     reached,
     receiver_stats,
     shown,
@@ -28,6 +29,9 @@ def stats(args: argparse.Namespace) -> int:
         endpoints = endpoint_figures(store)
         if snap.get("blocked_keys"):  # named, each with its dead head
             snap["blocked_heads"] = store.blocked_heads(BLOCKED_SHOWN)
+        paused = store.paused()
+    if paused is not None:  # a queue that runs shows what it always did
+        snap["paused"] = paused
     if endpoints:  # a queue without endpoints shows what it always did
         snap["endpoints"] = endpoints
     if args.receiver:
@@ -41,6 +45,8 @@ def stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(snap, indent=2, sort_keys=True))
         return EXIT_OK
+    if paused is not None:
+        print(paused_words(paused) + ": dispatchers lease nothing until resumed")
     print_table(stats_rows(snap))
     if snap.get("blocked_heads"):
         print()

@@ -45,6 +45,7 @@ from asyncworker.ui.bulk import (
     parse_bulk,
     parse_filter,
     parse_job_change,
+    parse_note,
 )
 from asyncworker.ui.recovery import NoSuchEndpoint, parse_recovery
 from asyncworker.ui.recovery import confirm as confirm_recovery
@@ -345,6 +346,9 @@ def _routes(app: web.Application) -> None:
     add("GET", "/endpoints", endpoints, name="endpoints")
     add("GET", "/endpoint", endpoint, name="endpoint")
     add("GET", "/blocked", blocked, name="blocked")
+    add("GET", "/pause", pause_page, name="pause_page")
+    add("POST", "/pause", pause_change, name="pause")
+    add("POST", "/resume", pause_change, name="resume")
     add("POST", "/refresh", refresh, name="refresh")
     add("POST", "/job/redrive", job_change, name="job_redrive")
     add("POST", "/job/cancel", job_change, name="job_cancel")
@@ -503,7 +507,7 @@ def _render(request: web.Request, template: str, *, status: int = 200,
 REFRESH_S = 10
 REFRESH_COOKIE = "asyncworker_refresh"
 REFRESHED = frozenset({"overview", "jobs", "endpoints", "blocked"})
-REFRESHED_READ_ONLY = frozenset({"dead", "endpoint", "job"})
+REFRESHED_READ_ONLY = frozenset({"dead", "endpoint", "job", "pause_page"})
 
 
 def _refreshable(request: web.Request) -> bool:
@@ -558,13 +562,16 @@ def hide_body(row: dict) -> dict:
 
 async def overview(request: web.Request) -> web.Response:
     _wants_json(request)
-    def read(store: Store) -> tuple[dict, list[dict], list[dict]]:
+    def read(store: Store) -> tuple[dict, list[dict], list[dict], dict | None]:
         found = endpoint_figures(store)
-        return store.snapshot(), found, stats_endpoints(store) if found else []
+        return (store.snapshot(), found, stats_endpoints(store) if found else [],
+                store.paused())
 
-    snap, found, listed = await request.app[QUEUE].look(read)
+    snap, found, listed, paused = await request.app[QUEUE].look(read)
     receiver, receiver_error = await _receiver_figures(request)
     data = dict(snap)
+    if paused is not None:  # a queue that runs answers as before the pause existed
+        data["paused"] = paused
     circuits = circuit_summary(found, _now_ms()) if found else None
     if circuits is not None:  # a queue without endpoints answers as before them
         data["endpoints"] = listed  # as ``stats --json`` has them
@@ -578,7 +585,7 @@ async def overview(request: web.Request) -> web.Response:
         if key.startswith("process_refused_signature_") and isinstance(value, int))
     return _answer(request, "overview.html", data, snap=snap, receiver=receiver,
                    receiver_error=receiver_error, refused_by_signature=refused,
-                   circuits=circuits)
+                   circuits=circuits, paused=paused)
 
 
 def _now_ms() -> int:
@@ -694,6 +701,34 @@ async def job_change(request: web.Request) -> web.Response:
     return _job_answer(request, history, status=200 if answer is True else 409,
                        change={"action": one.action, "result": result, "detail": detail,
                                "note": one.note})
+
+
+async def pause_page(request: web.Request) -> web.Response:
+    """The queue's pause: its state, the form that changes it, its audit rows."""
+    _wants_json(request)
+    paused, audit = await request.app[QUEUE].look(
+        lambda store: (store.paused(), store.queue_audit()))
+    return _answer(request, "pause.html", {"paused": paused, "audit": audit},
+                   paused=paused, audit=audit, change=None)
+
+
+async def pause_change(request: web.Request) -> web.Response:
+    """Pause or resume from the page: a note required, an audit row with the
+    actor; the page again with what it did (nothing, when it already was so)."""
+    action = request.match_info.route.name
+    note = parse_note(await _change_form(request), "say why, for the audit row")
+    actor = request.app[SETTINGS].operator
+
+    def change(store: Store) -> tuple[bool, dict | None, list[dict]]:
+        changed = store.pause(note, actor=actor) if action == "pause" \
+            else store.resume(note, actor=actor)
+        return changed, store.paused(), store.queue_audit()
+
+    changed, paused, audit = await request.app[QUEUE].change(change)
+    done = {"pause": "paused", "resume": "resumed"}[str(action)]
+    said = done if changed else f"not {done}: it already was {'paused' if paused else 'running'}"
+    return _answer(request, "pause.html", {"paused": paused, "audit": audit, "change": said},
+                   paused=paused, audit=audit, change=said)
 
 
 async def dead(request: web.Request) -> web.Response:

@@ -35,6 +35,7 @@ from lease.policy import (
     check_ordering_key,
     check_product_event,
 )
+from lease.postgres import console
 from lease.postgres.endpoints import (
     Fanout,
     add,
@@ -270,6 +271,17 @@ class PostgresStore:
         assert row is not None  # a SELECT of one value returns one row
         return int(row[0])
 
+    def _now_and_pause(self, conn: psycopg.Connection, now_ms: int | None) -> tuple[int, bool]:
+        """A claim's first statement: the time it judges by (as ``_now_in``)
+        and whether the queue is paused, in one round trip."""
+        if now_ms is None and self._clock is None:
+            row = conn.execute(console.NOW_AND_PAUSED).fetchone()
+            assert row is not None  # a SELECT of values returns one row
+            return int(row[0]), bool(row[1])
+        now = self._now_in(conn, now_ms)
+        row = conn.execute(console.IS_PAUSED).fetchone()
+        return now, bool(row and row[0])
+
     def now_ms(self) -> int:
         with self._tx(read_only=True) as conn:
             return self._now_in(conn, None)
@@ -317,8 +329,10 @@ class PostgresStore:
         check_int("limit", limit, 1, MAX_BATCH)
         check_fault(fault)
         with self._tx() as conn:
-            now = self._now_in(conn, now_ms)
+            now, paused = self._now_and_pause(conn, now_ms)
             moved = {"deadline": 0, "exhausted": 0}
+            if paused:  # leases nothing, changes nothing (lease.rules, "pause")
+                return Claimed([], moved, now)
             args = {"now": now, "limit": limit, "owner": owner, "lease_ms": lease_ms}
             # The quarantine first, as on SQLite; then a claim of deliveries
             # takes its endpoints from the rotation (SKIP LOCKED: it never
@@ -528,6 +542,31 @@ class PostgresStore:
                 conn.execute("DELETE FROM lease.jobs WHERE seq = ANY(%s::bigint[])",
                              ([seq for seq, _ in done],))
         return len(done)
+
+    # -- the queue's pause (lease.postgres.console)
+
+    def pause(self, note: str, *, actor: str | None = None,
+              now_ms: int | None = None) -> bool:
+        return self._set_paused("pause", note, actor, now_ms)
+
+    def resume(self, note: str, *, actor: str | None = None,
+               now_ms: int | None = None) -> bool:
+        return self._set_paused("resume", note, actor, now_ms)
+
+    def _set_paused(self, action: str, note: str, actor: str | None,
+                    now_ms: int | None) -> bool:
+        if now_ms is not None:
+            check_now(now_ms)
+        with self._tx() as conn:
+            return console.set_paused(conn, action, self._now_in(conn, now_ms), note, actor)
+
+    def paused(self) -> dict[str, Any] | None:
+        with self._tx(read_only=True) as conn:
+            return console.paused(conn)
+
+    def queue_audit(self) -> list[dict[str, Any]]:
+        with self._tx(read_only=True) as conn:
+            return console.queue_audit(conn)
 
     # -- observations (read only)
 

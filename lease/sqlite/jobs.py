@@ -43,6 +43,7 @@ from lease.rules import (
     kept_audits,
 )
 from lease.sqlite import batch, endpoints
+from lease.sqlite.console import is_paused
 from lease.sqlite.endpoints import Fanout, pick_deliveries
 from lease.sqlite.errors import store_errors
 from lease.sqlite.schema import SCHEMA_VERSION, migrate_here
@@ -312,6 +313,8 @@ def claim_jobs(
     check_fault(fault)
     served = check_served(endpoints)
     with immediate(con):
+        if is_paused(con):  # leases nothing, changes nothing (lease.rules, "pause")
+            return [], {"deadline": 0, "exhausted": 0}
         moved = quarantine(con, now_ms)
         if served is None:
             rows = [dict(zip(PICK_READY_NAMES, row, strict=True)) for row in batch.BATCH.read(

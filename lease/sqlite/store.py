@@ -15,7 +15,7 @@ from lease.policy import (
 from lease.records import (
     Claimed,
 )
-from lease.sqlite import jobs, reads, release
+from lease.sqlite import console, jobs, reads, release
 from lease.sqlite.errors import store_errors
 from lease.sqlite.jobs import (
     cancel_jobs,
@@ -180,6 +180,24 @@ class SQLiteStore:
     def prune_done(self, finished_before_ms: int, limit: int = MAX_BATCH) -> int:
         with store_errors():
             return prune_done(self.connection, finished_before_ms, limit)
+
+    def pause(self, note: str, *, actor: str | None = None,
+              now_ms: int | None = None) -> bool:
+        with store_errors():
+            return console.set_paused(self.connection, "pause", self._now(now_ms), note, actor)
+
+    def resume(self, note: str, *, actor: str | None = None,
+               now_ms: int | None = None) -> bool:
+        with store_errors():
+            return console.set_paused(self.connection, "resume", self._now(now_ms), note, actor)
+
+    def paused(self) -> dict[str, Any] | None:
+        with store_errors():
+            return console.paused(self.connection)
+
+    def queue_audit(self) -> list[dict[str, Any]]:
+        with store_errors():
+            return console.queue_audit(self.connection)
 
     def counts(self) -> dict[str, int]:
         with store_errors():
