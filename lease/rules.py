@@ -45,6 +45,10 @@ __all__ = [
     "PAUSE_ACTIONS",
     "pause_decision",
     "paused_state",
+    "WORKER_BEAT_MS",
+    "WORKERS_KEPT_MS",
+    "check_worker",
+    "workers_at_work",
     "ENDPOINT_TABLES",
     "DELIVERY_COLUMNS",
     "CIRCUIT_COLUMNS",
@@ -148,6 +152,51 @@ def paused_state(row: tuple[int, str | None, str] | None) -> dict[str, Any] | No
         return None
     since_ms, actor, note = row
     return {"since_ms": int(since_ms), "actor": actor, "note": note}
+
+
+# ------------------------------------------------------------------ the dispatchers at work
+#
+# Each claim names its owner, and records itself in the workers table in its
+# own transaction: when it claimed and how many it leased (one UPSERT). A
+# claim that leased nothing (an idle poll, a paused queue's) writes only when
+# the row's last claim is WORKER_BEAT_MS old: an idle dispatcher would
+# otherwise turn each poll into a written transaction (an fsync on SQLite).
+# Host and pid come from the dispatcher's registration when it opens
+# (Store.register_worker): the claim's signature stays as it is. A row whose
+# last sign of life (claim or registration) is older than WORKERS_KEPT_MS is
+# not shown, and prune_done deletes it.
+
+WORKER_BEAT_MS = 10_000
+WORKERS_KEPT_MS = DAY_MS
+MAX_HOST_CHARS = 255
+
+
+def check_worker(owner: object, host: object, pid: object) -> None:
+    """A registration's owner (an identifier, as a claim's), host (1-255
+    characters without control characters) and pid (an int >= 0)."""
+    check_identifier("owner", owner)
+    if (type(host) is not str or not 1 <= len(host) <= MAX_HOST_CHARS
+            or any(ord(c) < 32 or ord(c) == 127 for c in host)):
+        raise ValueError(f"host must be 1-{MAX_HOST_CHARS} characters without control "
+                         f"characters, got {host!r:.40}")
+    check_int("pid", pid, 0, 2**31 - 1)
+
+
+def workers_at_work(rows: Iterable[tuple], leases: Mapping[str, int],
+                    now_ms: int) -> list[dict[str, Any]]:
+    """Pure: the workers rows (owner, host, pid, started_ms, last_claim_ms,
+    last_claimed) seen within WORKERS_KEPT_MS, each with its live leases
+    (``leases``: owner -> leases live at ``now_ms``), by owner."""
+    kept_since = now_ms - WORKERS_KEPT_MS
+    out = []
+    for owner, host, pid, started_ms, last_claim_ms, last_claimed in sorted(rows):
+        seen = max(started_ms or 0, last_claim_ms or 0)
+        if seen < kept_since:
+            continue
+        out.append({"owner": owner, "host": host, "pid": pid, "started_ms": started_ms,
+                    "last_claim_ms": last_claim_ms, "last_claimed": last_claimed,
+                    "live_leases": leases.get(owner, 0)})
+    return out
 
 
 def conflict(intake: Intake, qty: int, digest: str | None,

@@ -150,6 +150,21 @@ class Store(Protocol):
         """Each pause and resume, oldest first: at_ms, action, note, actor."""
         ...
 
+    # -- the dispatchers at work (lease.rules)
+    def register_worker(self, owner: str, host: str, pid: int, *,
+                        now_ms: int | None = None) -> None:
+        """A dispatcher's host and pid, and when it started, on its owner's row
+        (a dispatcher calls it when it opens). Its claims record the rest."""
+        ...
+
+    def workers(self, now_ms: int | None = None) -> list[dict[str, Any]]:
+        """The dispatchers seen in the last day, by owner: owner, host, pid,
+        started_ms (None: never registered), last_claim_ms (the last claim
+        that leased, or within WORKER_BEAT_MS of the last that did not),
+        last_claimed (how many it leased) and live_leases (leases of that
+        owner live at ``now_ms``)."""
+        ...
+
     # -- observations (read only)
     def counts(self) -> dict[str, int]: ...
 

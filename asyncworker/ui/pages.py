@@ -66,7 +66,7 @@ from lease.http import Destination
 from lease.policy import DEFAULT_POLICY, PRODUCT, check_actor
 from lease.records import StoreError
 from lease.retrying import PATIENT
-from lease.rules import MAX_PAGE, STATUSES
+from lease.rules import MAX_PAGE, STATUSES, WORKER_BEAT_MS
 from lease.store import Store
 from lease.stores import is_postgres_url, open_store
 from lease.worker import check_job_id
@@ -346,6 +346,7 @@ def _routes(app: web.Application) -> None:
     add("GET", "/endpoints", endpoints, name="endpoints")
     add("GET", "/endpoint", endpoint, name="endpoint")
     add("GET", "/blocked", blocked, name="blocked")
+    add("GET", "/workers", workers, name="workers")
     add("GET", "/pause", pause_page, name="pause_page")
     add("POST", "/pause", pause_change, name="pause")
     add("POST", "/resume", pause_change, name="resume")
@@ -506,7 +507,7 @@ def _render(request: web.Request, template: str, *, status: int = 200,
 # when the page is read-only: a reload would lose a note being typed.
 REFRESH_S = 10
 REFRESH_COOKIE = "asyncworker_refresh"
-REFRESHED = frozenset({"overview", "jobs", "endpoints", "blocked"})
+REFRESHED = frozenset({"overview", "jobs", "endpoints", "blocked", "workers"})
 REFRESHED_READ_ONLY = frozenset({"dead", "endpoint", "job", "pause_page"})
 
 
@@ -562,16 +563,18 @@ def hide_body(row: dict) -> dict:
 
 async def overview(request: web.Request) -> web.Response:
     _wants_json(request)
-    def read(store: Store) -> tuple[dict, list[dict], list[dict], dict | None]:
+    def read(store: Store) -> tuple[dict, list[dict], list[dict], dict | None, list[dict]]:
         found = endpoint_figures(store)
         return (store.snapshot(), found, stats_endpoints(store) if found else [],
-                store.paused())
+                store.paused(), store.workers())
 
-    snap, found, listed, paused = await request.app[QUEUE].look(read)
+    snap, found, listed, paused, at_work = await request.app[QUEUE].look(read)
     receiver, receiver_error = await _receiver_figures(request)
     data = dict(snap)
     if paused is not None:  # a queue that runs answers as before the pause existed
         data["paused"] = paused
+    if at_work:  # as ``stats --json`` has them
+        data["workers"] = at_work
     circuits = circuit_summary(found, _now_ms()) if found else None
     if circuits is not None:  # a queue without endpoints answers as before them
         data["endpoints"] = listed  # as ``stats --json`` has them
@@ -585,7 +588,7 @@ async def overview(request: web.Request) -> web.Response:
         if key.startswith("process_refused_signature_") and isinstance(value, int))
     return _answer(request, "overview.html", data, snap=snap, receiver=receiver,
                    receiver_error=receiver_error, refused_by_signature=refused,
-                   circuits=circuits, paused=paused)
+                   circuits=circuits, paused=paused, at_work=at_work)
 
 
 def _now_ms() -> int:
@@ -701,6 +704,15 @@ async def job_change(request: web.Request) -> web.Response:
     return _job_answer(request, history, status=200 if answer is True else 409,
                        change={"action": one.action, "result": result, "detail": detail,
                                "note": one.note})
+
+
+async def workers(request: web.Request) -> web.Response:
+    """The dispatchers at work (Store.workers), by owner."""
+    _wants_json(request)
+    rows, paused = await request.app[QUEUE].look(
+        lambda store: (store.workers(), store.paused()))
+    return _answer(request, "workers.html", rows, rows=rows, paused=paused,
+                   beat_s=WORKER_BEAT_MS // 1000)
 
 
 async def pause_page(request: web.Request) -> web.Response:

@@ -1,4 +1,5 @@
-"""The PostgreSQL driver's console state: the queue's pause and its audit.
+"""The PostgreSQL driver's console state: the queue's pause and its audit,
+and the dispatchers at work.
 
 A pause takes the pause table's ACCESS EXCLUSIVE lock, which waits for every
 claim in flight (each read the table, so holds its ACCESS SHARE lock to its
@@ -12,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from lease.rules import pause_decision, paused_state
+from lease.rules import WORKER_BEAT_MS, pause_decision, paused_state, workers_at_work
 
 IS_PAUSED = "SELECT EXISTS (SELECT 1 FROM lease.pause)"
 NOW_AND_PAUSED = ("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint,"
@@ -58,3 +59,52 @@ def queue_audit(conn: psycopg.Connection) -> list[dict[str, Any]]:
         return []
     return [{"at_ms": int(at_ms), "action": action, "note": note, "actor": actor}
             for at_ms, action, note, actor in conn.execute(AUDIT_ROWS)]
+
+
+# ------------------------------------------------------------------ the dispatchers at work
+
+# The claim's record of itself (lease.rules, "the dispatchers at work"): a
+# claim that leased nothing writes only when the row's last claim is a beat old.
+WORKER_CLAIMED = """INSERT INTO lease.workers (owner, last_claim_ms, last_claimed)
+VALUES (%(owner)s, %(now)s, %(n)s)
+ON CONFLICT (owner) DO UPDATE SET last_claim_ms = excluded.last_claim_ms,
+  last_claimed = excluded.last_claimed
+WHERE excluded.last_claimed > 0 OR lease.workers.last_claim_ms IS NULL
+  OR lease.workers.last_claim_ms <= excluded.last_claim_ms - %(beat)s"""
+REGISTER = """INSERT INTO lease.workers (owner, host, pid, started_ms) VALUES (%s, %s, %s, %s)
+ON CONFLICT (owner) DO UPDATE SET host = excluded.host, pid = excluded.pid,
+  started_ms = excluded.started_ms"""
+WORKER_ROWS = ("SELECT owner, host, pid, started_ms, last_claim_ms, last_claimed"
+               " FROM lease.workers")
+LIVE_LEASES = ("SELECT owner, count(*) FROM lease.jobs WHERE status = 'leased'"
+               " AND lease_until > %s GROUP BY owner")
+PRUNE_WORKERS = ("DELETE FROM lease.workers WHERE greatest(coalesce(started_ms, 0),"
+                 " coalesce(last_claim_ms, 0)) < %s")
+
+
+def worker_claimed(conn: psycopg.Connection, owner: str, now_ms: int, leased: int) -> None:
+    """Inside a claim's transaction: the claim recorded on its owner's row."""
+    conn.execute(WORKER_CLAIMED, {"owner": owner, "now": now_ms, "n": leased,
+                                  "beat": WORKER_BEAT_MS})
+
+
+def register_worker(conn: psycopg.Connection, owner: str, host: str, pid: int,
+                    now_ms: int) -> None:
+    conn.execute(REGISTER, (owner, host, pid, now_ms))
+
+
+def workers(conn: psycopg.Connection, now_ms: int) -> list[dict[str, Any]]:
+    if _older(conn):
+        return []
+    leases = {owner: int(n) for owner, n in conn.execute(LIVE_LEASES, (now_ms,))}
+    rows = [(owner, host, None if pid is None else int(pid),
+             None if started is None else int(started),
+             None if last is None else int(last), int(n))
+            for owner, host, pid, started, last, n in conn.execute(WORKER_ROWS)]
+    return workers_at_work(rows, leases, now_ms)
+
+
+def prune_workers(conn: psycopg.Connection, cutoff_ms: int) -> None:
+    """Inside prune's transaction: the dispatchers not seen since its cutoff
+    (the reads already hide those not seen for WORKERS_KEPT_MS)."""
+    conn.execute(PRUNE_WORKERS, (cutoff_ms,))

@@ -121,6 +121,7 @@ from lease.rules import (
     cancel_decisions,
     check_finish_item,
     check_ids,
+    check_worker,
     in_flight_refusals,
     kept_audits,
 )
@@ -331,7 +332,8 @@ class PostgresStore:
         with self._tx() as conn:
             now, paused = self._now_and_pause(conn, now_ms)
             moved = {"deadline": 0, "exhausted": 0}
-            if paused:  # leases nothing, changes nothing (lease.rules, "pause")
+            if paused:  # leases nothing, changes no job (lease.rules, "pause")
+                console.worker_claimed(conn, owner, now, 0)
                 return Claimed([], moved, now)
             args = {"now": now, "limit": limit, "owner": owner, "lease_ms": lease_ms}
             # The quarantine first, as on SQLite; then a claim of deliveries
@@ -354,6 +356,7 @@ class PostgresStore:
                 assert chosen is not None
                 self._before_lease()
                 leased = lease_deliveries(conn, chosen, owner, lease_ms, now)
+            console.worker_claimed(conn, owner, now, len(leased))
             if leased:
                 call_fault(fault, "after-claim")
         if leased:
@@ -541,6 +544,7 @@ class PostgresStore:
                                  (ids,))
                 conn.execute("DELETE FROM lease.jobs WHERE seq = ANY(%s::bigint[])",
                              ([seq for seq, _ in done],))
+            console.prune_workers(conn, finished_before_ms)
         return len(done)
 
     # -- the queue's pause (lease.postgres.console)
@@ -563,6 +567,20 @@ class PostgresStore:
     def paused(self) -> dict[str, Any] | None:
         with self._tx(read_only=True) as conn:
             return console.paused(conn)
+
+    def register_worker(self, owner: str, host: str, pid: int, *,
+                        now_ms: int | None = None) -> None:
+        check_worker(owner, host, pid)
+        if now_ms is not None:
+            check_now(now_ms)
+        with self._tx() as conn:
+            console.register_worker(conn, owner, host, pid, self._now_in(conn, now_ms))
+
+    def workers(self, now_ms: int | None = None) -> list[dict[str, Any]]:
+        if now_ms is not None:
+            check_now(now_ms)
+        with self._tx(read_only=True) as conn:
+            return console.workers(conn, self._now_in(conn, now_ms))
 
     def queue_audit(self) -> list[dict[str, Any]]:
         with self._tx(read_only=True) as conn:

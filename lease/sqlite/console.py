@@ -1,11 +1,18 @@
-"""The SQLite driver's console state: the queue's pause and its audit."""
+"""The SQLite driver's console state: the queue's pause and its audit, and
+the dispatchers at work."""
 
 from __future__ import annotations
 
 import sqlite3
 from typing import Any
 
-from lease.rules import pause_decision, paused_state
+from lease.rules import (
+    WORKER_BEAT_MS,
+    check_worker,
+    pause_decision,
+    paused_state,
+    workers_at_work,
+)
 from lease.sqlite.schema import CONSOLE_SINCE
 from lease.worker import check_connection, check_now, immediate
 
@@ -58,3 +65,56 @@ def queue_audit(con: sqlite3.Connection) -> list[dict[str, Any]]:
         return []
     return [{"at_ms": at_ms, "action": action, "note": note, "actor": actor}
             for at_ms, action, note, actor in con.execute(AUDIT_ROWS)]
+
+
+# ------------------------------------------------------------------ the dispatchers at work
+
+# The claim's record of itself (lease.rules, "the dispatchers at work"): a
+# claim that leased nothing writes only when the row's last claim is a beat old.
+WORKER_CLAIMED = """INSERT INTO workers (owner, last_claim_ms, last_claimed)
+VALUES (:owner, :now, :n)
+ON CONFLICT (owner) DO UPDATE SET last_claim_ms = excluded.last_claim_ms,
+  last_claimed = excluded.last_claimed
+WHERE excluded.last_claimed > 0 OR workers.last_claim_ms IS NULL
+  OR workers.last_claim_ms <= excluded.last_claim_ms - :beat"""
+REGISTER = """INSERT INTO workers (owner, host, pid, started_ms) VALUES (?, ?, ?, ?)
+ON CONFLICT (owner) DO UPDATE SET host = excluded.host, pid = excluded.pid,
+  started_ms = excluded.started_ms"""
+WORKER_ROWS = ("SELECT owner, host, pid, started_ms, last_claim_ms, last_claimed"
+               " FROM workers")
+LIVE_LEASES = ("SELECT owner, COUNT(*) FROM jobs WHERE status = 'leased' AND lease_until > ?"
+               " GROUP BY owner")
+PRUNE_WORKERS = "DELETE FROM workers WHERE max(coalesce(started_ms, 0),"\
+    " coalesce(last_claim_ms, 0)) < ?"
+
+
+def worker_claimed(con: sqlite3.Connection, owner: str, now_ms: int, leased: int) -> None:
+    """Inside a claim's transaction: the claim recorded on its owner's row."""
+    con.execute(WORKER_CLAIMED, {"owner": owner, "now": now_ms, "n": leased,
+                                 "beat": WORKER_BEAT_MS})
+
+
+def register_worker(con: sqlite3.Connection, owner: str, host: str, pid: int,
+                    now_ms: int) -> None:
+    check_connection(con)
+    check_worker(owner, host, pid)
+    check_now(now_ms)
+    with immediate(con):
+        con.execute(REGISTER, (owner, host, pid, now_ms))
+
+
+def workers(con: sqlite3.Connection, now_ms: int) -> list[dict[str, Any]]:
+    """The dispatchers seen in the last day, each with its live leases; none
+    for an older file read as it is."""
+    check_connection(con)
+    check_now(now_ms)
+    if _older(con):
+        return []
+    leases = dict(con.execute(LIVE_LEASES, (now_ms,)).fetchall())
+    return workers_at_work(con.execute(WORKER_ROWS).fetchall(), leases, now_ms)
+
+
+def prune_workers(con: sqlite3.Connection, cutoff_ms: int) -> None:
+    """Inside prune's transaction: the dispatchers not seen since its cutoff
+    (the reads already hide those not seen for WORKERS_KEPT_MS)."""
+    con.execute(PRUNE_WORKERS, (cutoff_ms,))

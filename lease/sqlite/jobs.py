@@ -43,7 +43,7 @@ from lease.rules import (
     kept_audits,
 )
 from lease.sqlite import batch, endpoints
-from lease.sqlite.console import is_paused
+from lease.sqlite.console import is_paused, prune_workers, worker_claimed
 from lease.sqlite.endpoints import Fanout, pick_deliveries
 from lease.sqlite.errors import store_errors
 from lease.sqlite.schema import SCHEMA_VERSION, migrate_here
@@ -313,7 +313,8 @@ def claim_jobs(
     check_fault(fault)
     served = check_served(endpoints)
     with immediate(con):
-        if is_paused(con):  # leases nothing, changes nothing (lease.rules, "pause")
+        if is_paused(con):  # leases nothing, changes no job (lease.rules, "pause")
+            worker_claimed(con, owner, now_ms, 0)
             return [], {"deadline": 0, "exhausted": 0}
         moved = quarantine(con, now_ms)
         if served is None:
@@ -326,6 +327,8 @@ def claim_jobs(
             batch.BATCH.update(con, LEASE_FIXED, LEASE_NAMES,
                                [(t["attempt"], t["token"], owner, t["lease_until"], row["seq"])
                                 for row, t in zip(rows, tickets, strict=True)])
+        worker_claimed(con, owner, now_ms, len(tickets))
+        if tickets:
             call_fault(fault, "after-claim")
     if tickets:
         call_fault(fault, "after-commit")
@@ -721,6 +724,7 @@ def prune_done(
         seqs = [(seq,) for seq, _ in done]
         con.executemany(PRUNE_BODIES, seqs)
         con.executemany(PRUNE_JOBS, seqs)
+        prune_workers(con, finished_before_ms)
     return len(done)
 
 

@@ -199,6 +199,15 @@ class SQLiteStore:
         with store_errors():
             return console.queue_audit(self.connection)
 
+    def register_worker(self, owner: str, host: str, pid: int, *,
+                        now_ms: int | None = None) -> None:
+        with store_errors():
+            console.register_worker(self.connection, owner, host, pid, self._now(now_ms))
+
+    def workers(self, now_ms: int | None = None) -> list[dict[str, Any]]:
+        with store_errors():
+            return console.workers(self.connection, self._now(now_ms))
+
     def counts(self) -> dict[str, int]:
         with store_errors():
             return reads.counts(self.connection)

@@ -1,6 +1,6 @@
 """``asyncworker pause`` and ``resume``: the note required, the audit row with
 the actor, ``stats`` and ``stats --json`` naming the pause, a repeat changing
-nothing."""
+nothing; ``stats`` listing the dispatchers at work."""
 
 from __future__ import annotations
 
@@ -29,6 +29,19 @@ def test_paused_and_resumed_from_the_command_line(tmp_path: Path):
     with SQLiteStore(queue, read_only=True) as store:
         assert [(row["action"], row["actor"]) for row in store.queue_audit()] == [
             ("pause", "ops"), ("resume", None)]
+
+
+def test_stats_lists_the_dispatchers_at_work(tmp_path: Path):
+    queue = str(tmp_path / "q.db")
+    assert cli("init", queue).returncode == 0
+    assert "workers" not in json.loads(cli("stats", queue, "--json").stdout)
+    with SQLiteStore(queue) as store:
+        store.register_worker("d1", "host-a", 4242)
+        store.claim_jobs("d1", 30_000, 1)
+    [row] = json.loads(cli("stats", queue, "--json").stdout)["workers"]
+    assert (row["owner"], row["host"], row["pid"]) == ("d1", "host-a", 4242)
+    text = cli("stats", queue).stdout
+    assert "dispatcher" in text and "host-a" in text and "4242" in text
 
 
 def test_a_pause_without_a_note_is_a_usage_error(tmp_path: Path):

@@ -1,10 +1,13 @@
 """A dispatcher on a paused queue keeps polling and leases nothing; ``run
 --until-idle`` waits (a paused queue's pending jobs are not idle: they wait
-for the resume), and sends once the queue is resumed from another connection."""
+for the resume), and sends once the queue is resumed from another connection. A dispatcher
+registers its host and pid when it opens."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from pathlib import Path
 
 from asyncworker import Dispatcher
@@ -41,6 +44,9 @@ async def test_a_paused_queue_is_polled_not_leased_and_sent_once_resumed(queue_p
         await wait_for(lambda: d.stats.claim_calls >= 3, "three claims while paused")
         assert sent == [] and d.stats.claimed == 0 and not run.done()
         with SQLiteStore(queue_path) as operator:
+            [me] = operator.workers(T0 + 1)  # registered when it opened
+            assert (me["owner"], me["host"], me["pid"]) == ("d1", socket.gethostname(),
+                                                           os.getpid())
             operator.resume("go", now_ms=T0 + 2)
         stats = await asyncio.wait_for(run, WAIT_S)
     assert sent == ["a"] and stats.ok == 1

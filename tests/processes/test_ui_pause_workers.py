@@ -1,7 +1,8 @@
 """The queue paused and resumed from the page, through aiohttp's test client
 over a real SQLite file and a real PostgreSQL database: a note and the CSRF
 token required, the audit row with the actor, the overview's banner, a claim
-leasing nothing while paused, and read-only refusing it."""
+leasing nothing while paused, and read-only refusing it; the dispatchers at
+work."""
 
 from __future__ import annotations
 
@@ -83,3 +84,14 @@ async def test_a_read_only_page_shows_the_state_and_refuses_a_pause(target: str)
         assert (await client.post("/resume", data={"note": "go"})).status == 403
     with open_store(target, read_only=True) as store:
         assert store.paused() is not None
+
+
+async def test_the_dispatchers_at_work_with_their_live_leases(target: str):
+    with open_store(target) as store:
+        store.register_worker("d1", "host-a", 4242)
+        store.claim_jobs("d1", 600_000, 1)
+    async with page(target) as client:
+        text = await (await client.get("/workers")).text()
+        assert "<code>d1</code>" in text and "host-a" in text and "4242" in text
+        [row] = await (await client.get("/workers", params={"format": "json"})).json()
+        assert (row["owner"], row["live_leases"], row["last_claimed"]) == ("d1", 1, 1)
