@@ -45,6 +45,17 @@ __all__ = [
     "PAUSE_ACTIONS",
     "pause_decision",
     "paused_state",
+    "MINUTE_MS",
+    "LATENCY_BOUNDS_MS",
+    "MINUTE_COLUMNS",
+    "BUCKET_COLUMNS",
+    "TABLES_PG6",
+    "TABLES_V6",
+    "ROLLUP_TABLES",
+    "minute_rollup",
+    "minute_rows",
+    "check_minutes_query",
+    "percentiles",
     "WORKER_BEAT_MS",
     "WORKERS_KEPT_MS",
     "check_worker",
@@ -104,10 +115,25 @@ CONSOLE_TABLES = {
     "queue_audit": ["seq", "at_ms", "action", "note", "actor"],
     "workers": ["owner", "host", "pid", "started_ms", "last_claim_ms", "last_claimed"],
 }
-TABLES = {**TABLES_V5, "jobs": TABLES_V5["jobs"] + TRACE_COLUMNS, **CONSOLE_TABLES}
+TABLES_V6 = {**TABLES_V5, "jobs": TABLES_V5["jobs"] + TRACE_COLUMNS, **CONSOLE_TABLES}
+# The per-minute rollup of the finishes (the console's charts): SQLite's
+# version 7, PostgreSQL's version 6. A send's latency is counted in fixed
+# buckets, one column each (b0: <= 1 ms, ..., the last: above 60 s): the
+# finish's UPSERT adds to them in place, where a histogram in one JSON text
+# would need a read of the row first. One row a minute, endpoint ('' for the
+# queue's own jobs) and owner: a dispatcher adds to its own rows, so the
+# finishes of many dispatchers never wait for one another's row lock.
+MINUTE_MS = 60_000
+LATENCY_BOUNDS_MS = (1, 3, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000,
+                     60000)
+BUCKET_COLUMNS = [f"b{i}" for i in range(len(LATENCY_BOUNDS_MS) + 1)]
+MINUTE_COLUMNS = ["minute_ms", "endpoint", "owner", "done", "retried", "dead", *BUCKET_COLUMNS]
+ROLLUP_TABLES = {"minutes": MINUTE_COLUMNS}
+TABLES = {**TABLES_V6, **ROLLUP_TABLES}
 # PostgreSQL's versions have these tables (its jobs keep their bodies)
 TABLES_PG4 = {name: columns for name, columns in TABLES_V5.items() if name != "bodies"}
-TABLES_PG5 = {name: columns for name, columns in TABLES.items() if name != "bodies"}
+TABLES_PG5 = {name: columns for name, columns in TABLES_V6.items() if name != "bodies"}
+TABLES_PG6 = {name: columns for name, columns in TABLES.items() if name != "bodies"}
 TABLES_V3 = {name: columns for name, columns in TABLES_V4.items() if name != "bodies"}
 TABLES_V2 = {**TABLES_V3, "jobs": TABLES_V4["jobs"][:-2]}
 TABLES_V1 = {  # version 1: a version-1 PostgreSQL database has these
@@ -152,6 +178,82 @@ def paused_state(row: tuple[int, str | None, str] | None) -> dict[str, Any] | No
         return None
     since_ms, actor, note = row
     return {"since_ms": int(since_ms), "actor": actor, "note": note}
+
+
+# ------------------------------------------------------------------ the per-minute rollup
+
+_COUNTED = {"done": 0, "pending": 1, "dead": 2}  # a finish's status -> done, retried, dead
+
+
+def minute_rollup(items: list, results: list, endpoints_of: Mapping[str, str],
+                  now_ms: int) -> list[tuple]:
+    """Pure: a finish's additions to the rollup, one row per (minute,
+    endpoint, owner), sorted (the order both stores lock them in): the
+    minute of ``now_ms``, the endpoint ('' for the queue's own), the
+    ticket's owner, then done, retried, dead and the latency buckets.
+    A stale finish (False) and an evidence-only item (no outcome) add
+    nothing: no outcome was written. ``endpoints_of``: id -> endpoint."""
+    minute = now_ms - now_ms % MINUTE_MS
+    groups: dict[tuple[str, str], list[int]] = {}
+    for (ticket, outcome, _, seen), result in zip(items, results, strict=True):
+        if outcome is None or not result or result[0] not in _COUNTED:
+            continue
+        key = (endpoints_of.get(ticket["id"], ""), ticket["owner"])
+        row = groups.setdefault(key, [0] * (3 + len(BUCKET_COLUMNS)))
+        row[_COUNTED[result[0]]] += 1
+        if seen.latency_ms is not None:
+            row[3 + _bucket(seen.latency_ms)] += 1
+    return [(minute, endpoint, owner, *row) for (endpoint, owner), row in sorted(groups.items())]
+
+
+def _bucket(latency_ms: int) -> int:
+    for index, bound in enumerate(LATENCY_BOUNDS_MS):
+        if latency_ms <= bound:
+            return index
+    return len(LATENCY_BOUNDS_MS)
+
+
+def check_minutes_query(since_ms: object, endpoint: object) -> None:
+    """Store.minutes's arguments: a clock value, and None, '' (the queue's
+    own jobs) or an endpoint's name."""
+    check_now(since_ms, "since_ms")
+    if endpoint is not None and endpoint != "":
+        check_identifier("endpoint", endpoint)
+
+
+def minute_rows(rows: Iterable[tuple]) -> list[dict[str, Any]]:
+    """Pure: the rollup's rows (MINUTE_COLUMNS, summed over the owners) as
+    Store.minutes gives them: by minute, then endpoint; ``buckets`` a list."""
+    summed: dict[tuple[int, str], list[int]] = {}
+    for minute_ms, endpoint, _owner, *figures in rows:
+        into = summed.setdefault((int(minute_ms), endpoint), [0] * len(figures))
+        for index, value in enumerate(figures):
+            into[index] += int(value)
+    return [{"minute_ms": minute_ms, "endpoint": endpoint, "done": figures[0],
+             "retried": figures[1], "dead": figures[2], "buckets": figures[3:]}
+            for (minute_ms, endpoint), figures in sorted(summed.items())]
+
+
+def percentiles(buckets: list[int], quantiles: tuple[float, ...] = (0.5, 0.9, 0.99)
+                ) -> list[int | None]:
+    """Pure: each quantile of a latency histogram as the upper bound (ms) of
+    the bucket it falls in (an estimate no lower than the truth); None when
+    the histogram is empty, or for a quantile above the last bound."""
+    total = sum(buckets)
+    out: list[int | None] = []
+    for quantile in quantiles:
+        if total == 0:
+            out.append(None)
+            continue
+        rank, seen = quantile * total, 0
+        found: int | None = None
+        for index, count in enumerate(buckets):
+            seen += count
+            if seen >= rank:
+                found = LATENCY_BOUNDS_MS[index] if index < len(LATENCY_BOUNDS_MS) else None
+                break
+        out.append(found)
+    return out
 
 
 # ------------------------------------------------------------------ the dispatchers at work

@@ -150,6 +150,16 @@ class Store(Protocol):
         """Each pause and resume, oldest first: at_ms, action, note, actor."""
         ...
 
+    # -- the per-minute rollup (lease.rules)
+    def minutes(self, since_ms: int, endpoint: str | None = None) -> list[dict[str, Any]]:
+        """The finishes per minute since ``since_ms`` (each written by the
+        finish transaction itself), by minute then endpoint: minute_ms,
+        endpoint ('' for the queue's own jobs), done, retried, dead, and
+        ``buckets``: the send latencies counted in ``LATENCY_BOUNDS_MS``'s
+        buckets (the last: above its last bound). ``endpoint`` None: every
+        endpoint's rows and the queue's own; a name (or ''): that one's."""
+        ...
+
     # -- the dispatchers at work (lease.rules)
     def register_worker(self, owner: str, host: str, pid: int, *,
                         now_ms: int | None = None) -> None:

@@ -272,7 +272,7 @@ class MemoryStore:
     schema_version = queue_depth = _not_here
     add_endpoint = update_endpoint = remove_endpoint = endpoint_configs = _not_here
     endpoints = endpoint_stats = endpoint_audit = recover_endpoint = _not_here
-    pause = resume = paused = queue_audit = workers = _not_here
+    pause = resume = paused = queue_audit = workers = minutes = _not_here
 
 
 async def _dispatch(queue: str, concurrency: int, batch: int, *, url: str | None = None,

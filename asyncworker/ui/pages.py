@@ -27,6 +27,7 @@ from typing import (
 import aiohttp
 import jinja2
 from aiohttp import web
+from markupsafe import Markup
 
 from asyncworker.operations import chunks, one_line, shown, stats_url, when
 from asyncworker.operations import endpoint_figures as stats_endpoints
@@ -47,6 +48,7 @@ from asyncworker.ui.bulk import (
     parse_job_change,
     parse_note,
 )
+from asyncworker.ui.charts import SPANS, chart, periods
 from asyncworker.ui.recovery import NoSuchEndpoint, parse_recovery
 from asyncworker.ui.recovery import confirm as confirm_recovery
 from asyncworker.ui.recovery import preview as preview_recovery
@@ -66,7 +68,7 @@ from lease.http import Destination
 from lease.policy import DEFAULT_POLICY, PRODUCT, check_actor
 from lease.records import StoreError
 from lease.retrying import PATIENT
-from lease.rules import MAX_PAGE, STATUSES, WORKER_BEAT_MS
+from lease.rules import DAY_MS, MAX_PAGE, MINUTE_MS, STATUSES, WORKER_BEAT_MS
 from lease.store import Store
 from lease.stores import is_postgres_url, open_store
 from lease.worker import check_job_id
@@ -563,12 +565,13 @@ def hide_body(row: dict) -> dict:
 
 async def overview(request: web.Request) -> web.Response:
     _wants_json(request)
-    def read(store: Store) -> tuple[dict, list[dict], list[dict], dict | None, list[dict]]:
+    def read(store: Store) -> tuple[dict, list[dict], list[dict], dict | None, list[dict],
+                                    list[dict]]:
         found = endpoint_figures(store)
         return (store.snapshot(), found, stats_endpoints(store) if found else [],
-                store.paused(), store.workers())
+                store.paused(), store.workers(), store.minutes(_chart_since()))
 
-    snap, found, listed, paused, at_work = await request.app[QUEUE].look(read)
+    snap, found, listed, paused, at_work, minutes = await request.app[QUEUE].look(read)
     receiver, receiver_error = await _receiver_figures(request)
     data = dict(snap)
     if paused is not None:  # a queue that runs answers as before the pause existed
@@ -588,11 +591,25 @@ async def overview(request: web.Request) -> web.Response:
         if key.startswith("process_refused_signature_") and isinstance(value, int))
     return _answer(request, "overview.html", data, snap=snap, receiver=receiver,
                    receiver_error=receiver_error, refused_by_signature=refused,
-                   circuits=circuits, paused=paused, at_work=at_work)
+                   circuits=circuits, paused=paused, at_work=at_work,
+                   charts=charts(minutes, "the queue"))
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _chart_since() -> int:
+    """The first minute the day's chart shows (this host's clock: a page's)."""
+    return max(0, _now_ms() - DAY_MS - MINUTE_MS)
+
+
+def charts(minutes: list[dict], label: str) -> list[tuple[str, Markup]]:
+    """The charts of the last hour and the last day of ``minutes``, each with
+    its heading (asyncworker.ui.charts)."""
+    now = _now_ms()
+    return [(title, chart(span, title, periods(minutes, now, bars, each), label))
+            for span, title, bars, each in SPANS]
 
 
 async def _receiver_figures(request: web.Request) -> tuple[dict | None, str | None]:
@@ -796,7 +813,8 @@ async def endpoint(request: web.Request) -> web.Response:
     letters are, the recovery's form, and its audit rows (the breaker's too)."""
     _wants_json(request)
     name = _endpoint_name(request.query.get("name", ""))
-    record, audit = await request.app[QUEUE].look(lambda store: endpoint_record(store, name))
+    record, audit, minutes = await request.app[QUEUE].look(
+        lambda store: (*endpoint_record(store, name), store.minutes(_chart_since(), name)))
     if record is None:
         raise Refused(404, f"no endpoint {name!r} in this queue (a removed endpoint's "
                            f"finished deliveries are on the jobs page, by endpoint)")
@@ -807,7 +825,7 @@ async def endpoint(request: web.Request) -> web.Response:
     return _answer(request, "endpoint.html", {"endpoint": record, "audit": audit},
                    ep=record, audit=audit, now_ms=now,
                    since_default=None if since is None else _datetime_local(since),
-                   ttl_ms=DEFAULT_POLICY.ttl_ms)
+                   ttl_ms=DEFAULT_POLICY.ttl_ms, charts=charts(minutes, name))
 
 
 def _datetime_local(ms: int) -> str:

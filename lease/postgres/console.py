@@ -13,7 +13,15 @@ from typing import Any
 
 import psycopg
 
-from lease.rules import WORKER_BEAT_MS, pause_decision, paused_state, workers_at_work
+from lease.rules import (
+    BUCKET_COLUMNS,
+    MINUTE_COLUMNS,
+    WORKER_BEAT_MS,
+    minute_rows,
+    pause_decision,
+    paused_state,
+    workers_at_work,
+)
 
 IS_PAUSED = "SELECT EXISTS (SELECT 1 FROM lease.pause)"
 NOW_AND_PAUSED = ("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint,"
@@ -108,3 +116,36 @@ def prune_workers(conn: psycopg.Connection, cutoff_ms: int) -> None:
     """Inside prune's transaction: the dispatchers not seen since its cutoff
     (the reads already hide those not seen for WORKERS_KEPT_MS)."""
     conn.execute(PRUNE_WORKERS, (cutoff_ms,))
+
+
+# ------------------------------------------------------------------ the per-minute rollup
+
+_ADDED = ["done", "retried", "dead", *BUCKET_COLUMNS]
+ADD_MINUTE = (f"INSERT INTO lease.minutes ({', '.join(MINUTE_COLUMNS)})"
+              f" VALUES ({', '.join(['%s'] * len(MINUTE_COLUMNS))})"
+              " ON CONFLICT (minute_ms, endpoint, owner) DO UPDATE SET "
+              + ", ".join(f"{name} = lease.minutes.{name} + excluded.{name}"
+                          for name in _ADDED))
+MINUTES_SINCE = (f"SELECT {', '.join(MINUTE_COLUMNS)} FROM lease.minutes"
+                 " WHERE minute_ms >= %s AND (%s::text IS NULL OR endpoint = %s)")
+PRUNE_MINUTES = "DELETE FROM lease.minutes WHERE minute_ms < %s"
+
+
+def add_minutes(conn: psycopg.Connection, rows: list[tuple]) -> None:
+    """Inside a finish's transaction: its additions (lease.rules.minute_rollup),
+    in their sorted order, so two finishes lock their rows in one order."""
+    if rows:
+        with conn.cursor() as cursor:
+            cursor.executemany(ADD_MINUTE, rows)
+
+
+def minutes(conn: psycopg.Connection, since_ms: int,
+            endpoint: str | None) -> list[dict[str, Any]]:
+    row = conn.execute("SELECT to_regclass('lease.minutes')").fetchone()
+    if row is None or row[0] is None:
+        return []  # an older queue read as it is: no rollup there
+    return minute_rows(conn.execute(MINUTES_SINCE, (since_ms, endpoint, endpoint)))
+
+
+def prune_minutes(conn: psycopg.Connection, cutoff_ms: int) -> None:
+    conn.execute(PRUNE_MINUTES, (cutoff_ms,))

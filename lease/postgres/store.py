@@ -121,9 +121,11 @@ from lease.rules import (
     cancel_decisions,
     check_finish_item,
     check_ids,
+    check_minutes_query,
     check_worker,
     in_flight_refusals,
     kept_audits,
+    minute_rollup,
 )
 from lease.worker import (
     MAX_BATCH,
@@ -421,6 +423,7 @@ class PostgresStore:
                              [v[2] if v else None for v in verdicts], now)
             if circuits:
                 judge_circuits(conn, items, results, endpoints_of, circuits, now)
+            console.add_minutes(conn, minute_rollup(items, results, endpoints_of, now))
             changed = any(verdicts)
             if changed:
                 call_fault(fault, "after-finish")
@@ -545,6 +548,7 @@ class PostgresStore:
                 conn.execute("DELETE FROM lease.jobs WHERE seq = ANY(%s::bigint[])",
                              ([seq for seq, _ in done],))
             console.prune_workers(conn, finished_before_ms)
+            console.prune_minutes(conn, finished_before_ms)
         return len(done)
 
     # -- the queue's pause (lease.postgres.console)
@@ -575,6 +579,11 @@ class PostgresStore:
             check_now(now_ms)
         with self._tx() as conn:
             console.register_worker(conn, owner, host, pid, self._now_in(conn, now_ms))
+
+    def minutes(self, since_ms: int, endpoint: str | None = None) -> list[dict[str, Any]]:
+        check_minutes_query(since_ms, endpoint)
+        with self._tx(read_only=True) as conn:
+            return console.minutes(conn, since_ms, endpoint)
 
     def workers(self, now_ms: int | None = None) -> list[dict[str, Any]]:
         if now_ms is not None:

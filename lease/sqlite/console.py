@@ -1,5 +1,5 @@
 """The SQLite driver's console state: the queue's pause and its audit, and
-the dispatchers at work."""
+the dispatchers at work, the per-minute rollup of the finishes."""
 
 from __future__ import annotations
 
@@ -7,13 +7,16 @@ import sqlite3
 from typing import Any
 
 from lease.rules import (
+    BUCKET_COLUMNS,
+    MINUTE_COLUMNS,
     WORKER_BEAT_MS,
     check_worker,
+    minute_rows,
     pause_decision,
     paused_state,
     workers_at_work,
 )
-from lease.sqlite.schema import CONSOLE_SINCE
+from lease.sqlite.schema import CONSOLE_SINCE, ROLLUP_SINCE
 from lease.worker import check_connection, check_now, immediate
 
 PAUSED = "SELECT since_ms, actor, note FROM pause WHERE id = 1"
@@ -118,3 +121,36 @@ def prune_workers(con: sqlite3.Connection, cutoff_ms: int) -> None:
     """Inside prune's transaction: the dispatchers not seen since its cutoff
     (the reads already hide those not seen for WORKERS_KEPT_MS)."""
     con.execute(PRUNE_WORKERS, (cutoff_ms,))
+
+
+# ------------------------------------------------------------------ the per-minute rollup
+
+_ADDED = ["done", "retried", "dead", *BUCKET_COLUMNS]
+ADD_MINUTE = (f"INSERT INTO minutes ({', '.join(MINUTE_COLUMNS)})"
+              f" VALUES ({', '.join('?' * len(MINUTE_COLUMNS))})"
+              " ON CONFLICT (minute_ms, endpoint, owner) DO UPDATE SET "
+              + ", ".join(f"{name} = {name} + excluded.{name}" for name in _ADDED))
+MINUTES_SINCE = f"SELECT {', '.join(MINUTE_COLUMNS)} FROM minutes WHERE minute_ms >= ?"
+PRUNE_MINUTES = "DELETE FROM minutes WHERE minute_ms < ?"
+
+
+def add_minutes(con: sqlite3.Connection, rows: list[tuple]) -> None:
+    """Inside a finish's transaction: its additions (lease.rules.minute_rollup)."""
+    if rows:
+        con.executemany(ADD_MINUTE, rows)
+
+
+def minutes(con: sqlite3.Connection, since_ms: int,
+            endpoint: str | None) -> list[dict[str, Any]]:
+    check_connection(con)
+    check_now(since_ms, "since_ms")
+    if int(con.execute("PRAGMA user_version").fetchone()[0]) < ROLLUP_SINCE:
+        return []  # an older file read as it is: no rollup there
+    if endpoint is None:
+        return minute_rows(con.execute(MINUTES_SINCE, (since_ms,)))
+    return minute_rows(con.execute(MINUTES_SINCE + " AND endpoint = ?", (since_ms, endpoint)))
+
+
+def prune_minutes(con: sqlite3.Connection, cutoff_ms: int) -> None:
+    """Inside prune's transaction: the minutes before its cutoff."""
+    con.execute(PRUNE_MINUTES, (cutoff_ms,))

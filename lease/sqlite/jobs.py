@@ -41,9 +41,16 @@ from lease.rules import (
     conflict,
     in_flight_refusals,
     kept_audits,
+    minute_rollup,
 )
 from lease.sqlite import batch, endpoints
-from lease.sqlite.console import is_paused, prune_workers, worker_claimed
+from lease.sqlite.console import (
+    add_minutes,
+    is_paused,
+    prune_minutes,
+    prune_workers,
+    worker_claimed,
+)
 from lease.sqlite.endpoints import Fanout, pick_deliveries
 from lease.sqlite.errors import store_errors
 from lease.sqlite.schema import SCHEMA_VERSION, migrate_here
@@ -415,6 +422,7 @@ def finish_jobs(
                                      if result and result[0] == "done"]))
         if endpoints_of:
             _judge_circuits(con, items, merged, endpoints_of, now_ms)
+        add_minutes(con, minute_rollup(items, merged, endpoints_of, now_ms))
         changed = any(results)
         if changed:
             call_fault(fault, "after-finish")
@@ -725,6 +733,7 @@ def prune_done(
         con.executemany(PRUNE_BODIES, seqs)
         con.executemany(PRUNE_JOBS, seqs)
         prune_workers(con, finished_before_ms)
+        prune_minutes(con, finished_before_ms)
     return len(done)
 
 

@@ -21,9 +21,10 @@ from lease.worker import (
     open_queue,
 )
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 ENDPOINTS_SINCE = 5  # the version that knows endpoints (lease.endpoints)
 CONSOLE_SINCE = 6  # the version with the pause, its audit and the workers (lease.rules)
+ROLLUP_SINCE = 7  # the version with the per-minute rollup of the finishes (lease.rules)
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -136,6 +137,28 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         """CREATE TABLE workers (owner TEXT PRIMARY KEY, host TEXT, pid INTEGER,
   started_ms INTEGER, last_claim_ms INTEGER, last_claimed INTEGER NOT NULL DEFAULT 0)
   WITHOUT ROWID""",
+    ),
+    ROLLUP_SINCE: (
+        # The finishes per minute, endpoint ('' for the queue's own jobs) and
+        # owner, and their send latencies in fixed buckets (lease.rules).
+        """CREATE TABLE minutes (minute_ms INTEGER NOT NULL, endpoint TEXT NOT NULL,
+  owner TEXT NOT NULL, done INTEGER NOT NULL, retried INTEGER NOT NULL, dead INTEGER NOT NULL,
+  b0 INTEGER NOT NULL,
+  b1 INTEGER NOT NULL,
+  b2 INTEGER NOT NULL,
+  b3 INTEGER NOT NULL,
+  b4 INTEGER NOT NULL,
+  b5 INTEGER NOT NULL,
+  b6 INTEGER NOT NULL,
+  b7 INTEGER NOT NULL,
+  b8 INTEGER NOT NULL,
+  b9 INTEGER NOT NULL,
+  b10 INTEGER NOT NULL,
+  b11 INTEGER NOT NULL,
+  b12 INTEGER NOT NULL,
+  b13 INTEGER NOT NULL,
+  b14 INTEGER NOT NULL,
+  b15 INTEGER NOT NULL, PRIMARY KEY (minute_ms, endpoint, owner)) WITHOUT ROWID""",
     ),
 }
 

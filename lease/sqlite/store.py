@@ -15,6 +15,7 @@ from lease.policy import (
 from lease.records import (
     Claimed,
 )
+from lease.rules import check_minutes_query
 from lease.sqlite import console, jobs, reads, release
 from lease.sqlite.errors import store_errors
 from lease.sqlite.jobs import (
@@ -203,6 +204,11 @@ class SQLiteStore:
                         now_ms: int | None = None) -> None:
         with store_errors():
             console.register_worker(self.connection, owner, host, pid, self._now(now_ms))
+
+    def minutes(self, since_ms: int, endpoint: str | None = None) -> list[dict[str, Any]]:
+        check_minutes_query(since_ms, endpoint)
+        with store_errors():
+            return console.minutes(self.connection, since_ms, endpoint)
 
     def workers(self, now_ms: int | None = None) -> list[dict[str, Any]]:
         with store_errors():
