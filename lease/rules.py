@@ -10,6 +10,7 @@ finish decision, the marker check) are in ``lease.worker``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -70,6 +71,8 @@ __all__ = [
     "in_flight_refusals",
     "kept_audits",
     "list_filters",
+    "check_error_filter",
+    "status_range",
     "queue_depth",
 ]
 
@@ -417,13 +420,49 @@ def cancel_decisions(rows: Mapping[str, Mapping], job_ids: list) -> tuple[list, 
     return results, audits
 
 
+MAX_ERROR_FILTER_CHARS = 200
+_STATUS_CLASS = re.compile(r"([1-5])xx")
+
+
+def check_error_filter(text: object) -> str:
+    """An error-text filter: 1-200 characters without control characters,
+    matched as a substring (case-sensitive) of the last attempt's error."""
+    if (type(text) is not str or not 1 <= len(text) <= MAX_ERROR_FILTER_CHARS
+            or any(ord(c) < 32 or ord(c) == 127 for c in text)):
+        raise ValueError(f"error must be 1-{MAX_ERROR_FILTER_CHARS} characters without "
+                         f"control characters, got {text!r:.40}")
+    return text
+
+
+def status_range(value: object) -> tuple[int, int]:
+    """An HTTP status filter as the range it matches: an exact status (an int
+    100-599, or its digits) or a class ("4xx": 400-499)."""
+    if type(value) is str:
+        found = _STATUS_CLASS.fullmatch(value)
+        if found is not None:
+            low = int(found.group(1)) * 100
+            return low, low + 99
+        if value.isdigit() and len(value) == 3:
+            value = int(value)
+    if type(value) is not int or not 100 <= value <= 599:
+        raise ValueError(f"http_status must be a status 100-599 or a class 1xx-5xx, "
+                         f"got {value!r:.40}")
+    return value, value
+
+
 def list_filters(status: str | None, reason: str | None, id_prefix: str | None,
                  after_seq: int | None, limit: int,
-                 key: str | None = None, endpoint: str | None = None) -> list[tuple[str, list]]:
+                 key: str | None = None, endpoint: str | None = None, *,
+                 error: str | None = None, http_status: int | str | None = None,
+                 from_ms: int | None = None, to_ms: int | None = None
+                 ) -> list[tuple[str, list]]:
     """Pure: list_jobs's filters, checked, as (name, arguments) in order:
     "status", "reason", "id_prefix" (its length and itself), "after_seq",
-    "key", "endpoint" (a delivery's, exactly). Each driver writes its own
-    condition for each name."""
+    "key", "endpoint" (a delivery's, exactly), "error" (a substring of the
+    last attempt's error), "http_status" (the last attempt's, or a done
+    job's delivering one: the range low..high), "from" and "to" (its
+    available_at, which is when a done or dead job finished: from <= it <
+    to). Each driver writes its own condition for each name."""
     filters: list[tuple[str, list]] = []
     if status is not None:
         if status not in STATUSES:
@@ -446,6 +485,15 @@ def list_filters(status: str | None, reason: str | None, id_prefix: str | None,
     if endpoint is not None:
         check_identifier("endpoint", endpoint)
         filters.append(("endpoint", [endpoint]))
+    if error is not None:
+        filters.append(("error", [check_error_filter(error)]))
+    if http_status is not None:
+        filters.append(("http_status", list(status_range(http_status))))
+    for name, moment in (("from", from_ms), ("to", to_ms)):
+        if moment is not None:
+            filters.append((name, [check_now(moment, f"{name}_ms")]))
+    if from_ms is not None and to_ms is not None and to_ms <= from_ms:
+        raise ValueError(f"to_ms must be after from_ms, got {from_ms}..{to_ms}")
     if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be an int in 1..{MAX_PAGE}, got {limit!r:.40}")
     return filters

@@ -215,10 +215,16 @@ class Store(Protocol):
     def list_jobs(self, *, status: str | None = None, reason: str | None = None,
                   id_prefix: str | None = None, after_seq: int | None = None,
                   limit: int = 50, key: str | None = None,
-                  endpoint: str | None = None) -> list[dict[str, Any]]:
+                  endpoint: str | None = None, error: str | None = None,
+                  http_status: int | str | None = None, from_ms: int | None = None,
+                  to_ms: int | None = None) -> list[dict[str, Any]]:
         """One page of whole rows in seq order after ``after_seq`` (keyset
         pagination), filtered (``key``: one ordering key, exactly;
-        ``endpoint``: one endpoint's deliveries); a dead row with ``last_error``."""
+        ``endpoint``: one endpoint's deliveries; ``error``: a substring of
+        the last attempt's error, case-sensitive; ``http_status``: the last
+        attempt's status, exactly (404) or by class ("4xx"); ``from_ms`` <=
+        available_at < ``to_ms``: a done or dead job's is when it finished);
+        a dead row with ``last_error``."""
         ...
 
     def stale_finishes(self) -> int: ...

@@ -184,8 +184,12 @@ def job_page(store: Store, status: str | None, found: Filter, after: int | None,
     """One page of the jobs ``found`` matches after the seq ``after``: at most
     ``limit`` rows in seq order, and the seq the next page starts after (None:
     there is no more). Keyset pagination: never a row repeated or skipped."""
+    narrowed = {name: value for name, value in (
+        ("error", found.error), ("http_status", found.http_status),
+        ("from_ms", found.from_ms), ("to_ms", found.to_ms)) if value is not None}
     rows = list_jobs(store, status=status, reason=found.reason, id_prefix=found.id_prefix,
-                     key=found.key, endpoint=found.endpoint, after_seq=after, limit=limit + 1)
+                     key=found.key, endpoint=found.endpoint, after_seq=after, limit=limit + 1,
+                     **narrowed)
     more = len(rows) > limit
     rows = rows[:limit]
     return rows, (rows[-1]["seq"] if more else None)

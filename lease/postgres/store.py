@@ -706,11 +706,14 @@ class PostgresStore:
     def list_jobs(self, *, status: str | None = None, reason: str | None = None,
                   id_prefix: str | None = None, after_seq: int | None = None,
                   limit: int = 50, key: str | None = None,
-                  endpoint: str | None = None) -> list[dict[str, Any]]:
+                  endpoint: str | None = None, error: str | None = None,
+                  http_status: int | str | None = None, from_ms: int | None = None,
+                  to_ms: int | None = None) -> list[dict[str, Any]]:
         """reads.list_jobs of SQLite: one page of whole rows in seq order after
         ``after_seq``, filtered, a dead row with its last error."""
         where, args = job_filter(status, reason, id_prefix, after_seq, limit, key, endpoint,
-                                 endpoints=self._endpoints)
+                                 endpoints=self._endpoints, error=error,
+                                 http_status=http_status, from_ms=from_ms, to_ms=to_ms)
         if endpoint is not None and not self._endpoints:
             return []  # a queue from before endpoints: no job has one
         # the filter's own checks and clauses, in this driver's placeholders

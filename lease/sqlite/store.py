@@ -260,11 +260,14 @@ class SQLiteStore:
     def list_jobs(self, *, status: str | None = None, reason: str | None = None,
                   id_prefix: str | None = None, after_seq: int | None = None,
                   limit: int = 50, key: str | None = None,
-                  endpoint: str | None = None) -> list[dict[str, Any]]:
+                  endpoint: str | None = None, error: str | None = None,
+                  http_status: int | str | None = None, from_ms: int | None = None,
+                  to_ms: int | None = None) -> list[dict[str, Any]]:
         with store_errors():
             return reads.list_jobs(self.connection, status=status, reason=reason,
                                      id_prefix=id_prefix, after_seq=after_seq, limit=limit,
-                                     key=key, endpoint=endpoint)
+                                     key=key, endpoint=endpoint, error=error,
+                                     http_status=http_status, from_ms=from_ms, to_ms=to_ms)
 
     def stale_finishes(self) -> int:
         with store_errors():
