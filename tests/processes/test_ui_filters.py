@@ -28,10 +28,10 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
                              + [{"id": "slow", "body": {"n": 9}}], RetryPolicy(max_attempts=1))
         claimed = store.claim_jobs("d1", 60_000, 4)
         now = claimed.now_ms
-        store.finish_jobs([(one.ticket, "permanent", 0,
-                            Attempt(now, 5, 410, "HTTPError: 410 Gone") if one.ticket["id"] != "slow"
-                            else Attempt(now, 9000, None, "TimeoutError: timed out"))
-                           for one in claimed.leased])
+        gone = Attempt(now, 5, 410, "HTTPError: 410 Gone")
+        slow = Attempt(now, 9000, None, "TimeoutError: timed out")
+        store.finish_jobs([(one.ticket, "permanent", 0, slow if one.ticket["id"] == "slow"
+                            else gone) for one in claimed.leased])
     return name
 
 
