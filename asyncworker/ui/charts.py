@@ -113,9 +113,12 @@ def _latency_svg(ident: str, title: str, bars: list[Period]) -> str:
                 level = steps if value is None else LATENCY_BOUNDS_MS.index(value) + 1
                 y = HEIGHT - BOTTOM - level / steps * (HEIGHT - BOTTOM - 4)
                 points.append(f"{LEFT + (index + 0.5) * width:.1f},{y:.1f}")
-        if points:
+        if points:  # a dot for each point: a line of one point draws nothing
             lines.append(f'<polyline class="line {name}" points="{" ".join(points)}"'
                          f' fill="none" stroke="{colour}" stroke-width="1.5"/>')
+            lines.extend(f'<circle class="point {name}" cx="{point.split(",")[0]}"'
+                         f' cy="{point.split(",")[1]}" r="2.5" fill="{colour}"/>'
+                         for point in points)
     return _svg(ident + "-latency", title, [
         *_axis(f"{LATENCY_BOUNDS_MS[-1] // 1000} s", f"{LATENCY_BOUNDS_MS[0]} ms"), *lines,
         *(f'<text x="{LEFT + 50 * i}" y="{HEIGHT - 2}" font-size="10" fill="{colour}">'
