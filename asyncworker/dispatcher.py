@@ -677,7 +677,8 @@ class Dispatcher:
         return self.stats
 
     async def _dispatch(self, until_idle: bool) -> None:
-        await self._queue.call(self._register)  # the console's dispatchers at work
+        await self._queue.call(  # the console's dispatchers at work
+            self._register, on_busy=lambda _: self._count_busy())
         stop_wait = asyncio.ensure_future(self._stop.wait())
         keeper = asyncio.create_task(self._keeper.run(), name="lease keeper")
         keeper.add_done_callback(self._keeper_died)
