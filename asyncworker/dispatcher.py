@@ -52,8 +52,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import signal
+import socket
 import sys
 import time
 from collections import deque
@@ -507,6 +509,11 @@ class Dispatcher:
             self._session = WireClient(limit=self.concurrency)
         return self
 
+    def _register(self, store: Store) -> None:
+        """This dispatcher's host and pid on its owner's row (Store.register_worker)."""
+        store.register_worker(self.owner, socket.gethostname() or "-", os.getpid(),
+                              now_ms=self._time.given())
+
     async def __aexit__(self, *exc: object) -> None:
         self.abort()
         await self._settle()
@@ -659,7 +666,8 @@ class Dispatcher:
         deliveries of the enabled endpoints it serves): every job done or
         dead, or waiting behind a dead first job of its ordering key
         (``Store.blocked_heads`` names those keys); a disabled endpoint's
-        deliveries wait for an operator. Retry delays
+        deliveries wait for an operator; a paused queue's pending jobs are not
+        idle, they wait for the resume (its claims lease nothing). Retry delays
         and the leases of a dispatcher that died are waited out, not skipped. Once only:
         after a stop (even one before this call) or a previous run it returns
         the stats at once; after a failure it raises RuntimeError. Whatever
@@ -686,6 +694,8 @@ class Dispatcher:
         return self.stats
 
     async def _dispatch(self, until_idle: bool) -> None:
+        await self._queue.call(  # the console's dispatchers at work
+            self._register, on_busy=lambda _: self._count_busy())
         stop_wait = asyncio.ensure_future(self._stop.wait())
         keeper = asyncio.create_task(self._keeper.run(), name="lease keeper")
         keeper.add_done_callback(self._keeper_died)

@@ -76,6 +76,14 @@ def when(ms: int | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
+def paused_words(state: dict | None) -> str:
+    """"paused since <when> by <actor> (<note>)", or "not paused"."""
+    if state is None:
+        return "not paused"
+    by = f" by {state['actor']}" if state["actor"] is not None else ""
+    return f"paused since {when(state['since_ms'])}{by} ({state['note']})"
+
+
 # ------------------------------------------------------------------ a queue
 
 

@@ -10,10 +10,11 @@ finish decision, the marker check) are in ``lease.worker``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lease.policy import PRODUCT, Intake, check_ordering_key
+from lease.policy import PRODUCT, Intake, check_actor, check_note, check_ordering_key
 from lease.records import Attempt
 from lease.worker import (
     MAX_BATCH,
@@ -38,6 +39,28 @@ __all__ = [
     "TABLES_V3",
     "TABLES_V4",
     "TABLES_PG4",
+    "TABLES_PG5",
+    "TABLES_V5",
+    "TRACE_COLUMNS",
+    "CONSOLE_TABLES",
+    "PAUSE_ACTIONS",
+    "pause_decision",
+    "paused_state",
+    "MINUTE_MS",
+    "LATENCY_BOUNDS_MS",
+    "MINUTE_COLUMNS",
+    "BUCKET_COLUMNS",
+    "TABLES_PG6",
+    "TABLES_V6",
+    "ROLLUP_TABLES",
+    "minute_rollup",
+    "minute_rows",
+    "check_minutes_query",
+    "percentiles",
+    "WORKER_BEAT_MS",
+    "WORKERS_KEPT_MS",
+    "check_worker",
+    "workers_at_work",
     "ENDPOINT_TABLES",
     "DELIVERY_COLUMNS",
     "CIRCUIT_COLUMNS",
@@ -48,6 +71,8 @@ __all__ = [
     "in_flight_refusals",
     "kept_audits",
     "list_filters",
+    "check_error_filter",
+    "status_range",
     "queue_depth",
 ]
 
@@ -81,9 +106,37 @@ ENDPOINT_TABLES = {
     "endpoint_audit": ["seq", "endpoint", "at_ms", "action", "fields", "note", "actor"],
 }
 DELIVERY_COLUMNS = ["endpoint", "message", "event_type"]
-TABLES = {**TABLES_V4, "jobs": TABLES_V4["jobs"] + DELIVERY_COLUMNS, **ENDPOINT_TABLES}
+TABLES_V5 = {**TABLES_V4, "jobs": TABLES_V4["jobs"] + DELIVERY_COLUMNS, **ENDPOINT_TABLES}
+# The W3C trace context its intake ran in; NULL: none.
+TRACE_COLUMNS = ["trace"]
+# The operator's console: SQLite's version 6, PostgreSQL's version 5.
+# pause: one row (id 1) while the queue is paused, none otherwise; every
+# claim reads it. queue_audit: each pause and resume. workers: each
+# dispatcher that claimed (its host and pid as it registered them).
+CONSOLE_TABLES = {
+    "pause": ["id", "since_ms", "actor", "note"],
+    "queue_audit": ["seq", "at_ms", "action", "note", "actor"],
+    "workers": ["owner", "host", "pid", "started_ms", "last_claim_ms", "last_claimed"],
+}
+TABLES_V6 = {**TABLES_V5, "jobs": TABLES_V5["jobs"] + TRACE_COLUMNS, **CONSOLE_TABLES}
+# The per-minute rollup of the finishes (the console's charts): SQLite's
+# version 7, PostgreSQL's version 6. A send's latency is counted in fixed
+# buckets, one column each (b0: <= 1 ms, ..., the last: above 60 s): the
+# finish's UPSERT adds to them in place, where a histogram in one JSON text
+# would need a read of the row first. One row a minute, endpoint ('' for the
+# queue's own jobs) and owner: a dispatcher adds to its own rows, so the
+# finishes of many dispatchers never wait for one another's row lock.
+MINUTE_MS = 60_000
+LATENCY_BOUNDS_MS = (1, 3, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000,
+                     60000)
+BUCKET_COLUMNS = [f"b{i}" for i in range(len(LATENCY_BOUNDS_MS) + 1)]
+MINUTE_COLUMNS = ["minute_ms", "endpoint", "owner", "done", "retried", "dead", *BUCKET_COLUMNS]
+ROLLUP_TABLES = {"minutes": MINUTE_COLUMNS}
+TABLES = {**TABLES_V6, **ROLLUP_TABLES}
 # PostgreSQL's versions have these tables (its jobs keep their bodies)
-TABLES_PG4 = {name: columns for name, columns in TABLES.items() if name != "bodies"}
+TABLES_PG4 = {name: columns for name, columns in TABLES_V5.items() if name != "bodies"}
+TABLES_PG5 = {name: columns for name, columns in TABLES_V6.items() if name != "bodies"}
+TABLES_PG6 = {name: columns for name, columns in TABLES.items() if name != "bodies"}
 TABLES_V3 = {name: columns for name, columns in TABLES_V4.items() if name != "bodies"}
 TABLES_V2 = {**TABLES_V3, "jobs": TABLES_V4["jobs"][:-2]}
 TABLES_V1 = {  # version 1: a version-1 PostgreSQL database has these
@@ -98,6 +151,157 @@ TABLES_V1 = {  # version 1: a version-1 PostgreSQL database has these
 }
 
 
+
+# ------------------------------------------------------------------ pause and resume
+#
+# A paused queue leases nothing: every claim (the queue's own jobs and the
+# deliveries) reads the pause row first and, when there is one, returns no
+# lease and changes nothing (not even its quarantine: a paused queue is one
+# the operator wants left as it is; the quarantine runs at the first claim
+# after the resume). Leases taken before the pause run to their end, and
+# their finishes are written: a pause stops new sends, never one on the wire.
+
+PAUSE_ACTIONS = ("pause", "resume")
+
+
+def pause_decision(action: str, paused: bool, note: object, actor: object) -> bool:
+    """Pure: whether a pause or a resume changes the queue (False: it is
+    already so, and nothing is written, no audit row either); the note and
+    the actor checked first, so a bad one is refused whatever the state."""
+    if action not in PAUSE_ACTIONS:
+        raise ValueError(f"action must be one of {PAUSE_ACTIONS}, got {action!r:.40}")
+    check_note(note)
+    check_actor(actor)
+    return paused != (action == "pause")
+
+
+def paused_state(row: tuple[int, str | None, str] | None) -> dict[str, Any] | None:
+    """The pause row (since_ms, actor, note) as Store.paused gives it; None: not paused."""
+    if row is None:
+        return None
+    since_ms, actor, note = row
+    return {"since_ms": int(since_ms), "actor": actor, "note": note}
+
+
+# ------------------------------------------------------------------ the per-minute rollup
+
+_COUNTED = {"done": 0, "pending": 1, "dead": 2}  # a finish's status -> done, retried, dead
+
+
+def minute_rollup(items: list, results: list, endpoints_of: Mapping[str, str],
+                  now_ms: int) -> list[tuple]:
+    """Pure: a finish's additions to the rollup, one row per (minute,
+    endpoint, owner), sorted (the order both stores lock them in): the
+    minute of ``now_ms``, the endpoint ('' for the queue's own), the
+    ticket's owner, then done, retried, dead and the latency buckets.
+    A stale finish (False) and an evidence-only item (no outcome) add
+    nothing: no outcome was written. ``endpoints_of``: id -> endpoint."""
+    minute = now_ms - now_ms % MINUTE_MS
+    groups: dict[tuple[str, str], list[int]] = {}
+    for (ticket, outcome, _, seen), result in zip(items, results, strict=True):
+        if outcome is None or not result or result[0] not in _COUNTED:
+            continue
+        key = (endpoints_of.get(ticket["id"], ""), ticket["owner"])
+        row = groups.setdefault(key, [0] * (3 + len(BUCKET_COLUMNS)))
+        row[_COUNTED[result[0]]] += 1
+        if seen.latency_ms is not None:
+            row[3 + _bucket(seen.latency_ms)] += 1
+    return [(minute, endpoint, owner, *row) for (endpoint, owner), row in sorted(groups.items())]
+
+
+def _bucket(latency_ms: int) -> int:
+    for index, bound in enumerate(LATENCY_BOUNDS_MS):
+        if latency_ms <= bound:
+            return index
+    return len(LATENCY_BOUNDS_MS)
+
+
+def check_minutes_query(since_ms: object, endpoint: object) -> None:
+    """Store.minutes's arguments: a clock value, and None, '' (the queue's
+    own jobs) or an endpoint's name."""
+    check_now(since_ms, "since_ms")
+    if endpoint is not None and endpoint != "":
+        check_identifier("endpoint", endpoint)
+
+
+def minute_rows(rows: Iterable[tuple]) -> list[dict[str, Any]]:
+    """Pure: the rollup's rows (MINUTE_COLUMNS, summed over the owners) as
+    Store.minutes gives them: by minute, then endpoint; ``buckets`` a list."""
+    summed: dict[tuple[int, str], list[int]] = {}
+    for minute_ms, endpoint, _owner, *figures in rows:
+        into = summed.setdefault((int(minute_ms), endpoint), [0] * len(figures))
+        for index, value in enumerate(figures):
+            into[index] += int(value)
+    return [{"minute_ms": minute_ms, "endpoint": endpoint, "done": figures[0],
+             "retried": figures[1], "dead": figures[2], "buckets": figures[3:]}
+            for (minute_ms, endpoint), figures in sorted(summed.items())]
+
+
+def percentiles(buckets: list[int], quantiles: tuple[float, ...] = (0.5, 0.9, 0.99)
+                ) -> list[int | None]:
+    """Pure: each quantile of a latency histogram as the upper bound (ms) of
+    the bucket it falls in (an estimate no lower than the truth); None when
+    the histogram is empty, or for a quantile above the last bound."""
+    total = sum(buckets)
+    out: list[int | None] = []
+    for quantile in quantiles:
+        if total == 0:
+            out.append(None)
+            continue
+        rank, seen = quantile * total, 0
+        found: int | None = None
+        for index, count in enumerate(buckets):
+            seen += count
+            if seen >= rank:
+                found = LATENCY_BOUNDS_MS[index] if index < len(LATENCY_BOUNDS_MS) else None
+                break
+        out.append(found)
+    return out
+
+
+# ------------------------------------------------------------------ the dispatchers at work
+#
+# Each claim names its owner, and records itself in the workers table in its
+# own transaction: when it claimed and how many it leased (one UPSERT). A
+# claim that leased nothing (an idle poll, a paused queue's) writes only when
+# the row's last claim is WORKER_BEAT_MS old: an idle dispatcher would
+# otherwise turn each poll into a written transaction (an fsync on SQLite).
+# Host and pid come from the dispatcher's registration when it opens
+# (Store.register_worker): the claim's signature stays as it is. A row whose
+# last sign of life (claim or registration) is older than WORKERS_KEPT_MS is
+# not shown, and prune_done deletes it.
+
+WORKER_BEAT_MS = 10_000
+WORKERS_KEPT_MS = DAY_MS
+MAX_HOST_CHARS = 255
+
+
+def check_worker(owner: object, host: object, pid: object) -> None:
+    """A registration's owner (an identifier, as a claim's), host (1-255
+    characters without control characters) and pid (an int >= 0)."""
+    check_identifier("owner", owner)
+    if (type(host) is not str or not 1 <= len(host) <= MAX_HOST_CHARS
+            or any(ord(c) < 32 or ord(c) == 127 for c in host)):
+        raise ValueError(f"host must be 1-{MAX_HOST_CHARS} characters without control "
+                         f"characters, got {host!r:.40}")
+    check_int("pid", pid, 0, 2**31 - 1)
+
+
+def workers_at_work(rows: Iterable[tuple], leases: Mapping[str, int],
+                    now_ms: int) -> list[dict[str, Any]]:
+    """Pure: the workers rows (owner, host, pid, started_ms, last_claim_ms,
+    last_claimed) seen within WORKERS_KEPT_MS, each with its live leases
+    (``leases``: owner -> leases live at ``now_ms``), by owner."""
+    kept_since = now_ms - WORKERS_KEPT_MS
+    out = []
+    for owner, host, pid, started_ms, last_claim_ms, last_claimed in sorted(rows):
+        seen = max(started_ms or 0, last_claim_ms or 0)
+        if seen < kept_since:
+            continue
+        out.append({"owner": owner, "host": host, "pid": pid, "started_ms": started_ms,
+                    "last_claim_ms": last_claim_ms, "last_claimed": last_claimed,
+                    "live_leases": leases.get(owner, 0)})
+    return out
 
 
 def conflict(intake: Intake, qty: int, digest: str | None,
@@ -216,13 +420,49 @@ def cancel_decisions(rows: Mapping[str, Mapping], job_ids: list) -> tuple[list, 
     return results, audits
 
 
+MAX_ERROR_FILTER_CHARS = 200
+_STATUS_CLASS = re.compile(r"([1-5])xx")
+
+
+def check_error_filter(text: object) -> str:
+    """An error-text filter: 1-200 characters without control characters,
+    matched as a substring (case-sensitive) of the last attempt's error."""
+    if (type(text) is not str or not 1 <= len(text) <= MAX_ERROR_FILTER_CHARS
+            or any(ord(c) < 32 or ord(c) == 127 for c in text)):
+        raise ValueError(f"error must be 1-{MAX_ERROR_FILTER_CHARS} characters without "
+                         f"control characters, got {text!r:.40}")
+    return text
+
+
+def status_range(value: object) -> tuple[int, int]:
+    """An HTTP status filter as the range it matches: an exact status (an int
+    100-599, or its digits) or a class ("4xx": 400-499)."""
+    if type(value) is str:
+        found = _STATUS_CLASS.fullmatch(value)
+        if found is not None:
+            low = int(found.group(1)) * 100
+            return low, low + 99
+        if value.isdigit() and len(value) == 3:
+            value = int(value)
+    if type(value) is not int or not 100 <= value <= 599:
+        raise ValueError(f"http_status must be a status 100-599 or a class 1xx-5xx, "
+                         f"got {value!r:.40}")
+    return value, value
+
+
 def list_filters(status: str | None, reason: str | None, id_prefix: str | None,
                  after_seq: int | None, limit: int,
-                 key: str | None = None, endpoint: str | None = None) -> list[tuple[str, list]]:
+                 key: str | None = None, endpoint: str | None = None, *,
+                 error: str | None = None, http_status: int | str | None = None,
+                 from_ms: int | None = None, to_ms: int | None = None
+                 ) -> list[tuple[str, list]]:
     """Pure: list_jobs's filters, checked, as (name, arguments) in order:
     "status", "reason", "id_prefix" (its length and itself), "after_seq",
-    "key", "endpoint" (a delivery's, exactly). Each driver writes its own
-    condition for each name."""
+    "key", "endpoint" (a delivery's, exactly), "error" (a substring of the
+    last attempt's error), "http_status" (the last attempt's, or a done
+    job's delivering one: the range low..high), "from" and "to" (its
+    available_at, which is when a done or dead job finished: from <= it <
+    to). Each driver writes its own condition for each name."""
     filters: list[tuple[str, list]] = []
     if status is not None:
         if status not in STATUSES:
@@ -245,6 +485,15 @@ def list_filters(status: str | None, reason: str | None, id_prefix: str | None,
     if endpoint is not None:
         check_identifier("endpoint", endpoint)
         filters.append(("endpoint", [endpoint]))
+    if error is not None:
+        filters.append(("error", [check_error_filter(error)]))
+    if http_status is not None:
+        filters.append(("http_status", list(status_range(http_status))))
+    for name, moment in (("from", from_ms), ("to", to_ms)):
+        if moment is not None:
+            filters.append((name, [check_now(moment, f"{name}_ms")]))
+    if from_ms is not None and to_ms is not None and to_ms <= from_ms:
+        raise ValueError(f"to_ms must be after from_ms, got {from_ms}..{to_ms}")
     if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be an int in 1..{MAX_PAGE}, got {limit!r:.40}")
     return filters

@@ -127,6 +127,54 @@ class Store(Protocol):
 
     def prune_done(self, finished_before_ms: int, limit: int = MAX_BATCH) -> int: ...
 
+    # -- the queue's pause: each change one transaction with its audit row
+    def pause(self, note: str, *, actor: str | None = None,
+              now_ms: int | None = None) -> bool:
+        """Pause the queue: from its commit on, every claim (the queue's own
+        jobs and the deliveries, on every host) leases nothing and changes
+        nothing, not even its quarantine (``lease.rules``, "pause"). Leases
+        already taken run to their end and finish as usual. False (nothing
+        written) when it already is paused."""
+        ...
+
+    def resume(self, note: str, *, actor: str | None = None,
+               now_ms: int | None = None) -> bool:
+        """End the pause; False (nothing written) when it is not paused."""
+        ...
+
+    def paused(self) -> dict[str, Any] | None:
+        """None, or since when, by whom and why: since_ms, actor, note."""
+        ...
+
+    def queue_audit(self) -> list[dict[str, Any]]:
+        """Each pause and resume, oldest first: at_ms, action, note, actor."""
+        ...
+
+    # -- the per-minute rollup (lease.rules)
+    def minutes(self, since_ms: int, endpoint: str | None = None) -> list[dict[str, Any]]:
+        """The finishes per minute since ``since_ms`` (each written by the
+        finish transaction itself), by minute then endpoint: minute_ms,
+        endpoint ('' for the queue's own jobs), done, retried, dead, and
+        ``buckets``: the send latencies counted in ``LATENCY_BOUNDS_MS``'s
+        buckets (the last: above its last bound). ``endpoint`` None: every
+        endpoint's rows and the queue's own; a name (or ''): that one's."""
+        ...
+
+    # -- the dispatchers at work (lease.rules)
+    def register_worker(self, owner: str, host: str, pid: int, *,
+                        now_ms: int | None = None) -> None:
+        """A dispatcher's host and pid, and when it started, on its owner's row
+        (a dispatcher calls it when it opens). Its claims record the rest."""
+        ...
+
+    def workers(self, now_ms: int | None = None) -> list[dict[str, Any]]:
+        """The dispatchers seen in the last day, by owner: owner, host, pid,
+        started_ms (None: never registered), last_claim_ms (the last claim
+        that leased, or within WORKER_BEAT_MS of the last that did not),
+        last_claimed (how many it leased) and live_leases (leases of that
+        owner live at ``now_ms``)."""
+        ...
+
     # -- observations (read only)
     def counts(self) -> dict[str, int]: ...
 
@@ -167,10 +215,16 @@ class Store(Protocol):
     def list_jobs(self, *, status: str | None = None, reason: str | None = None,
                   id_prefix: str | None = None, after_seq: int | None = None,
                   limit: int = 50, key: str | None = None,
-                  endpoint: str | None = None) -> list[dict[str, Any]]:
+                  endpoint: str | None = None, error: str | None = None,
+                  http_status: int | str | None = None, from_ms: int | None = None,
+                  to_ms: int | None = None) -> list[dict[str, Any]]:
         """One page of whole rows in seq order after ``after_seq`` (keyset
         pagination), filtered (``key``: one ordering key, exactly;
-        ``endpoint``: one endpoint's deliveries); a dead row with ``last_error``."""
+        ``endpoint``: one endpoint's deliveries; ``error``: a substring of
+        the last attempt's error, case-sensitive; ``http_status``: the last
+        attempt's status, exactly (404) or by class ("4xx"); ``from_ms`` <=
+        available_at < ``to_ms``: a done or dead job's is when it finished);
+        a dead row with ``last_error``."""
         ...
 
     def stale_finishes(self) -> int: ...

@@ -258,6 +258,10 @@ class MemoryStore:
     def __exit__(self, *exc: object) -> None:
         pass
 
+    def register_worker(self, owner: str, host: str, pid: int, *,
+                        now_ms: int | None = None) -> None:
+        pass  # a dispatcher's run registers itself: nothing to keep here
+
     def _not_here(self, *args: object, **kwargs: object) -> Any:
         raise NotImplementedError("the benchmark's memory store claims and finishes only")
 
@@ -268,6 +272,7 @@ class MemoryStore:
     schema_version = queue_depth = _not_here
     add_endpoint = update_endpoint = remove_endpoint = endpoint_configs = _not_here
     endpoints = endpoint_stats = endpoint_audit = recover_endpoint = _not_here
+    pause = resume = paused = queue_audit = workers = minutes = _not_here
 
 
 async def _dispatch(queue: str, concurrency: int, batch: int, *, url: str | None = None,

@@ -1,5 +1,6 @@
 """The operator's changes: ``redrive`` and ``cancel`` (by id, or in bulk by
-reason, each with a note and an audit row), ``prune`` and ``prune-inbox``."""
+reason, each with a note and an audit row), ``pause`` and ``resume`` (the
+queue's claims, audited), ``prune`` and ``prune-inbox``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from asyncworker.operations import (
     about,
     apply_in_chunks,
     open_queue_store,
+    paused_words,
     when,
 )
 from lease.clock import wall_clock_ms
@@ -89,6 +91,29 @@ def cancel(args: argparse.Namespace) -> int:
     refused = [f"not cancelled: {answer}" for _, answer in results if answer is not True]
     print_outcome(done, refused, args.verbose, "cancelled")
     return EXIT_FAILED if refused else EXIT_OK
+
+
+# ------------------------------------------------------------------ pause, resume
+
+
+def pause(args: argparse.Namespace) -> int:
+    """Pause the queue: every claim, on every host, leases nothing until resumed."""
+    with closing(open_queue_store(args.queue)) as store:
+        changed = store.pause(args.note, actor=args.actor)
+        state = store.paused()
+    if not changed:
+        print(f"already {paused_words(state)}: nothing changed")
+        return EXIT_OK
+    print(f"{paused_words(state)}: dispatchers lease nothing until resumed "
+          "(their leases in flight finish)")
+    return EXIT_OK
+
+
+def resume(args: argparse.Namespace) -> int:
+    with closing(open_queue_store(args.queue)) as store:
+        changed = store.resume(args.note, actor=args.actor)
+    print("resumed: dispatchers claim again" if changed else "not paused: nothing changed")
+    return EXIT_OK
 
 
 # ------------------------------------------------------------------ prune, prune-inbox

@@ -75,7 +75,7 @@ def count(n: int, thing: str) -> str:
 # ------------------------------------------------------------------ run
 
 
-def progress_line(stats: DispatcherStats, rate: float) -> str:
+def progress_line(stats: DispatcherStats, rate: float, paused: str | None = None) -> str:
     reasons = " ".join(f"{reason}:{n}" for reason, n in sorted(stats.dead_by_reason.items())
                        if n)
     return (f"done {stats.ok}  retried {stats.retried}  dead {stats.dead}"
@@ -83,15 +83,19 @@ def progress_line(stats: DispatcherStats, rate: float) -> str:
             f"unrecorded-busy {stats.unrecorded_busy}  "
             f"bad-acks {stats.bad_acks}  errors {stats.errors}  in flight {stats.in_flight}  "
             f"sending {stats.sending}  rate {rate:.0f}/s"
-            f"{f'  left leased {stats.left_leased}' if stats.left_leased else ''}")
+            f"{f'  left leased {stats.left_leased}' if stats.left_leased else ''}"
+            f"{f'  {paused}' if paused else ''}")
 
 
-def show_progress(stats: DispatcherStats, rate: float, *, final: bool = False) -> None:
-    line = progress_line(stats, rate)
+def show_progress(stats: DispatcherStats, rate: float, *, final: bool = False,
+                  paused: str | None = None) -> None:
+    """``paused``: the queue's pause in words, when it is paused."""
+    line = progress_line(stats, rate, paused)
     from asyncworker.logs import current_format
 
     if current_format() == "json":  # one object a line, the figures as keys
-        announce(("summary: " if final else "") + line, **stats.as_dict(), rate=round(rate, 1))
+        announce(("summary: " if final else "") + line, **stats.as_dict(), rate=round(rate, 1),
+                 **({"paused": paused} if paused else {}))
     elif sys.stderr.isatty():  # one live line, redrawn in place
         to_stderr("\r\x1b[2K" + line + ("\n" if final else ""))
     else:  # plain log lines for files and pipes

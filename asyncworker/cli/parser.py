@@ -628,6 +628,17 @@ def _operator_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
                    help="audit note: free text, 1-500 characters, no control characters")
     _bulk_arguments(p)
 
+    for verb, help_text in (
+            ("pause", "pause the queue: every claim, on every host, leases nothing until "
+                      "resume (leases in flight finish); audited with the note"),
+            ("resume", "resume a paused queue: dispatchers claim again; audited with the note")):
+        p = command(verb, help_text, getattr(actions, verb))
+        _queue_argument(p)
+        p.add_argument("--note", metavar="NOTE", type=_note, required=True,
+                       help="audit note: free text, 1-500 characters, no control characters")
+        p.add_argument("--actor", metavar="NAME", type=_actor, default=None,
+                       help="who does it, for the audit row (1-100 characters)")
+
     p = command("prune", "delete done jobs that finished more than AGE ago, with their "
                 "evidence", actions.prune, "delete done jobs that finished more than AGE ago, with "
                 "their attempts and audit rows, in short transactions of up to "

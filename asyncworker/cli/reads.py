@@ -15,9 +15,11 @@ from asyncworker.operations import (
     WorkFailed,
     endpoint_figures,
     open_queue_store,
+    paused_words,
     reached,
     receiver_stats,
     shown,
+    when,
 )
 
 
@@ -28,6 +30,12 @@ def stats(args: argparse.Namespace) -> int:
         endpoints = endpoint_figures(store)
         if snap.get("blocked_keys"):  # named, each with its dead head
             snap["blocked_heads"] = store.blocked_heads(BLOCKED_SHOWN)
+        paused = store.paused()
+        at_work = store.workers()
+    if at_work:  # a queue no dispatcher claimed from shows what it always did
+        snap["workers"] = at_work
+    if paused is not None:  # a queue that runs shows what it always did
+        snap["paused"] = paused
     if endpoints:  # a queue without endpoints shows what it always did
         snap["endpoints"] = endpoints
     if args.receiver:
@@ -41,6 +49,8 @@ def stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(snap, indent=2, sort_keys=True))
         return EXIT_OK
+    if paused is not None:
+        print(paused_words(paused) + ": dispatchers lease nothing until resumed")
     print_table(stats_rows(snap))
     if snap.get("blocked_heads"):
         print()
@@ -48,6 +58,9 @@ def stats(args: argparse.Namespace) -> int:
         more = snap["blocked_keys"] - len(snap["blocked_heads"])
         if more > 0:
             print(f"and {more} more blocked keys (the first {BLOCKED_SHOWN} by key shown)")
+    if at_work:
+        print()
+        print_table(worker_rows(at_work))
     if endpoints:
         print()
         print_table(endpoint_stats_rows(endpoints))
@@ -57,6 +70,13 @@ def stats(args: argparse.Namespace) -> int:
 
 
 BLOCKED_SHOWN = 100  # blocked keys stats names, each with its dead head
+
+
+def worker_rows(at_work: list[dict]) -> list[tuple]:
+    """The dispatchers at work as a table: owner, host, pid, live leases, last claim."""
+    return [("dispatcher", "host", "pid", "live leases", "last claim", "leased"),
+            *((row["owner"], cell(row["host"]), cell(row["pid"]), row["live_leases"],
+               when(row["last_claim_ms"]), row["last_claimed"]) for row in at_work)]
 
 
 def blocked_rows(heads: list[dict]) -> list[tuple]:

@@ -29,6 +29,7 @@ from asyncworker.operations import (
     WorkFailed,
     about,
     open_queue_store,
+    paused_words,
     reached,
     read_secret_file,
     served_tls,
@@ -39,7 +40,7 @@ from lease.records import StoreError
 from lease.signing import TOLERANCE_S
 
 if TYPE_CHECKING:
-    from asyncworker.dispatcher import Dispatcher, DispatcherStats
+    from asyncworker.dispatcher import Dispatcher
     from asyncworker.service import Notifier
     from lease.http import Destination
 
@@ -242,8 +243,7 @@ async def _dispatch(dispatcher: Dispatcher, until_idle: bool, banner: str,
 
     try:
         async with dispatcher:
-            progress = asyncio.create_task(_progress(dispatcher.stats, notifier),
-                                           name="progress")
+            progress = asyncio.create_task(_progress(dispatcher, notifier), name="progress")
             telling = asyncio.create_task(_tell_manager(dispatcher, notifier), name="notify")
             blocked = None
             try:
@@ -320,20 +320,34 @@ async def _serve_metrics(dispatcher: Dispatcher, host: str, port: int) -> Any:
     return runner
 
 
-async def _progress(stats: DispatcherStats, notifier: Notifier) -> None:
-    """The progress line on stderr, and as the service's status when it has a manager."""
+async def _progress(dispatcher: Dispatcher, notifier: Notifier) -> None:
+    """The progress line on stderr, and as the service's status when it has a
+    manager; it says so while the queue is paused (the dispatcher keeps
+    polling, and leases nothing: ``run --until-idle`` waits for the resume)."""
     import asyncio
 
+    stats = dispatcher.stats
     interval = 0.5 if sys.stderr.isatty() else 2.0
     last_ok, last_time = stats.ok, time.monotonic()
     while True:
         await asyncio.sleep(interval)
         now = time.monotonic()
         rate = (stats.ok - last_ok) / (now - last_time)
-        show_progress(stats, rate)
+        paused = await _paused(dispatcher)
+        show_progress(stats, rate, paused=paused)
         if notifier.ready_sent and not notifier.stopping_sent:
-            notifier.status(progress_line(stats, rate))
+            notifier.status(progress_line(stats, rate, paused))
         last_ok, last_time = stats.ok, now
+
+
+async def _paused(dispatcher: Dispatcher) -> str | None:
+    """The queue's pause in words, or None (running, or the store did not
+    answer this time: the line says nothing rather than something stale)."""
+    try:
+        state = await dispatcher.queue.run(lambda store: store.paused())
+    except StoreError:
+        return None
+    return None if state is None else paused_words(state)
 
 
 # ------------------------------------------------------------------ serve

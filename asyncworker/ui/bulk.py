@@ -14,11 +14,13 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import NamedTuple
 
 from asyncworker.operations import DEAD_REASONS
 from lease.endpoints import check_endpoint_name
 from lease.policy import DEFAULT_POLICY, PRODUCT, check_note, check_ordering_key
+from lease.rules import check_error_filter, status_range
 from lease.worker import check_job_id
 
 __all__ = ["ACTIONS", "BadRequest", "BulkRequest", "Filter", "Member", "MAX_BULK", "SAMPLE",
@@ -65,6 +67,28 @@ class Filter(NamedTuple):
     id_prefix: str | None
     key: str | None
     endpoint: str | None = None  # one endpoint's deliveries (ids ending "@NAME")
+    # The lists' own (a bulk change takes none of them: its form is offered
+    # only while they are unset): a substring of the last attempt's error,
+    # its HTTP status ("404" or "4xx"), and a time range of available_at
+    # (as given, UTC "YYYY-MM-DDTHH:MM[:SS]", and in ms).
+    error: str | None = None
+    http_status: str | None = None
+    from_text: str | None = None
+    to_text: str | None = None
+    from_ms: int | None = None
+    to_ms: int | None = None
+
+    @property
+    def narrows_lists_only(self) -> bool:
+        """Whether a filter a bulk change cannot take is set."""
+        return any(v is not None for v in (self.error, self.http_status, self.from_ms,
+                                           self.to_ms))
+
+    def query(self) -> dict[str, str | None]:
+        """The filter as the URL keeps it (the pages' links carry it on)."""
+        return {"reason": self.reason, "id_prefix": self.id_prefix, "key": self.key,
+                "endpoint": self.endpoint, "error": self.error, "http_status": self.http_status,
+                "from": self.from_text, "to": self.to_text}
 
 
 def parse_filter(query: Mapping[str, str]) -> Filter:
@@ -90,7 +114,39 @@ def parse_filter(query: Mapping[str, str]) -> Filter:
         except ValueError:
             raise BadRequest("endpoint must be an endpoint's name: 1-64 ASCII letters, "
                              "digits, '_' or '-'") from None
-    return Filter(reason, prefix, key, endpoint)
+    error = query.get("error") or None
+    if error is not None:
+        try:
+            check_error_filter(error)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+    status = query.get("http_status") or None
+    if status is not None:
+        try:
+            status_range(status)
+        except ValueError:
+            raise BadRequest(f"HTTP status must be a status (404) or a class (4xx), "
+                             f"got {status!r:.20}") from None
+    from_text, to_text = query.get("from") or None, query.get("to") or None
+    from_ms, to_ms = _moment(from_text, "from"), _moment(to_text, "to")
+    if from_ms is not None and to_ms is not None and to_ms <= from_ms:
+        raise BadRequest("the time range's end (to) must be after its start (from)")
+    return Filter(reason, prefix, key, endpoint, error, status, from_text, to_text,
+                  from_ms, to_ms)
+
+
+def _moment(text: str | None, name: str) -> int | None:
+    """A time range's end, UTC "YYYY-MM-DDTHH:MM[:SS]" (a datetime-local
+    input's value), in ms; BadRequest names the field."""
+    if text is None:
+        return None
+    for layout in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M"):
+        try:
+            moment = datetime.strptime(text, layout).replace(tzinfo=UTC)
+        except ValueError:
+            continue
+        return int(moment.timestamp() * 1000)
+    raise BadRequest(f"{name} must be a UTC time YYYY-MM-DDTHH:MM[:SS], got {text!r:.30}")
 
 
 def parse_bulk(form: Mapping[str, str]) -> BulkRequest:
@@ -98,7 +154,8 @@ def parse_bulk(form: Mapping[str, str]) -> BulkRequest:
     action = form.get("action", "")
     if action not in ACTIONS:
         raise BadRequest(f"action must be one of {', '.join(ACTIONS)}, got {action!r:.40}")
-    reason, prefix, key, endpoint = parse_filter(form)
+    found = parse_filter(form)
+    reason, prefix, key, endpoint = found.reason, found.id_prefix, found.key, found.endpoint
     if action == "cancel" and reason == "cancelled":
         raise BadRequest("reason cancelled: those jobs are cancelled already")
     return BulkRequest(action, reason, prefix, parse_note(form), parse_ttl(form), key,

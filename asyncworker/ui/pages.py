@@ -27,6 +27,7 @@ from typing import (
 import aiohttp
 import jinja2
 from aiohttp import web
+from markupsafe import Markup
 
 from asyncworker.operations import chunks, one_line, shown, stats_url, when
 from asyncworker.operations import endpoint_figures as stats_endpoints
@@ -45,7 +46,9 @@ from asyncworker.ui.bulk import (
     parse_bulk,
     parse_filter,
     parse_job_change,
+    parse_note,
 )
+from asyncworker.ui.charts import SPANS, chart, periods
 from asyncworker.ui.recovery import NoSuchEndpoint, parse_recovery
 from asyncworker.ui.recovery import confirm as confirm_recovery
 from asyncworker.ui.recovery import preview as preview_recovery
@@ -65,7 +68,7 @@ from lease.http import Destination
 from lease.policy import DEFAULT_POLICY, PRODUCT, check_actor
 from lease.records import StoreError
 from lease.retrying import PATIENT
-from lease.rules import MAX_PAGE, STATUSES
+from lease.rules import DAY_MS, MAX_PAGE, MINUTE_MS, STATUSES, WORKER_BEAT_MS
 from lease.store import Store
 from lease.stores import is_postgres_url, open_store
 from lease.worker import check_job_id
@@ -181,8 +184,12 @@ def job_page(store: Store, status: str | None, found: Filter, after: int | None,
     """One page of the jobs ``found`` matches after the seq ``after``: at most
     ``limit`` rows in seq order, and the seq the next page starts after (None:
     there is no more). Keyset pagination: never a row repeated or skipped."""
+    narrowed = {name: value for name, value in (
+        ("error", found.error), ("http_status", found.http_status),
+        ("from_ms", found.from_ms), ("to_ms", found.to_ms)) if value is not None}
     rows = list_jobs(store, status=status, reason=found.reason, id_prefix=found.id_prefix,
-                     key=found.key, endpoint=found.endpoint, after_seq=after, limit=limit + 1)
+                     key=found.key, endpoint=found.endpoint, after_seq=after, limit=limit + 1,
+                     **narrowed)
     more = len(rows) > limit
     rows = rows[:limit]
     return rows, (rows[-1]["seq"] if more else None)
@@ -345,6 +352,10 @@ def _routes(app: web.Application) -> None:
     add("GET", "/endpoints", endpoints, name="endpoints")
     add("GET", "/endpoint", endpoint, name="endpoint")
     add("GET", "/blocked", blocked, name="blocked")
+    add("GET", "/workers", workers, name="workers")
+    add("GET", "/pause", pause_page, name="pause_page")
+    add("POST", "/pause", pause_change, name="pause")
+    add("POST", "/resume", pause_change, name="resume")
     add("POST", "/refresh", refresh, name="refresh")
     add("POST", "/job/redrive", job_change, name="job_redrive")
     add("POST", "/job/cancel", job_change, name="job_cancel")
@@ -502,8 +513,8 @@ def _render(request: web.Request, template: str, *, status: int = 200,
 # when the page is read-only: a reload would lose a note being typed.
 REFRESH_S = 10
 REFRESH_COOKIE = "asyncworker_refresh"
-REFRESHED = frozenset({"overview", "jobs", "endpoints", "blocked"})
-REFRESHED_READ_ONLY = frozenset({"dead", "endpoint", "job"})
+REFRESHED = frozenset({"overview", "jobs", "endpoints", "blocked", "workers"})
+REFRESHED_READ_ONLY = frozenset({"dead", "endpoint", "job", "pause_page"})
 
 
 def _refreshable(request: web.Request) -> bool:
@@ -558,13 +569,19 @@ def hide_body(row: dict) -> dict:
 
 async def overview(request: web.Request) -> web.Response:
     _wants_json(request)
-    def read(store: Store) -> tuple[dict, list[dict], list[dict]]:
+    def read(store: Store) -> tuple[dict, list[dict], list[dict], dict | None, list[dict],
+                                    list[dict]]:
         found = endpoint_figures(store)
-        return store.snapshot(), found, stats_endpoints(store) if found else []
+        return (store.snapshot(), found, stats_endpoints(store) if found else [],
+                store.paused(), store.workers(), store.minutes(_chart_since()))
 
-    snap, found, listed = await request.app[QUEUE].look(read)
+    snap, found, listed, paused, at_work, minutes = await request.app[QUEUE].look(read)
     receiver, receiver_error = await _receiver_figures(request)
     data = dict(snap)
+    if paused is not None:  # a queue that runs answers as before the pause existed
+        data["paused"] = paused
+    if at_work:  # as ``stats --json`` has them
+        data["workers"] = at_work
     circuits = circuit_summary(found, _now_ms()) if found else None
     if circuits is not None:  # a queue without endpoints answers as before them
         data["endpoints"] = listed  # as ``stats --json`` has them
@@ -578,11 +595,25 @@ async def overview(request: web.Request) -> web.Response:
         if key.startswith("process_refused_signature_") and isinstance(value, int))
     return _answer(request, "overview.html", data, snap=snap, receiver=receiver,
                    receiver_error=receiver_error, refused_by_signature=refused,
-                   circuits=circuits)
+                   circuits=circuits, paused=paused, at_work=at_work,
+                   charts=charts(minutes, "the queue"))
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _chart_since() -> int:
+    """The first minute the day's chart shows (this host's clock: a page's)."""
+    return max(0, _now_ms() - DAY_MS - MINUTE_MS)
+
+
+def charts(minutes: list[dict], label: str) -> list[tuple[str, Markup]]:
+    """The charts of the last hour and the last day of ``minutes``, each with
+    its heading (asyncworker.ui.charts)."""
+    now = _now_ms()
+    return [(title, chart(span, title, periods(minutes, now, bars, each), label))
+            for span, title, bars, each in SPANS]
 
 
 async def _receiver_figures(request: web.Request) -> tuple[dict | None, str | None]:
@@ -696,6 +727,43 @@ async def job_change(request: web.Request) -> web.Response:
                                "note": one.note})
 
 
+async def workers(request: web.Request) -> web.Response:
+    """The dispatchers at work (Store.workers), by owner."""
+    _wants_json(request)
+    rows, paused = await request.app[QUEUE].look(
+        lambda store: (store.workers(), store.paused()))
+    return _answer(request, "workers.html", rows, rows=rows, paused=paused,
+                   beat_s=WORKER_BEAT_MS // 1000)
+
+
+async def pause_page(request: web.Request) -> web.Response:
+    """The queue's pause: its state, the form that changes it, its audit rows."""
+    _wants_json(request)
+    paused, audit = await request.app[QUEUE].look(
+        lambda store: (store.paused(), store.queue_audit()))
+    return _answer(request, "pause.html", {"paused": paused, "audit": audit},
+                   paused=paused, audit=audit, change=None)
+
+
+async def pause_change(request: web.Request) -> web.Response:
+    """Pause or resume from the page: a note required, an audit row with the
+    actor; the page again with what it did (nothing, when it already was so)."""
+    action = request.match_info.route.name
+    note = parse_note(await _change_form(request), "say why, for the audit row")
+    actor = request.app[SETTINGS].operator
+
+    def change(store: Store) -> tuple[bool, dict | None, list[dict]]:
+        changed = store.pause(note, actor=actor) if action == "pause" \
+            else store.resume(note, actor=actor)
+        return changed, store.paused(), store.queue_audit()
+
+    changed, paused, audit = await request.app[QUEUE].change(change)
+    done = {"pause": "paused", "resume": "resumed"}[str(action)]
+    said = done if changed else f"not {done}: it already was {'paused' if paused else 'running'}"
+    return _answer(request, "pause.html", {"paused": paused, "audit": audit, "change": said},
+                   paused=paused, audit=audit, change=said)
+
+
 async def dead(request: web.Request) -> web.Response:
     _wants_json(request)
     found = parse_filter(request.query)
@@ -749,7 +817,8 @@ async def endpoint(request: web.Request) -> web.Response:
     letters are, the recovery's form, and its audit rows (the breaker's too)."""
     _wants_json(request)
     name = _endpoint_name(request.query.get("name", ""))
-    record, audit = await request.app[QUEUE].look(lambda store: endpoint_record(store, name))
+    record, audit, minutes = await request.app[QUEUE].look(
+        lambda store: (*endpoint_record(store, name), store.minutes(_chart_since(), name)))
     if record is None:
         raise Refused(404, f"no endpoint {name!r} in this queue (a removed endpoint's "
                            f"finished deliveries are on the jobs page, by endpoint)")
@@ -760,7 +829,7 @@ async def endpoint(request: web.Request) -> web.Response:
     return _answer(request, "endpoint.html", {"endpoint": record, "audit": audit},
                    ep=record, audit=audit, now_ms=now,
                    since_default=None if since is None else _datetime_local(since),
-                   ttl_ms=DEFAULT_POLICY.ttl_ms)
+                   ttl_ms=DEFAULT_POLICY.ttl_ms, charts=charts(minutes, name))
 
 
 def _datetime_local(ms: int) -> str:

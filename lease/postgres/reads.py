@@ -99,10 +99,10 @@ def read_depth(conn: psycopg.Connection, now: int, *, keys: bool,
 def job_filter(status: str | None, reason: str | None, id_prefix: str | None,
                after_seq: int | None, limit: int,
                key: str | None = None, endpoint: str | None = None, *,
-               endpoints: bool = True) -> tuple[str, list[Any]]:
+               endpoints: bool = True, **more: Any) -> tuple[str, list[Any]]:
     """The WHERE of list_jobs and its arguments, checked; with endpoints, a
     key matches a job's own key and every delivery's line of that key."""
-    filters = list_filters(status, reason, id_prefix, after_seq, limit, key, endpoint)
+    filters = list_filters(status, reason, id_prefix, after_seq, limit, key, endpoint, **more)
     clauses = ["1 = 1"]
     args: list[Any] = []
     for name, values in filters:

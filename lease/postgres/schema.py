@@ -14,6 +14,8 @@ from psycopg import errors
 from lease.postgres.statements import DUE_LINE, LINE
 from lease.rules import (
     TABLES_PG4,
+    TABLES_PG5,
+    TABLES_PG6,
     TABLES_V1,
     TABLES_V2,
     TABLES_V3,
@@ -26,7 +28,9 @@ from lease.worker import (
 )
 
 SCHEMA = "lease"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 6
+CONSOLE_SINCE = 5  # the version with the pause, its audit and the workers (lease.rules)
+ROLLUP_SINCE = 6  # the version with the per-minute rollup of the finishes (lease.rules)
 CHANNEL = "lease_jobs"  # NOTIFY'd when work becomes available
 SECRET_TABLES = ("endpoints",)  # rows a server's error message must not show
 
@@ -50,7 +54,8 @@ NOW = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # Version 4: endpoints as data (lease.endpoints); a job of the queue's own has
 # NULL in the four new columns of jobs.
 TABLES = {1: {**TABLES_V1, "redrives": CONTRACT_COLUMNS["redrives"]}, 2: TABLES_V2,
-          3: TABLES_V3, 4: TABLES_PG4}
+          3: TABLES_V3, 4: TABLES_PG4, CONSOLE_SINCE: TABLES_PG5,
+          ROLLUP_SINCE: TABLES_PG6}
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -149,6 +154,42 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX jobs_by_message ON lease.jobs (message) WHERE message IS NOT NULL",
         """CREATE INDEX jobs_by_endpoint ON lease.jobs (endpoint, status)
   WHERE endpoint IS NOT NULL""",
+    ),
+    CONSOLE_SINCE: (
+        # The W3C trace context its intake ran in; NULL: none. Without a
+        # default: adding it rewrites no row.
+        "ALTER TABLE lease.jobs ADD COLUMN trace text",
+        # One row while the queue is paused: every claim reads this tiny table.
+        """CREATE TABLE lease.pause (id bigint PRIMARY KEY CHECK (id = 1),
+  since_ms bigint NOT NULL, actor text, note text NOT NULL)""",
+        """CREATE TABLE lease.queue_audit (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  at_ms bigint NOT NULL, action text NOT NULL, note text NOT NULL, actor text)""",
+        # A dispatcher at work: host and pid from its registration, the last
+        # claim from each claim that names it (one UPSERT a claim).
+        """CREATE TABLE lease.workers (owner text PRIMARY KEY, host text, pid bigint,
+  started_ms bigint, last_claim_ms bigint, last_claimed bigint NOT NULL DEFAULT 0)""",
+    ),
+    ROLLUP_SINCE: (
+        # The finishes per minute, endpoint ('' for the queue's own jobs) and
+        # owner, and their send latencies in fixed buckets (lease.rules).
+        """CREATE TABLE lease.minutes (minute_ms bigint NOT NULL, endpoint text NOT NULL,
+  owner text NOT NULL, done bigint NOT NULL, retried bigint NOT NULL, dead bigint NOT NULL,
+  b0 bigint NOT NULL,
+  b1 bigint NOT NULL,
+  b2 bigint NOT NULL,
+  b3 bigint NOT NULL,
+  b4 bigint NOT NULL,
+  b5 bigint NOT NULL,
+  b6 bigint NOT NULL,
+  b7 bigint NOT NULL,
+  b8 bigint NOT NULL,
+  b9 bigint NOT NULL,
+  b10 bigint NOT NULL,
+  b11 bigint NOT NULL,
+  b12 bigint NOT NULL,
+  b13 bigint NOT NULL,
+  b14 bigint NOT NULL,
+  b15 bigint NOT NULL, PRIMARY KEY (minute_ms, endpoint, owner))""",
     ),
 }
 

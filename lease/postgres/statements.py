@@ -229,9 +229,17 @@ FROM lease.jobs h WHERE {_DEAD_FIRST} ORDER BY h.ordering_key LIMIT %(limit)s"""
 # (a delivery's key is its line: the head's endpoint tells them apart)
 
 # list_jobs's conditions, by the name lease.rules.list_filters gives each
+# The last attempt's: its error, and its HTTP status (a done job's delivering
+# attempt is on its own row: done_http_status, kept first).
+_LAST_ATTEMPT = ("(SELECT a.{column} FROM lease.attempts a WHERE a.id = jobs.id"
+                 " ORDER BY a.seq DESC LIMIT 1)")
+_LAST_STATUS = f"COALESCE(done_http_status, {_LAST_ATTEMPT.format(column='http_status')})"
 FILTERS = {"status": "status = %s", "reason": "reason = %s",
            "id_prefix": "substr(id, 1, %s) = %s", "after_seq": "seq > %s",
-           "key": "ordering_key = %s", "endpoint": "endpoint = %s"}
+           "key": "ordering_key = %s", "endpoint": "endpoint = %s",
+           "error": f"strpos({_LAST_ATTEMPT.format(column='error')}, %s) > 0",
+           "http_status": f"{_LAST_STATUS} BETWEEN %s AND %s",
+           "from": "available_at >= %s", "to": "available_at < %s"}
 
 
 # ------------------------------------------------------------------ endpoints

@@ -35,6 +35,7 @@ from lease.policy import (
     check_ordering_key,
     check_product_event,
 )
+from lease.postgres import console
 from lease.postgres.endpoints import (
     Fanout,
     add,
@@ -120,8 +121,11 @@ from lease.rules import (
     cancel_decisions,
     check_finish_item,
     check_ids,
+    check_minutes_query,
+    check_worker,
     in_flight_refusals,
     kept_audits,
+    minute_rollup,
 )
 from lease.worker import (
     MAX_BATCH,
@@ -270,6 +274,17 @@ class PostgresStore:
         assert row is not None  # a SELECT of one value returns one row
         return int(row[0])
 
+    def _now_and_pause(self, conn: psycopg.Connection, now_ms: int | None) -> tuple[int, bool]:
+        """A claim's first statement: the time it judges by (as ``_now_in``)
+        and whether the queue is paused, in one round trip."""
+        if now_ms is None and self._clock is None:
+            row = conn.execute(console.NOW_AND_PAUSED).fetchone()
+            assert row is not None  # a SELECT of values returns one row
+            return int(row[0]), bool(row[1])
+        now = self._now_in(conn, now_ms)
+        row = conn.execute(console.IS_PAUSED).fetchone()
+        return now, bool(row and row[0])
+
     def now_ms(self) -> int:
         with self._tx(read_only=True) as conn:
             return self._now_in(conn, None)
@@ -317,8 +332,11 @@ class PostgresStore:
         check_int("limit", limit, 1, MAX_BATCH)
         check_fault(fault)
         with self._tx() as conn:
-            now = self._now_in(conn, now_ms)
+            now, paused = self._now_and_pause(conn, now_ms)
             moved = {"deadline": 0, "exhausted": 0}
+            if paused:  # leases nothing, changes no job (lease.rules, "pause")
+                console.worker_claimed(conn, owner, now, 0)
+                return Claimed([], moved, now)
             args = {"now": now, "limit": limit, "owner": owner, "lease_ms": lease_ms}
             # The quarantine first, as on SQLite; then a claim of deliveries
             # takes its endpoints from the rotation (SKIP LOCKED: it never
@@ -340,6 +358,7 @@ class PostgresStore:
                 assert chosen is not None
                 self._before_lease()
                 leased = lease_deliveries(conn, chosen, owner, lease_ms, now)
+            console.worker_claimed(conn, owner, now, len(leased))
             if leased:
                 call_fault(fault, "after-claim")
         if leased:
@@ -404,6 +423,7 @@ class PostgresStore:
                              [v[2] if v else None for v in verdicts], now)
             if circuits:
                 judge_circuits(conn, items, results, endpoints_of, circuits, now)
+            console.add_minutes(conn, minute_rollup(items, results, endpoints_of, now))
             changed = any(verdicts)
             if changed:
                 call_fault(fault, "after-finish")
@@ -527,7 +547,53 @@ class PostgresStore:
                                  (ids,))
                 conn.execute("DELETE FROM lease.jobs WHERE seq = ANY(%s::bigint[])",
                              ([seq for seq, _ in done],))
+            console.prune_workers(conn, finished_before_ms)
+            console.prune_minutes(conn, finished_before_ms)
         return len(done)
+
+    # -- the queue's pause (lease.postgres.console)
+
+    def pause(self, note: str, *, actor: str | None = None,
+              now_ms: int | None = None) -> bool:
+        return self._set_paused("pause", note, actor, now_ms)
+
+    def resume(self, note: str, *, actor: str | None = None,
+               now_ms: int | None = None) -> bool:
+        return self._set_paused("resume", note, actor, now_ms)
+
+    def _set_paused(self, action: str, note: str, actor: str | None,
+                    now_ms: int | None) -> bool:
+        if now_ms is not None:
+            check_now(now_ms)
+        with self._tx() as conn:
+            return console.set_paused(conn, action, self._now_in(conn, now_ms), note, actor)
+
+    def paused(self) -> dict[str, Any] | None:
+        with self._tx(read_only=True) as conn:
+            return console.paused(conn)
+
+    def register_worker(self, owner: str, host: str, pid: int, *,
+                        now_ms: int | None = None) -> None:
+        check_worker(owner, host, pid)
+        if now_ms is not None:
+            check_now(now_ms)
+        with self._tx() as conn:
+            console.register_worker(conn, owner, host, pid, self._now_in(conn, now_ms))
+
+    def minutes(self, since_ms: int, endpoint: str | None = None) -> list[dict[str, Any]]:
+        check_minutes_query(since_ms, endpoint)
+        with self._tx(read_only=True) as conn:
+            return console.minutes(conn, since_ms, endpoint)
+
+    def workers(self, now_ms: int | None = None) -> list[dict[str, Any]]:
+        if now_ms is not None:
+            check_now(now_ms)
+        with self._tx(read_only=True) as conn:
+            return console.workers(conn, self._now_in(conn, now_ms))
+
+    def queue_audit(self) -> list[dict[str, Any]]:
+        with self._tx(read_only=True) as conn:
+            return console.queue_audit(conn)
 
     # -- observations (read only)
 
@@ -640,11 +706,14 @@ class PostgresStore:
     def list_jobs(self, *, status: str | None = None, reason: str | None = None,
                   id_prefix: str | None = None, after_seq: int | None = None,
                   limit: int = 50, key: str | None = None,
-                  endpoint: str | None = None) -> list[dict[str, Any]]:
+                  endpoint: str | None = None, error: str | None = None,
+                  http_status: int | str | None = None, from_ms: int | None = None,
+                  to_ms: int | None = None) -> list[dict[str, Any]]:
         """reads.list_jobs of SQLite: one page of whole rows in seq order after
         ``after_seq``, filtered, a dead row with its last error."""
         where, args = job_filter(status, reason, id_prefix, after_seq, limit, key, endpoint,
-                                 endpoints=self._endpoints)
+                                 endpoints=self._endpoints, error=error,
+                                 http_status=http_status, from_ms=from_ms, to_ms=to_ms)
         if endpoint is not None and not self._endpoints:
             return []  # a queue from before endpoints: no job has one
         # the filter's own checks and clauses, in this driver's placeholders

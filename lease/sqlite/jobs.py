@@ -41,8 +41,16 @@ from lease.rules import (
     conflict,
     in_flight_refusals,
     kept_audits,
+    minute_rollup,
 )
 from lease.sqlite import batch, endpoints
+from lease.sqlite.console import (
+    add_minutes,
+    is_paused,
+    prune_minutes,
+    prune_workers,
+    worker_claimed,
+)
 from lease.sqlite.endpoints import Fanout, pick_deliveries
 from lease.sqlite.errors import store_errors
 from lease.sqlite.schema import SCHEMA_VERSION, migrate_here
@@ -312,6 +320,9 @@ def claim_jobs(
     check_fault(fault)
     served = check_served(endpoints)
     with immediate(con):
+        if is_paused(con):  # leases nothing, changes no job (lease.rules, "pause")
+            worker_claimed(con, owner, now_ms, 0)
+            return [], {"deadline": 0, "exhausted": 0}
         moved = quarantine(con, now_ms)
         if served is None:
             rows = [dict(zip(PICK_READY_NAMES, row, strict=True)) for row in batch.BATCH.read(
@@ -323,6 +334,8 @@ def claim_jobs(
             batch.BATCH.update(con, LEASE_FIXED, LEASE_NAMES,
                                [(t["attempt"], t["token"], owner, t["lease_until"], row["seq"])
                                 for row, t in zip(rows, tickets, strict=True)])
+        worker_claimed(con, owner, now_ms, len(tickets))
+        if tickets:
             call_fault(fault, "after-claim")
     if tickets:
         call_fault(fault, "after-commit")
@@ -409,6 +422,7 @@ def finish_jobs(
                                      if result and result[0] == "done"]))
         if endpoints_of:
             _judge_circuits(con, items, merged, endpoints_of, now_ms)
+        add_minutes(con, minute_rollup(items, merged, endpoints_of, now_ms))
         changed = any(results)
         if changed:
             call_fault(fault, "after-finish")
@@ -718,6 +732,8 @@ def prune_done(
         seqs = [(seq,) for seq, _ in done]
         con.executemany(PRUNE_BODIES, seqs)
         con.executemany(PRUNE_JOBS, seqs)
+        prune_workers(con, finished_before_ms)
+        prune_minutes(con, finished_before_ms)
     return len(done)
 
 

@@ -401,11 +401,14 @@ FROM ({sql}) d"""
 def list_jobs(con: sqlite3.Connection, *, status: str | None = None,
               reason: str | None = None, id_prefix: str | None = None,
               after_seq: int | None = None, limit: int = 50,
-              key: str | None = None, endpoint: str | None = None) -> list[dict[str, Any]]:
+              key: str | None = None, endpoint: str | None = None,
+              **more: Any) -> list[dict[str, Any]]:
     """One page of jobs in seq order (keyset pagination: those after
-    ``after_seq``), filtered by status, reason, id prefix and ordering key;
-    whole rows, a product queue's dead rows each with ``last_error``."""
-    where, args = _job_filter(status, reason, id_prefix, after_seq, limit, key, endpoint)
+    ``after_seq``), filtered by status, reason, id prefix and ordering key,
+    and ``more`` of lease.rules.list_filters (error, http_status, from_ms,
+    to_ms); whole rows, a product queue's dead rows each with ``last_error``."""
+    where, args = _job_filter(status, reason, id_prefix, after_seq, limit, key, endpoint,
+                              **more)
     if key is not None and not _has_keys(con):
         return []  # a file from before keys: no job has one
     if endpoint is not None and "endpoint" not in _columns(con, "jobs"):
@@ -422,8 +425,16 @@ FROM ({sql}) d ORDER BY d.seq"""
 # list_jobs's conditions, by the name lease.rules.list_filters gives each
 # A key matches a job's own and every delivery's line of it ("key endpoint").
 KEY_MATCH = "(ordering_key = ? OR (ordering_key > ? AND ordering_key < ?))"
+# The last attempt's: its error, and its HTTP status (a done job's delivering
+# attempt is on its own row: done_http_status, kept first).
+_LAST_ATTEMPT = ("(SELECT a.{column} FROM attempts a WHERE a.id = jobs.id"
+                 " ORDER BY a.seq DESC LIMIT 1)")
+_LAST_STATUS = f"COALESCE(done_http_status, {_LAST_ATTEMPT.format(column='http_status')})"
 _FILTERS = {"status": "status = ?", "reason": "reason = ?", "id_prefix": "substr(id, 1, ?) = ?",
-            "after_seq": "seq > ?", "key": KEY_MATCH, "endpoint": "endpoint = ?"}
+            "after_seq": "seq > ?", "key": KEY_MATCH, "endpoint": "endpoint = ?",
+            "error": f"instr({_LAST_ATTEMPT.format(column='error')}, ?) > 0",
+            "http_status": f"{_LAST_STATUS} BETWEEN ? AND ?",
+            "from": "available_at >= ?", "to": "available_at < ?"}
 
 
 def key_args(key: str) -> list[str]:
@@ -434,9 +445,10 @@ def key_args(key: str) -> list[str]:
 
 def _job_filter(status: str | None, reason: str | None, id_prefix: str | None,
                 after_seq: int | None, limit: int,
-                key: str | None = None, endpoint: str | None = None) -> tuple[str, list[Any]]:
+                key: str | None = None, endpoint: str | None = None,
+                **more: Any) -> tuple[str, list[Any]]:
     """The WHERE of list_jobs and its arguments, checked."""
-    filters = list_filters(status, reason, id_prefix, after_seq, limit, key, endpoint)
+    filters = list_filters(status, reason, id_prefix, after_seq, limit, key, endpoint, **more)
     clauses = ["1 = 1", *(_FILTERS[name] for name, _ in filters)]
     return " AND ".join(clauses), [arg for name, args in filters
                                    for arg in (key_args(*args) if name == "key" else args)]

@@ -21,8 +21,10 @@ from lease.worker import (
     open_queue,
 )
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 7
 ENDPOINTS_SINCE = 5  # the version that knows endpoints (lease.endpoints)
+CONSOLE_SINCE = 6  # the version with the pause, its audit and the workers (lease.rules)
+ROLLUP_SINCE = 7  # the version with the per-minute rollup of the finishes (lease.rules)
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -121,6 +123,42 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         " WHERE has_work = 1 AND enabled = 1",
         "CREATE INDEX jobs_by_message ON jobs(message) WHERE message IS NOT NULL",
         "CREATE INDEX jobs_by_endpoint ON jobs(endpoint, status) WHERE endpoint IS NOT NULL",
+    ),
+    CONSOLE_SINCE: (
+        # The W3C trace context its intake ran in; NULL: none.
+        "ALTER TABLE jobs ADD COLUMN trace TEXT",
+        # One row while the queue is paused: every claim reads this tiny table.
+        """CREATE TABLE pause (id INTEGER PRIMARY KEY CHECK (id = 1),
+  since_ms INTEGER NOT NULL, actor TEXT, note TEXT NOT NULL)""",
+        """CREATE TABLE queue_audit (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  at_ms INTEGER NOT NULL, action TEXT NOT NULL, note TEXT NOT NULL, actor TEXT)""",
+        # A dispatcher at work: host and pid from its registration, the last
+        # claim from each claim that names it (one UPSERT a claim).
+        """CREATE TABLE workers (owner TEXT PRIMARY KEY, host TEXT, pid INTEGER,
+  started_ms INTEGER, last_claim_ms INTEGER, last_claimed INTEGER NOT NULL DEFAULT 0)
+  WITHOUT ROWID""",
+    ),
+    ROLLUP_SINCE: (
+        # The finishes per minute, endpoint ('' for the queue's own jobs) and
+        # owner, and their send latencies in fixed buckets (lease.rules).
+        """CREATE TABLE minutes (minute_ms INTEGER NOT NULL, endpoint TEXT NOT NULL,
+  owner TEXT NOT NULL, done INTEGER NOT NULL, retried INTEGER NOT NULL, dead INTEGER NOT NULL,
+  b0 INTEGER NOT NULL,
+  b1 INTEGER NOT NULL,
+  b2 INTEGER NOT NULL,
+  b3 INTEGER NOT NULL,
+  b4 INTEGER NOT NULL,
+  b5 INTEGER NOT NULL,
+  b6 INTEGER NOT NULL,
+  b7 INTEGER NOT NULL,
+  b8 INTEGER NOT NULL,
+  b9 INTEGER NOT NULL,
+  b10 INTEGER NOT NULL,
+  b11 INTEGER NOT NULL,
+  b12 INTEGER NOT NULL,
+  b13 INTEGER NOT NULL,
+  b14 INTEGER NOT NULL,
+  b15 INTEGER NOT NULL, PRIMARY KEY (minute_ms, endpoint, owner)) WITHOUT ROWID""",
     ),
 }
 

@@ -15,7 +15,8 @@ from lease.policy import (
 from lease.records import (
     Claimed,
 )
-from lease.sqlite import jobs, reads, release
+from lease.rules import check_minutes_query
+from lease.sqlite import console, jobs, reads, release
 from lease.sqlite.errors import store_errors
 from lease.sqlite.jobs import (
     cancel_jobs,
@@ -181,6 +182,38 @@ class SQLiteStore:
         with store_errors():
             return prune_done(self.connection, finished_before_ms, limit)
 
+    def pause(self, note: str, *, actor: str | None = None,
+              now_ms: int | None = None) -> bool:
+        with store_errors():
+            return console.set_paused(self.connection, "pause", self._now(now_ms), note, actor)
+
+    def resume(self, note: str, *, actor: str | None = None,
+               now_ms: int | None = None) -> bool:
+        with store_errors():
+            return console.set_paused(self.connection, "resume", self._now(now_ms), note, actor)
+
+    def paused(self) -> dict[str, Any] | None:
+        with store_errors():
+            return console.paused(self.connection)
+
+    def queue_audit(self) -> list[dict[str, Any]]:
+        with store_errors():
+            return console.queue_audit(self.connection)
+
+    def register_worker(self, owner: str, host: str, pid: int, *,
+                        now_ms: int | None = None) -> None:
+        with store_errors():
+            console.register_worker(self.connection, owner, host, pid, self._now(now_ms))
+
+    def minutes(self, since_ms: int, endpoint: str | None = None) -> list[dict[str, Any]]:
+        check_minutes_query(since_ms, endpoint)
+        with store_errors():
+            return console.minutes(self.connection, since_ms, endpoint)
+
+    def workers(self, now_ms: int | None = None) -> list[dict[str, Any]]:
+        with store_errors():
+            return console.workers(self.connection, self._now(now_ms))
+
     def counts(self) -> dict[str, int]:
         with store_errors():
             return reads.counts(self.connection)
@@ -227,11 +260,14 @@ class SQLiteStore:
     def list_jobs(self, *, status: str | None = None, reason: str | None = None,
                   id_prefix: str | None = None, after_seq: int | None = None,
                   limit: int = 50, key: str | None = None,
-                  endpoint: str | None = None) -> list[dict[str, Any]]:
+                  endpoint: str | None = None, error: str | None = None,
+                  http_status: int | str | None = None, from_ms: int | None = None,
+                  to_ms: int | None = None) -> list[dict[str, Any]]:
         with store_errors():
             return reads.list_jobs(self.connection, status=status, reason=reason,
                                      id_prefix=id_prefix, after_seq=after_seq, limit=limit,
-                                     key=key, endpoint=endpoint)
+                                     key=key, endpoint=endpoint, error=error,
+                                     http_status=http_status, from_ms=from_ms, to_ms=to_ms)
 
     def stale_finishes(self) -> int:
         with store_errors():

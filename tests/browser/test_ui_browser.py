@@ -2,8 +2,10 @@
 (``apt-get install chromium``; ``.ci/run`` installs it), driven by Playwright for
 Python, against a real ``asyncworker ui QUEUE --allow-changes`` process on
 127.0.0.1. It filters the dead letters, runs a dry run, confirms a bulk
-redrive and checks the result, page by page and in the queue; a screenshot of
-each step is saved in the test's tmp_path.
+redrive and checks the result, page by page and in the queue; it sees the
+overview's chart drawn, cancels a pending job from its page, and pauses the
+queue from the page (a claim then leases nothing) and resumes it; a
+screenshot of each step is saved in the test's tmp_path.
 
 ``pytest -m browser`` runs it (CI does). Without Chromium it fails, naming the
 package: it is never skipped. With ``ASYNCWORKER_UI_SCREENSHOT=PATH`` the
@@ -400,3 +402,78 @@ def test_an_open_circuit_and_a_recovery_in_a_real_browser(tmp_path: Path) -> Non
     assert history is not None
     assert [r["note"] for r in history["redrives"]] == ["the shop restored a backup"]
     assert (tmp_path / "circuit.png").stat().st_size > 10_000
+
+
+def test_a_chart_a_cancel_and_a_pause_in_a_real_browser(tmp_path: Path) -> None:
+    """The console in a real browser: the overview's chart of the last hour
+    drawn with bars for the minute that had deliveries (under the CSP), a
+    pending job cancelled from its page, and the queue paused from the page:
+    a dispatcher's claim then leases nothing, until it is resumed."""
+    _browser_or_fail()
+    from playwright.sync_api import sync_playwright
+
+    queue = str(tmp_path / "queue.db")
+    with open_store(queue, create=True) as store:
+        store.enqueue_events([{"id": f"sent:{i}", "body": {"n": i}} for i in range(3)])
+        claimed = store.claim_jobs("worker-1", 10_000, 3)
+        store.finish_jobs([(job.ticket, "ok", 0, Attempt(claimed.now_ms, 30, 200))
+                           for job in claimed.leased])
+    dead_letters(queue, ["gone:0", "gone:1"], "permanent", "HTTPError: 410 Gone")
+    with open_store(queue) as store:
+        store.enqueue_events([{"id": "waiting", "body": {"n": 7}},
+                              {"id": "later", "body": {"n": 8}}])
+    refused: list[str] = []
+    with _ui(queue, 0) as url, sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
+            args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 900})
+        try:
+            page = context.new_page()
+            page.on("console", lambda message: refused.append(message.text)
+                    if "Content Security Policy" in message.text else None)
+            page.goto(url)
+            hour = page.locator("svg#the-queue-hour-outcomes")
+            assert "the last hour" in hour.locator("title").first.text_content()
+            done = hour.locator("rect.bar.done")
+            dead = hour.locator("rect.bar.dead")
+            assert (done.count(), dead.count()) == (1, 1)  # one minute had deliveries
+            assert (done.get_attribute("data-count"), dead.get_attribute("data-count")) == (
+                "3", "2")
+            box = done.bounding_box()
+            assert box is not None and box["height"] > 10  # drawn, not only in the markup
+            assert page.locator("svg#the-queue-hour-latency polyline.line.p50").count() == 1
+            dot = page.locator("svg#the-queue-hour-latency circle.point.p50").bounding_box()
+            assert dot is not None and dot["width"] > 2  # its one minute drawn as a dot
+            page.screenshot(path=str(tmp_path / "chart.png"), full_page=True)
+
+            page.goto(f"{url}job?id=waiting")
+            page.fill("#cancel-note", "the customer withdrew it")
+            page.click("#cancel-button")
+            assert page.locator("#change-result strong").inner_text() == "cancelled"
+            page.screenshot(path=str(tmp_path / "cancelled.png"), full_page=True)
+
+            page.click("nav >> text=Pause")
+            page.fill("#pause-note", "the receiver is being upgraded")
+            page.click("#pause-button")
+            page.wait_for_selector("#resume-form")
+            assert page.locator("#paused-state").inner_text().startswith("Paused since")
+            with open_store(queue) as store:
+                assert store.claim_jobs("worker-2", 10_000, 10).leased == []
+            page.goto(url)
+            assert "the receiver is being upgraded" in page.locator("#paused-banner").inner_text()
+            page.screenshot(path=str(tmp_path / "paused.png"), full_page=True)
+
+            page.click("nav >> text=Pause")
+            page.fill("#resume-note", "upgraded")
+            page.click("#resume-button")
+            page.wait_for_selector("#pause-form")
+        finally:
+            context.close()
+    assert not refused, refused
+    with open_store(queue) as store:
+        history = store.job_history("waiting")
+        assert history is not None and history["job"]["reason"] == "cancelled"
+        assert [row["note"] for row in history["cancels"]] == ["the customer withdrew it"]
+        assert [row["action"] for row in store.queue_audit()] == ["pause", "resume"]
+        assert [job.ticket["id"] for job in store.claim_jobs("worker-2", 10_000, 10).leased] == [
+            "later"]

@@ -381,8 +381,10 @@ def test_a_fresh_database_is_made_a_queue_once_and_reopened_as_it_is(
         assert store.schema_version() == SCHEMA_VERSION
         assert store.enqueue_events([ev("a")], now_ms=T0) == [True]
     assert tables(admin) == ["lease.attempts", "lease.cancels", "lease.endpoint_audit",
-                             "lease.endpoints", "lease.jobs", "lease.redrives",
-                             "lease.schema_migrations", "lease.tallies", "public.jobs"]
+                             "lease.endpoints", "lease.jobs", "lease.minutes", "lease.pause",
+                             "lease.queue_audit", "lease.redrives",
+                             "lease.schema_migrations", "lease.tallies", "lease.workers",
+                             "public.jobs"]
     for create in (True, False):
         with PostgresStore(postgres_url, create=create) as store:
             assert store.counts()["pending"] == 1
@@ -426,6 +428,24 @@ def test_a_version_1_queue_is_read_as_it_is_and_migrated_by_a_writer(
     assert migrations(admin) == ALL_VERSIONS
 
 
+def test_a_version_4_queue_gains_the_console_and_trace_with_its_rows_kept(
+        postgres_url: str, admin: psycopg.Connection) -> None:
+    with admin.transaction():
+        _old_queue(admin, 4)
+        admin.execute("INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,"
+                      " available_at, deadline) VALUES ('old', 1, 'pending', 0, 3, 0, 5, %s)",
+                      (T0 + 60_000,))
+    with PostgresStore(postgres_url, read_only=True) as looking:  # read as it is
+        assert looking.schema_version() == 4
+        assert looking.paused() is None and looking.queue_audit() == []
+    with PostgresStore(postgres_url) as store:
+        assert store.schema_version() == SCHEMA_VERSION == 6
+        assert admin.execute("SELECT id, trace FROM lease.jobs").fetchall() == [("old", None)]
+        assert store.pause("hold", now_ms=T0) is True
+        assert store.claim_jobs("w", 1000, 10, now_ms=T0).leased == []
+    assert migrations(admin) == ALL_VERSIONS
+
+
 def test_a_version_2_queue_migrates_to_ordered_keys_and_a_newer_one_is_refused(
         postgres_url: str, admin: psycopg.Connection) -> None:
     with admin.transaction():  # a queue as the second version made it
@@ -437,7 +457,7 @@ def test_a_version_2_queue_migrates_to_ordered_keys_and_a_newer_one_is_refused(
         assert looking.schema_version() == 2
         assert "blocked_keys" not in looking.snapshot(now_ms=T0)  # read as it is
     with PostgresStore(postgres_url) as store:
-        assert store.schema_version() == SCHEMA_VERSION == 4
+        assert store.schema_version() == SCHEMA_VERSION == 6
         [old] = store.jobs_with_status("pending")
         assert (old["ordering_key"], old["held"]) == (None, 0)
         assert store.enqueue_events([{"id": "new", "qty": 1, "key": "k"}], now_ms=T0) == [True]

@@ -92,10 +92,12 @@ def test_a_claim_and_its_finish_run_as_many_statements_for_40_jobs_as_for_one(
         finish = statements_of(store, lambda: store.finish_jobs(
             [(job.ticket, "ok", 0, Attempt(T0, 1)) for job in leased]))
         assert store.counts()["done"] == size
-    # BEGIN, the quarantine's probe, the pick, one UPDATE, COMMIT
-    assert len(claim) == 5, claim
-    # BEGIN, the marked rows, one UPDATE, the attempts' high mark, the lines' probe, COMMIT
-    assert len(finish) == 6, finish
+    # BEGIN, the pause's probe, the quarantine's probe, the pick, one UPDATE,
+    # the owner's row (lease.rules, "the dispatchers at work"), COMMIT
+    assert len(claim) == 7, claim
+    # BEGIN, the marked rows, one UPDATE, the attempts' high mark, the lines' probe,
+    # the minute's row (lease.rules, "the per-minute rollup"), COMMIT
+    assert len(finish) == 7, finish
 
 
 def test_a_row_json_cannot_carry_exactly_is_read_the_contract_way(tmp_path: Path):

@@ -73,9 +73,9 @@ def test_a_claim_runs_as_many_statements_with_500_endpoints_as_with_one(tmp_path
     try:
         counts = claims_statements(one)
         assert claims_statements(many) == counts
-        # begin, quarantine, rotation, shares, rows, rotated, leases, commit;
-        # a rate endpoint's bucket one more
-        assert counts == [9 if "rate" in fields else 8] * 3
+        # begin, the pause's probe, quarantine, rotation, shares, rows, rotated,
+        # leases, the owner's row, commit; a rate endpoint's bucket one more
+        assert counts == [11 if "rate" in fields else 10] * 3
     finally:
         one.close()
         many.close()

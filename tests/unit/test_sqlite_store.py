@@ -287,3 +287,27 @@ def test_an_older_dispatcher_still_running_claims_nothing_once_the_bodies_moved(
     with SQLiteStore(path) as queue:  # the newer code claims them, bodies and all
         assert [job.event for job in queue.claim_jobs("w", 1000, 10, now_ms=T0).leased] == [
             {"id": "a", "body": '{"n":1}'}, {"id": "lab", "qty": 0}]
+
+
+def test_a_version_5_file_gains_the_console_and_trace_with_every_row_kept(tmp_path):
+    path = tmp_path / "v5.db"
+    con = worker.open_queue(path)
+    with worker.immediate(con):
+        for version in range(1, schema.CONSOLE_SINCE):
+            for statement in schema.MIGRATIONS[version]:
+                con.execute(statement)
+        con.execute(f"PRAGMA user_version = {schema.CONSOLE_SINCE - 1}")
+        con.execute("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
+                    " available_at, deadline) VALUES ('a', 1, 'pending', 0, 5, 0, ?, ?)",
+                    (T0, T0 + 60_000))
+    con.close()
+    with SQLiteStore(path, read_only=True) as looking:  # read as it is: no pause there
+        assert looking.schema_version() == schema.CONSOLE_SINCE - 1
+        assert looking.paused() is None and looking.queue_audit() == []
+    with SQLiteStore(path) as migrated:
+        assert migrated.schema_version() == store.SCHEMA_VERSION
+        assert migrated.connection.execute("SELECT id, trace FROM jobs").fetchall() == [
+            ("a", None)]
+        assert migrated.paused() is None
+        assert migrated.pause("hold", now_ms=T0) is True
+        assert migrated.claim_jobs("w", 1000, 10, now_ms=T0).leased == []
