@@ -38,6 +38,9 @@ __all__ = [
     "TABLES_V3",
     "TABLES_V4",
     "TABLES_PG4",
+    "TABLES_PG5",
+    "TABLES_V5",
+    "TRACE_COLUMNS",
     "ENDPOINT_TABLES",
     "DELIVERY_COLUMNS",
     "CIRCUIT_COLUMNS",
@@ -81,9 +84,14 @@ ENDPOINT_TABLES = {
     "endpoint_audit": ["seq", "endpoint", "at_ms", "action", "fields", "note", "actor"],
 }
 DELIVERY_COLUMNS = ["endpoint", "message", "event_type"]
-TABLES = {**TABLES_V4, "jobs": TABLES_V4["jobs"] + DELIVERY_COLUMNS, **ENDPOINT_TABLES}
+TABLES_V5 = {**TABLES_V4, "jobs": TABLES_V4["jobs"] + DELIVERY_COLUMNS, **ENDPOINT_TABLES}
+# the W3C trace context its intake ran in (lease.tracing): SQLite's version 6,
+# PostgreSQL's version 5
+TRACE_COLUMNS = ["trace"]
+TABLES = {**TABLES_V5, "jobs": TABLES_V5["jobs"] + TRACE_COLUMNS}
 # PostgreSQL's versions have these tables (its jobs keep their bodies)
-TABLES_PG4 = {name: columns for name, columns in TABLES.items() if name != "bodies"}
+TABLES_PG4 = {name: columns for name, columns in TABLES_V5.items() if name != "bodies"}
+TABLES_PG5 = {name: columns for name, columns in TABLES.items() if name != "bodies"}
 TABLES_V3 = {name: columns for name, columns in TABLES_V4.items() if name != "bodies"}
 TABLES_V2 = {**TABLES_V3, "jobs": TABLES_V4["jobs"][:-2]}
 TABLES_V1 = {  # version 1: a version-1 PostgreSQL database has these

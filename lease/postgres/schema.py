@@ -14,6 +14,7 @@ from psycopg import errors
 from lease.postgres.statements import DUE_LINE, LINE
 from lease.rules import (
     TABLES_PG4,
+    TABLES_PG5,
     TABLES_V1,
     TABLES_V2,
     TABLES_V3,
@@ -26,7 +27,8 @@ from lease.worker import (
 )
 
 SCHEMA = "lease"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
+TRACE_SINCE = 5  # the version that keeps an intake's trace context (lease.tracing)
 CHANNEL = "lease_jobs"  # NOTIFY'd when work becomes available
 SECRET_TABLES = ("endpoints",)  # rows a server's error message must not show
 
@@ -50,7 +52,7 @@ NOW = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # Version 4: endpoints as data (lease.endpoints); a job of the queue's own has
 # NULL in the four new columns of jobs.
 TABLES = {1: {**TABLES_V1, "redrives": CONTRACT_COLUMNS["redrives"]}, 2: TABLES_V2,
-          3: TABLES_V3, 4: TABLES_PG4}
+          3: TABLES_V3, 4: TABLES_PG4, TRACE_SINCE: TABLES_PG5}
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -149,6 +151,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX jobs_by_message ON lease.jobs (message) WHERE message IS NOT NULL",
         """CREATE INDEX jobs_by_endpoint ON lease.jobs (endpoint, status)
   WHERE endpoint IS NOT NULL""",
+    ),
+    TRACE_SINCE: (
+        # The W3C trace context its intake ran in (lease.tracing); NULL: none.
+        # Without a default: adding it rewrites no row.
+        "ALTER TABLE lease.jobs ADD COLUMN trace text",
     ),
 }
 

@@ -21,8 +21,9 @@ from lease.worker import (
     open_queue,
 )
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 ENDPOINTS_SINCE = 5  # the version that knows endpoints (lease.endpoints)
+TRACE_SINCE = 6  # the version that keeps an intake's trace context (lease.tracing)
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -121,6 +122,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         " WHERE has_work = 1 AND enabled = 1",
         "CREATE INDEX jobs_by_message ON jobs(message) WHERE message IS NOT NULL",
         "CREATE INDEX jobs_by_endpoint ON jobs(endpoint, status) WHERE endpoint IS NOT NULL",
+    ),
+    TRACE_SINCE: (
+        # The W3C trace context its intake ran in (lease.tracing); NULL: none.
+        # A nullable column with no default: adding it rewrites no row.
+        "ALTER TABLE jobs ADD COLUMN trace TEXT",
     ),
 }
 

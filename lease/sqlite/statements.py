@@ -50,10 +50,10 @@ OWN_READY = "endpoint IS NULL AND status IN ('pending', 'leased') AND held = 0"
 DUE_LINE = "endpoint IS NOT NULL AND status = 'pending' AND held = 0"
 _DUE = ("((status = 'pending' AND available_at <= :now)"
         " OR (status = 'leased' AND lease_until <= :now))")
-PICK_READY_NAMES = (*PICK_NAMES, "digest", "body")
+PICK_READY_NAMES = (*PICK_NAMES, "digest", "body", "trace")
 PICK_READY = f"""
 SELECT {', '.join(PICK_NAMES)}, digest,
-  (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body
+  (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body, trace
 FROM jobs INDEXED BY jobs_own
 WHERE {OWN_READY} AND {_DUE}
 ORDER BY seq LIMIT :limit
@@ -80,7 +80,7 @@ LIMIT ? OFFSET ?"""
 PICK_FAIR_NAMES = (*PICK_READY_NAMES, "endpoint", "message")
 PICK_FAIR = f"""
 SELECT {', '.join(PICK_NAMES)}, digest,
-  (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body, endpoint, message
+  (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body, trace, endpoint, message
 FROM jobs WHERE seq IN ({{marks}})
 """
 ROTATE = "UPDATE endpoints SET served_at = ? WHERE name = ?"
@@ -122,8 +122,8 @@ MESSAGE_CONTENT = ("SELECT qty, digest, ordering_key, event_type, endpoint FROM 
                    " INDEXED BY jobs_by_message WHERE message = ? LIMIT 1")
 INSERT_DELIVERY = ("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
     " available_at, deadline, owner, lease_until, reason, digest, ordering_key, held,"
-    " endpoint, message, event_type)"
-    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?, ?, ?)")
+    " endpoint, message, event_type, trace)"
+    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?, ?, ?, ?)")
 ENDPOINT_COLUMNS = ("name", "url", "ack", "ca_file", "secrets", "headers", "types",
                     "max_in_flight", "rate", "burst", "insecure_http", "enabled",
                     "disable_after_ms", "disabled_why", "created_ms", "updated_ms",
@@ -171,8 +171,8 @@ FINISH_NAMES = ("status", "reason", "available_at")
 # The intake, the evidence, the operator and retention.
 CONTENT_OF = "SELECT qty, digest, ordering_key, event_type, endpoint FROM jobs WHERE id = ?"
 INSERT_JOB = ("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
-    " deadline, owner, lease_until, reason, digest, ordering_key, held, event_type)"
-    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?)")
+    " deadline, owner, lease_until, reason, digest, ordering_key, held, event_type, trace)"
+    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?, ?)")
 INSERT_BODY = "INSERT INTO bodies (seq, body) VALUES (last_insert_rowid(), ?)"
 RECORD_ATTEMPTS = ("INSERT INTO attempts (seq, id, token, attempt, owner, started_ms, ended_ms,"
     " outcome, result, reason, http_status, error, latency_ms)"

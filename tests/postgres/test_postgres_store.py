@@ -437,7 +437,7 @@ def test_a_version_2_queue_migrates_to_ordered_keys_and_a_newer_one_is_refused(
         assert looking.schema_version() == 2
         assert "blocked_keys" not in looking.snapshot(now_ms=T0)  # read as it is
     with PostgresStore(postgres_url) as store:
-        assert store.schema_version() == SCHEMA_VERSION == 4
+        assert store.schema_version() == SCHEMA_VERSION == 5
         [old] = store.jobs_with_status("pending")
         assert (old["ordering_key"], old["held"]) == (None, 0)
         assert store.enqueue_events([{"id": "new", "qty": 1, "key": "k"}], now_ms=T0) == [True]

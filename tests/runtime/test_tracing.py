@@ -8,7 +8,6 @@ import json
 import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
@@ -20,18 +19,14 @@ from asyncworker import Dispatcher, make_app, tracing
 from asyncworker.receiving.idempotent import Event, receiver_app
 from lease.http import Destination
 from lease.policy import RetryPolicy
-from lease.sqlite import SQLiteStore
+from lease.sqlite import SQLiteStore, enqueue_in
 from lease.tracing import capture, carrier_of
-from tests.support.tracing import named, recording
+from tests.support.tracing import named, recording, traceparent
 
 KEY = bytes(range(32))
 QUICK = RetryPolicy(backoff_base_ms=1, backoff_cap_ms=1)  # a retry at once
 ORDER = {"id": "order-1", "body": {"item": "tea", "qty": 2}}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def traceparent(context: trace.SpanContext) -> str:
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
 
 
 class Served:
@@ -70,28 +65,20 @@ def failing_once() -> Callable[[sqlite3.Connection, Event], None]:
     return effect
 
 
-class KeptContext(SQLiteStore):
-    """A queue whose jobs come back with a given intake context, as if kept."""
-
-    kept: str | None = None
-
-    def claim_jobs(self, *args: Any, **options: Any) -> Any:
-        claimed = super().claim_jobs(*args, **options)
-        return claimed._replace(leased=[job._replace(trace=self.kept)
-                                        for job in claimed.leased])
-
-
 def queue_with(path: Path, events: list[dict]) -> None:
     with SQLiteStore(path, create=True) as store:
         assert store.enqueue_events(events) == [True] * len(events)
 
 
-async def deliver_all(path: Path, url: str, opener: Callable[[], SQLiteStore] | None = None,
-                      ) -> None:
-    destination = Destination(url, secrets=(KEY,))
-    async with Dispatcher(opener or str(path), "d1", destination=destination, policy=QUICK,
-                          lease_ms=10_000) as dispatcher:
-        stats = await dispatcher.run(until_idle=True)
+def dispatcher(path: Path, url: str) -> Dispatcher:
+    """Signed requests: the trace headers must leave the signature as it was."""
+    return Dispatcher(str(path), "d1", destination=Destination(url, secrets=(KEY,)),
+                      policy=QUICK, lease_ms=10_000, create=True)
+
+
+async def deliver_all(path: Path, url: str) -> None:
+    async with dispatcher(path, url) as d:
+        stats = await d.run(until_idle=True)
     assert (stats.ok, stats.retried, stats.dead) == (1, 1, 0)
 
 
@@ -111,20 +98,37 @@ def test_capture_keeps_the_current_span_context_and_nothing_outside_one():
     assert carrier_of('{"tracestate": "a=b"}') is None  # no parent: nothing to link
 
 
+def test_the_outbox_keeps_the_span_of_the_services_transaction(tmp_path: Path):
+    path = tmp_path / "shop.db"
+    SQLiteStore(path, create=True, shared=True).close()
+    shop = sqlite3.connect(path, isolation_level=None)
+    try:
+        with recording(), trace.get_tracer("shop").start_as_current_span("place") as span:
+            shop.execute("BEGIN IMMEDIATE")
+            assert enqueue_in(shop, [ORDER]) == [True]
+            shop.execute("COMMIT")
+    finally:
+        shop.close()
+    with SQLiteStore(path) as store:
+        [job] = store.claim_jobs("d1", 10_000, 1).leased
+    assert carrier_of(job.trace) == {"traceparent": traceparent(span.get_span_context())}
+
+
 # ------------------------------------------------------------------ the attempts and the receiver
 
 
 async def test_each_attempt_is_a_span_linked_to_the_intake_and_the_receiver_continues_it(
         tmp_path: Path):
-    path = tmp_path / "queue.db"
-    queue_with(path, [ORDER])
+    tracer = trace.get_tracer("shop")
     with recording() as exporter:
-        with trace.get_tracer("shop").start_as_current_span("place order") as intake:
-            kept = capture()
-        KeptContext.kept = kept
         app = receiver_app(tmp_path / "shop.db", failing_once(), secrets=[KEY])
-        async with Served(app) as rx:
-            await deliver_all(path, rx.url, lambda: KeptContext(path))
+        async with Served(app) as rx, dispatcher(tmp_path / "queue.db", rx.url) as d:
+            with tracer.start_as_current_span("place order") as intake:
+                # the intake's transaction runs on the store's thread: the span goes with it
+                assert await d.queue.enqueue_events([ORDER]) == [True]
+            with tracer.start_as_current_span("the service"):  # no parent of an attempt's
+                stats = await d.run(until_idle=True)
+        assert (stats.ok, stats.retried, stats.dead) == (1, 1, 0)
         sends, receives = named(exporter, tracing.SEND_SPAN), named(exporter, tracing.RECEIVE_SPAN)
 
     intake_context = intake.get_span_context()

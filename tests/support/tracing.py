@@ -35,6 +35,11 @@ def recording() -> Iterator[InMemorySpanExporter]:
         _unset()
 
 
+def traceparent(context: trace.SpanContext) -> str:
+    """The W3C header naming that span."""
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
 def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
     """The spans of that name, in the order they ended."""
     return [span for span in exporter.get_finished_spans() if span.name == name]
