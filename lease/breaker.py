@@ -115,6 +115,10 @@ def step(circuit: Circuit, signal: str, attempt: Attempt, now_ms: int,
     """The circuit after one attempt's signal, and the change it made, if
     any: "opened", "reopened", "closed", "paused" (for the log line and the
     audit row)."""
+    if signal == "success" and _healthy(circuit):
+        # a healthy endpoint's delivery, the common case: nothing moves (what
+        # the rules below find too, at the cost of a copy of the circuit)
+        return circuit, None
     window_ms, failed, total = circuit.window_ms, circuit.window_failed, circuit.window_total
     # None: the module's BREAKER as it is now, not as it was at import (a test
     # or an embedder may replace it)
@@ -166,6 +170,13 @@ def step(circuit: Circuit, signal: str, attempt: Attempt, now_ms: int,
                            open_until_ms=now_ms + breaker.cooldown_ms,
                            cooldown_ms=breaker.cooldown_ms, why=why), "opened"
     return after, change
+
+
+def _healthy(circuit: Circuit) -> bool:
+    """Closed, with no failure on record and no failure rate's window open."""
+    return (circuit.state == CLOSED and circuit.failures == 0 and circuit.window_ms is None
+            and circuit.window_failed == 0 and circuit.window_total == 0
+            and circuit.failing_since_ms is None)
 
 
 def disabled_by(circuit: Circuit, disable_after_ms: int | None, now_ms: int) -> str | None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import zip_longest
 from typing import Any
 
 from lease.breaker import DAY_MS, DISABLE_AFTER_MS
@@ -291,17 +292,15 @@ def shares(rooms: dict[str, int], limit: int) -> dict[str, int]:
 def round_robin(found: dict[str, list[Any]], order: list[str], limit: int) -> list[Any]:
     """The rows one claim leases: one of each endpoint in turn, in rotation
     ``order``, again and again, up to ``limit``."""
-    queues = [list(found[name]) for name in order if found.get(name)]
-    taken: list[Any] = []
-    depth = 0
-    while len(taken) < limit and any(depth < len(q) for q in queues):
-        for queue in queues:
-            if depth < len(queue):
-                taken.append(queue[depth])
-                if len(taken) == limit:
-                    break
-        depth += 1
-    return taken
+    queues = [found[name] for name in order if found.get(name)]
+    if len(queues) == 1:
+        return list(queues[0][:limit])
+    # layer by layer: the first of each in turn, then the second of each ...
+    return [item for layer in zip_longest(*queues, fillvalue=_GAP) for item in layer
+            if item is not _GAP][:limit]
+
+
+_GAP = object()  # where a shorter queue has run out
 
 
 MAX_RECOVER = 100_000  # deliveries one recovery sends again, in one transaction

@@ -34,9 +34,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from lease.breaker import (
@@ -92,10 +94,10 @@ from lease.postgres.statements import (
     LOCK_TO_CLEAR,
     MESSAGES,
     NO_WORK,
+    ORDERED_READS,
     PROMOTE,
     PUBLIC_COLUMNS,
     RELEASE_WAITING,
-    ROTATE,
     ROTATION,
     SPEND_TOKENS,
     UPDATE_ENDPOINT,
@@ -253,12 +255,14 @@ def judge(intake: Intake, qty: int, digest: str | None, key: str | None,
 class Pick:
     """What a claim's pick decided: the seqs to lease in rotation order, the
     endpoints it examined (locked till it commits), each rate endpoint's
-    bucket level now, and the endpoints whose lease would be the probe."""
+    bucket level now, the endpoints whose lease would be the probe, and
+    the ones it found work of (none of them is idle)."""
 
     seqs: list[int]
     order: list[str]
     buckets: dict[str, float]
     probes: set[str]
+    busy: set[str]
 
 
 def pick_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], limit: int,
@@ -269,22 +273,29 @@ def pick_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], lim
     driver's pick_deliveries, with the rows of the endpoints locked)."""
     args: dict[str, Any] = {
         "now": now, "all": served == ALL, "names": [] if served == ALL else list(served),
-        "limit": rotation_batch(limit), "served": -(2**63), "name": ""}
+        "limit": rotation_batch(limit), "served": -(2**63), "name": "", "seen": []}
     found: dict[str, list[int]] = {}
     order: list[str] = []
     buckets: dict[str, float] = {}
     probes: set[str] = set()
-    for _ in range(MAX_BATCHES):
-        batch = dicts(conn, ROTATION, args)
+    # in the round trip of the first batch (the setting ends with the claim)
+    with conn.pipeline():
+        conn.execute(ORDERED_READS)
+        first = conn.cursor(row_factory=dict_row).execute(ROTATION, args)
+    for n in range(MAX_BATCHES):
+        batch = sorted(first.fetchall() if n == 0 else dicts(conn, ROTATION, args),
+                       key=lambda row: (row["served_at"], row["name"]))
         if not batch:
             break
         args["served"], args["name"] = batch[-1]["served_at"], batch[-1]["name"]
+        args["seen"] = args["seen"] + [row["name"] for row in batch]
         rooms = _rooms(conn, batch, now, buckets, probes, found)
         order += [row["name"] for row in batch]
         _fill(conn, rooms, found, limit - sum(len(rows) for rows in found.values()), now)
         if sum(len(rows) for rows in found.values()) >= limit or len(batch) < args["limit"]:
             break
-    return Pick(round_robin(found, order, limit), order, buckets, probes)
+    return Pick(round_robin(found, order, limit), order, buckets, probes,
+                {name for name, seqs in found.items() if seqs})
 
 
 def _rooms(conn: psycopg.Connection, batch: list[dict[str, Any]], now: int,
@@ -323,7 +334,7 @@ def _fill(conn: psycopg.Connection, rooms: dict[str, int], found: dict[str, list
     read = dict.fromkeys(rooms, 0)
     while wanted > 0 and rooms:
         share = shares(rooms, wanted)
-        names = sorted(share, key=list(rooms).index)
+        names = list(share)  # in the rooms' order: the rotation's
         got: dict[str, list[int]] = {name: [] for name in names}
         for name, seq in conn.execute(DUE_OF, {
                 "names": names, "lims": [share[name] for name in names],
@@ -342,30 +353,31 @@ def lease_deliveries(conn: psycopg.Connection, pick: Pick, owner: str, lease_ms:
     """The picked deliveries leased (those another transaction holds
     skipped), in seq order, as the SQLite driver returns them; each rate
     endpoint's bucket spent by what it leased, a probe's circuit half-open;
-    every endpoint examined to the back of the rotation, the ones with
-    nothing pending or leased out of it."""
-    leased = conn.execute(LEASE_PICKED, {"seqs": pick.seqs, "now": now, "owner": owner,
-                                         "lease_ms": lease_ms}).fetchall() if pick.seqs else []
+    the endpoints examined (the pick sent each to the back of the rotation)
+    with nothing pending or leased out of it."""
+    # One round trip for the lease and the look for idle endpoints, which
+    # passes over the ones the pick found work of: not idle, and the costliest
+    # to look at (the index range of a busy endpoint starts with the entries
+    # its last claims left dead).
+    idle_names = sorted(name for name in pick.order if name not in pick.busy)
+    with conn.pipeline():
+        picked = conn.execute(LEASE_PICKED, {"seqs": pick.seqs, "now": now, "owner": owner,
+                                             "lease_ms": lease_ms}) if pick.seqs else None
+        idle = conn.execute(IDLE_ENDPOINTS, (idle_names,)) if idle_names else None
+    leased = picked.fetchall() if picked is not None else []
     _spend(conn, pick.buckets, leased, now)
     for name in sorted(pick.probes & {row[8] for row in leased}):
         conn.execute(HALF_OPEN, {"now": now, "name": name})
-    _rotate(conn, pick.order, {row[8] for row in leased}, now)
+    _clear(conn, [name for (name,) in idle] if idle is not None else [])
     return [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
                     "attempt": attempt, "lease_until": until}, body, digest, endpoint, message)
             for _, job_id, qty, token, attempt, until, body, digest, endpoint, message
             in sorted(leased)]
 
 
-def _rotate(conn: psycopg.Connection, order: list[str], served: set[str], now: int) -> None:
-    """The endpoints examined to the back of the rotation; the ones with
-    nothing pending or leased out of it (NO_WORK says why no intake's
+def _clear(conn: psycopg.Connection, idle: list[str]) -> None:
+    """The idle endpoints out of the rotation (NO_WORK says why no intake's
     delivery is lost by it)."""
-    if not order:
-        return
-    names = sorted(order)
-    conn.execute(ROTATE, {"now": now, "names": names})
-    idle = [name for (name,) in conn.execute(
-        IDLE_ENDPOINTS, ([name for name in names if name not in served],))]
     if idle:
         clear = [name for (name,) in conn.execute(LOCK_TO_CLEAR, (idle,))]
         if clear:
@@ -387,9 +399,12 @@ def _spend(conn: psycopg.Connection, buckets: dict[str, float], leased: list,
 # ------------------------------------------------------------------ the breaker
 
 
+_CIRCUIT_OF = itemgetter(*CIRCUIT_COLUMNS)
+
+
 def circuit_of(row: Any) -> Circuit:
     """The breaker's columns of an endpoint's row, as a Circuit."""
-    return Circuit(*(row[name] for name in CIRCUIT_COLUMNS))
+    return Circuit(*_CIRCUIT_OF(row))
 
 
 def lock_circuits(conn: psycopg.Connection, items: list,

@@ -4,16 +4,21 @@ The rules are ``lease.endpoints``'s; this module reads and writes rows."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
+from collections import Counter
 from collections.abc import Iterable
+from operator import itemgetter
 from typing import Any
 
 from lease.breaker import (
     BREAKER_ACTOR,
     CIRCUIT_FIELDS,
+    CLOSED,
     Circuit,
     claim_room,
+    closed_circuit,
     disabled_by,
     step,
 )
@@ -35,37 +40,38 @@ from lease.endpoints import (
 from lease.policy import Intake, RetryPolicy, check_actor, check_note
 from lease.records import Attempt
 from lease.rules import CIRCUIT_COLUMNS, conflict
+from lease.sqlite import batch
 from lease.sqlite.statements import (
     AUDIT_ENDPOINT,
     AUTO_DISABLE,
     CIRCUIT_OF,
     CONTENT_OF,
     DELETE_ENDPOINT,
-    DUE_OF,
+    DUE_EACH,
+    DUE_FIRST_EACH,
     ENDPOINT_COLUMNS,
     ENDPOINT_ROW,
     ENDPOINT_ROWS,
-    HALF_OPEN,
     HAS_WORK,
     INSERT_BODY,
     INSERT_DELIVERY,
     INSERT_ENDPOINT,
-    LEASES_OF,
     LIVE_DELIVERIES,
     MESSAGE_CONTENT,
-    NO_WORK,
     PICK_FAIR,
     PICK_FAIR_NAMES,
     RELEASE_WAITING,
     RESET_BUCKET,
-    ROTATE,
+    ROTATE_ALL,
+    ROTATED_EACH,
+    ROTATED_ONE,
     ROTATION,
-    SPEND_TOKENS,
+    ROTATION_NAMES,
     SUBSCRIBERS,
     UPDATE_ENDPOINT,
     WRITE_CIRCUIT,
 )
-from lease.worker import Conflict, select_rows
+from lease.worker import Conflict, select_rows, select_tuples
 
 # How many batches of endpoints one claim takes from the rotation at most:
 # endpoints at their cap or in a backoff cannot make a claim read them all.
@@ -142,12 +148,14 @@ def has_work(con: sqlite3.Connection | sqlite3.Cursor, names: Iterable[str]) -> 
 
 
 def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_ms: int,
-                    limit: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+                    limit: int) -> list[dict[str, Any]]:
     """Inside the claim's transaction: the deliveries to lease, the endpoints
     with work taking turns (the least recently served first), each one's
-    within its allowance and its equal share; and the bucket levels to write
-    back, before the tokens the leases spend. Every endpoint examined goes to
-    the back of the rotation; one with nothing left leaves it."""
+    within its allowance and its equal share. Every endpoint examined goes to
+    the back of the rotation, one with nothing left out of it, and a rate
+    endpoint's bucket is spent by what it leases. A few statements, whatever
+    the number of endpoints: one a batch of the rotation, one a round of
+    equal shares, one read of the rows picked, one write of the endpoints."""
     only, names = _served_filter(served)
     sql = ROTATION.format(only=only)
     batch_size = rotation_batch(limit)
@@ -155,71 +163,205 @@ def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_
     order: list[str] = []
     buckets: dict[str, float] = {}
     probes: set[str] = set()
+    leasing: set[str] = set()  # the endpoints with a live lease: they have work
     after: dict[str, Any] = {"served": -1, "name": ""}
     for _ in range(MAX_BATCHES):
-        endpoints = select_rows(con, sql, {**names, **after, "now": now_ms,
-                                           "limit": batch_size}).fetchall()
+        # dicts made straight from tuples: a sqlite3.Row reads a column by a
+        # search of its names, and a claim reads a dozen of each endpoint's
+        endpoints = [dict(zip(ROTATION_NAMES, row, strict=True)) for row in select_tuples(
+            con, sql, {**names, **after, "now": now_ms, "limit": batch_size})]
+        _read_circuits(con, [row for row in endpoints if not _plainly_closed(row)])
         if not endpoints:
             break
         after = {"served": endpoints[-1]["served_at"], "name": endpoints[-1]["name"]}
-        rooms = {row["name"]: _room(con, row, now_ms, buckets, probes, found)
-                 for row in endpoints}
+        leasing.update(row["name"] for row in endpoints if row["live"])
+        rooms = {row["name"]: _room(row, now_ms, buckets, probes, found) for row in endpoints}
         order += [row["name"] for row in endpoints]
-        _fill(con, rooms, found, limit - sum(len(rows) for rows in found.values()), now_ms)
-        if sum(len(rows) for rows in found.values()) >= limit or len(endpoints) < batch_size:
+        _fill(con, rooms, found, limit - sum(map(len, found.values())), now_ms)
+        if sum(map(len, found.values())) >= limit or len(endpoints) < batch_size:
             break
     picked = round_robin(found, order, limit)
-    _rotate(con, order, now_ms)
-    if not picked:
-        return [], {}
-    marks = ", ".join("?" * len(picked))
-    rows = [dict(zip(PICK_FAIR_NAMES, row, strict=True))
-            for row in con.execute(PICK_FAIR.format(marks=marks), picked)]
-    for name in sorted(probes & {row["endpoint"] for row in rows}):
-        con.execute(HALF_OPEN, {"now": now_ms, "name": name})
-    return rows, buckets
+    rows = _picked_rows(con, picked)
+    idle = [name for name in order if not found[name] and name not in leasing]
+    _rotated(con, order, rows, buckets, probes, idle, now_ms)
+    return rows
 
 
-def _room(con: sqlite3.Connection, row: Any, now_ms: int, buckets: dict[str, float],
-          probes: set[str], found: dict[str, list[int]]) -> int:
+def _room(row: dict[str, Any], now_ms: int, buckets: dict[str, float], probes: set[str],
+          found: dict[str, list[int]]) -> int:
     """One endpoint's allowance for this claim (lease.endpoints.allowance) by
     its live leases, its bucket and its breaker, less its leases run out,
-    which go in ``found`` first."""
-    leases = con.execute(LEASES_OF, (row["name"],)).fetchall()
-    live = sum(1 for _, until in leases if until > now_ms)
+    which go in ``found`` first (the rotation's row counts the first and
+    lists the others)."""
+    name, live = row["name"], row["live"]
     tokens = None
     if row["rate"] is not None:
         tokens = refill(row["tokens"], row["refilled_ms"], now_ms, row["rate"], row["burst"])
-        buckets[row["name"]] = tokens
-    room, probe = claim_room(circuit_of(row), live, now_ms)
+        buckets[name] = tokens
+    circuit = _CLOSED if _plainly_closed(row) else circuit_of(row)
+    room, probe = claim_room(circuit, live, now_ms)
     if probe:
-        probes.add(row["name"])
+        probes.add(name)
     room = allowance(row, live, tokens, room)
-    found[row["name"]] = [seq for seq, until in leases if until <= now_ms][:room]
-    return room - len(found[row["name"]])
+    found[name] = _in_index_order(row["run_out"])[:room] if room > 0 else []
+    return room - len(found[name])
+
+
+def _plainly_closed(row: dict[str, Any]) -> bool:
+    """Closed and not paused: claim_room reads nothing else of such a circuit,
+    so one Circuit stands for them all (most of them; reading and building
+    each one's cost more than the rest of the claim's look at its endpoint)."""
+    return row["circuit"] == CLOSED and row["paused_until_ms"] is None
+
+
+_CLOSED = closed_circuit()
+
+
+def _read_circuits(con: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
+    """The breaker's columns of these endpoints' rows, read into them."""
+    if not rows:
+        return
+    marks = ", ".join("?" * len(rows))
+    found = {row[0]: row for row in select_tuples(con, CIRCUIT_OF.format(marks=marks),
+                                                   [row["name"] for row in rows])}
+    for row in rows:
+        # CIRCUIT_OF: name, enabled, disable_after_ms, then the breaker's columns
+        row.update(zip(CIRCUIT_COLUMNS, found[row["name"]][3:], strict=True))
+
+
+def _in_index_order(pairs: str | None) -> list[int]:
+    """The seqs of a group_concat of "key seq" pairs, in (key, seq) order: the
+    order of the index they were read by (an aggregate's order is SQLite's
+    in fact, not by promise)."""
+    if pairs is None:
+        return []
+    keyed = [tuple(map(int, pair.split(" "))) for pair in pairs.split(",")]
+    keyed.sort()
+    return [seq for _, seq in keyed]
 
 
 def _fill(con: sqlite3.Connection, rooms: dict[str, int], found: dict[str, list[int]],
           wanted: int, now_ms: int) -> None:
     """Read each endpoint's due deliveries in equal shares of ``wanted``, and
-    again from those that had more, until it is filled or none has any left."""
-    read = dict.fromkeys(rooms, 0)
+    again from those that had more, until it is filled or none has any left.
+    The endpoints still open in a round have all read the same number of rows
+    (each got its whole share, or it is out), so a round is one statement:
+    every endpoint's share at one offset."""
+    read = 0
     while wanted > 0 and rooms:
-        for name, share in shares(rooms, wanted).items():
-            due = [seq for (seq,) in con.execute(DUE_OF, (name, now_ms, share, read[name]))]
+        share = shares(rooms, wanted)
+        if not share:
+            break
+        got = _due_each(con, list(share), max(share.values()), read, now_ms)
+        for name, lim in share.items():
+            due = got.get(name, [])[:lim]
             found[name] += due
-            read[name] += len(due)
             wanted -= len(due)
-            rooms[name] = 0 if len(due) < share else rooms[name] - len(due)
+            rooms[name] = 0 if len(due) < lim else rooms[name] - len(due)
+        read += max(share.values())
         rooms = {name: room for name, room in rooms.items() if room > 0}
 
 
-def _rotate(con: sqlite3.Connection, order: list[str], now_ms: int) -> None:
-    """The endpoints examined to the back of the rotation; the ones with
-    nothing pending or leased out of it."""
-    con.executemany(ROTATE, [(now_ms, name) for name in order])
-    for name in order:
-        con.execute(NO_WORK, {"name": name})
+_CHUNK = 64  # names, or rows, one statement takes: 4 x 64 stays under any SQLite's 999 variables
+
+
+def _due_each(con: sqlite3.Connection, names: list[str], limit: int, offset: int,
+              now_ms: int) -> dict[str, list[int]]:
+    """Each endpoint's due deliveries, ``limit`` of them after ``offset``, in
+    the order they became due; one statement for 64 endpoints."""
+    got: dict[str, list[int]] = {}
+    for start in range(0, len(names), _CHUNK):
+        chunk = names[start:start + _CHUNK]
+        size = _padded(len(chunk))
+        sql = _due_first_sql(size) if limit == 1 else _due_sql(size)
+        for name, seqs in con.execute(sql, [now_ms, limit, offset, *chunk,
+                                            *[None] * (size - len(chunk))]):
+            if name is None:
+                continue
+            if seqs is None:
+                got[name] = []
+            elif limit == 1:
+                got[name] = [seqs]  # the one seq itself
+            else:
+                got[name] = [int(seq) for seq in seqs.split(",")]
+    return got
+
+
+def _picked_rows(con: sqlite3.Connection, picked: list[int]) -> list[dict[str, Any]]:
+    """The rows of the deliveries picked, in seq order, in one step."""
+    if not picked:
+        return []
+    rows = []
+    for start in range(0, len(picked), _CHUNK):
+        chunk = picked[start:start + _CHUNK]
+        size = _padded(len(chunk))
+        rows += batch.BATCH.read(con, PICK_FAIR_NAMES, _pick_sql(size),
+                                 [*chunk, *[None] * (size - len(chunk))])
+    rows.sort(key=itemgetter(0))  # [0]: seq
+    return [dict(zip(PICK_FAIR_NAMES, row, strict=True)) for row in rows]
+
+
+def _rotated(con: sqlite3.Connection, order: list[str], rows: list[dict[str, Any]],
+             buckets: dict[str, float], probes: set[str], idle: list[str],
+             now_ms: int) -> None:
+    """Every endpoint examined to the back of the rotation (ROTATE_ALL); the
+    ones with more to write in one more statement (ROTATED_EACH): out of the
+    rotation if it has nothing left (``idle``: the ones this claim found
+    nothing of, nor a lease), its bucket less one token a lease, its probe's
+    circuit half-open."""
+    for start in range(0, len(order), _CHUNK):
+        names = order[start:start + _CHUNK]
+        size = _padded(len(names))
+        con.execute(_rotate_sql(size), [now_ms, *names, *[None] * (size - len(names))])
+    leased = Counter(row["endpoint"] for row in rows)
+    maybe_idle = set(idle)
+    values = [(name, buckets[name] - leased[name] if name in buckets and leased[name] else None,
+               int(name in probes and leased[name] > 0), int(name in maybe_idle))
+              for name in order]
+    values = [row for row in values if row[1] is not None or row[2] or row[3]]
+    if not UPDATE_FROM:
+        con.executemany(ROTATED_ONE, [(now_ms, tokens, probe, idle, name)
+                                      for name, tokens, probe, idle in values])
+        return
+    for start in range(0, len(values), _CHUNK):
+        chunk = values[start:start + _CHUNK]
+        size = _padded(len(chunk))
+        con.execute(_rotated_sql(size), [now_ms, *(value for row in chunk for value in row),
+                                         *[None] * (4 * (size - len(chunk)))])
+
+
+# UPDATE ... FROM is SQLite 3.33's; an older one writes those endpoints a row a step.
+UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)
+
+
+def _padded(n: int) -> int:
+    """1, 2, 4 ... 64: seven shapes of each statement to cache, whatever the batch."""
+    return 1 << (n - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=8)
+def _due_sql(size: int) -> str:
+    return DUE_EACH.format(names=", ".join(["(?)"] * size))
+
+
+@functools.lru_cache(maxsize=8)
+def _due_first_sql(size: int) -> str:
+    return DUE_FIRST_EACH.format(names=", ".join(["(?)"] * size))
+
+
+@functools.lru_cache(maxsize=8)
+def _pick_sql(size: int) -> str:
+    return PICK_FAIR.format(marks=", ".join("?" * size))
+
+
+@functools.lru_cache(maxsize=8)
+def _rotate_sql(size: int) -> str:
+    return ROTATE_ALL.format(marks=", ".join("?" * size))
+
+
+@functools.lru_cache(maxsize=8)
+def _rotated_sql(size: int) -> str:
+    return ROTATED_EACH.format(rows=", ".join(["(?, ?, ?, ?)"] * size))
 
 
 def _served_filter(served: str | tuple[str, ...]) -> tuple[str, dict[str, str]]:
@@ -228,17 +370,6 @@ def _served_filter(served: str | tuple[str, ...]) -> tuple[str, dict[str, str]]:
         return "", {}
     names = {f"e{index}": name for index, name in enumerate(served)}
     return f"AND name IN ({', '.join(':' + key for key in names)})", names
-
-
-def spend_tokens(con: sqlite3.Connection, rows: list[dict[str, Any]],
-                 buckets: dict[str, float], now_ms: int) -> None:
-    """Inside the claim's transaction: one token of its bucket per lease."""
-    spent: dict[str, int] = {}
-    for row in rows:
-        if row["endpoint"] in buckets:
-            spent[row["endpoint"]] = spent.get(row["endpoint"], 0) + 1
-    con.executemany(SPEND_TOKENS, [(buckets[name] - n, now_ms, name)
-                                   for name, n in sorted(spent.items())])
 
 
 # ------------------------------------------------------------------ the breaker
@@ -256,7 +387,10 @@ def judge_circuits(con: sqlite3.Connection, signals: list[tuple[str, str, Attemp
     endpoint's breaker (lease.breaker.step); a circuit changed is written,
     its change audited (actor "breaker", the evidence as the note), and one
     that closed makes its endpoint's waiting deliveries due at once."""
-    names = sorted({name for name, _, _ in signals})
+    by_name: dict[str, list[tuple[str, Attempt]]] = {}
+    for name, signal, attempt in signals:
+        by_name.setdefault(name, []).append((signal, attempt))
+    names = sorted(by_name)
     marks = ", ".join("?" * len(names))
     rows = {row["name"]: row for row in select_rows(con, CIRCUIT_OF.format(marks=marks), names)}
     for name in names:
@@ -264,7 +398,7 @@ def judge_circuits(con: sqlite3.Connection, signals: list[tuple[str, str, Attemp
         if row is None:  # removed since its claim
             continue
         before = circuit = circuit_of(row)
-        for _, signal, attempt in (s for s in signals if s[0] == name):
+        for signal, attempt in by_name[name]:
             circuit, change = step(circuit, signal, attempt, now_ms)
             if change is not None:
                 _audit(con, name, now_ms, change, [], circuit.why, BREAKER_ACTOR)

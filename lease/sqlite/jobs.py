@@ -43,7 +43,7 @@ from lease.rules import (
     kept_audits,
 )
 from lease.sqlite import batch, endpoints
-from lease.sqlite.endpoints import Fanout, pick_deliveries, spend_tokens
+from lease.sqlite.endpoints import Fanout, pick_deliveries
 from lease.sqlite.errors import store_errors
 from lease.sqlite.schema import SCHEMA_VERSION, migrate_here
 from lease.sqlite.statements import (
@@ -311,21 +311,18 @@ def claim_jobs(
     check_int("limit", limit, 1, MAX_BATCH)
     check_fault(fault)
     served = check_served(endpoints)
-    buckets: dict[str, float] = {}
     with immediate(con):
         moved = quarantine(con, now_ms)
         if served is None:
             rows = [dict(zip(PICK_READY_NAMES, row, strict=True)) for row in batch.BATCH.read(
                 con, PICK_READY_NAMES, PICK_READY, {"now": now_ms, "limit": limit})]
         else:
-            rows, buckets = pick_deliveries(con, served, now_ms, limit)
+            rows = pick_deliveries(con, served, now_ms, limit)
         tickets = [lease_ticket(row, owner, now_ms, lease_ms) for row in rows]
         if tickets:
             batch.BATCH.update(con, LEASE_FIXED, LEASE_NAMES,
                                [(t["attempt"], t["token"], owner, t["lease_until"], row["seq"])
                                 for row, t in zip(rows, tickets, strict=True)])
-            if buckets:
-                spend_tokens(con, rows, buckets, now_ms)
             call_fault(fault, "after-claim")
     if tickets:
         call_fault(fault, "after-commit")

@@ -60,47 +60,90 @@ ORDER BY seq LIMIT :limit
 """
 
 # ------------------------------------------------------------------ endpoints
-# A claim of deliveries takes the endpoints with work from the rotation (the
+# A claim of deliveries costs the same few statements whatever the number of
+# endpoints: one takes a batch of endpoints with work from the rotation (the
 # least recently served first, passing over the disabled, the paused and the
-# open ones in the index's own scan), then each one's due rows by one index
-# range: its leases run out first, then its pending deliveries in the order
-# they became due. A backlog an endpoint may not send now is never read.
-ROTATION = f"""SELECT name, served_at, enabled, max_in_flight, rate, burst, tokens, refilled_ms,
-  {', '.join(CIRCUIT_COLUMNS)} FROM endpoints INDEXED BY endpoints_rotation
+# open ones in the index's own scan) with each one's live leases counted and
+# its leases run out beside it; one a round reads the due rows of every
+# endpoint of the batch, each by one index range of its own (its pending
+# deliveries in the order they became due); one writes every endpoint
+# examined back. A backlog an endpoint may not send now is never read.
+_LEASED = ("jobs.endpoint = endpoints.name AND jobs.status = 'leased'"
+           " AND jobs.endpoint IS NOT NULL")
+# Of the breaker's columns only the two that say whether the circuit is plainly
+# closed: the rest is read (CIRCUIT_OF) for the few endpoints whose is not.
+ROTATION_NAMES = ("name", "served_at", "enabled", "max_in_flight", "rate", "burst", "tokens",
+                  "refilled_ms", "circuit", "paused_until_ms", "live", "run_out")
+ROTATION = f"""SELECT {', '.join(ROTATION_NAMES[:-2])},
+  (SELECT COUNT(*) FROM jobs INDEXED BY jobs_in_flight
+    WHERE {_LEASED} AND jobs.lease_until > :now) AS live,
+  (SELECT group_concat(jobs.lease_until || ' ' || jobs.seq) FROM jobs INDEXED BY jobs_in_flight
+    WHERE {_LEASED} AND jobs.lease_until <= :now) AS run_out
+FROM endpoints INDEXED BY endpoints_rotation
 WHERE has_work = 1 AND enabled = 1 {{only}}
   AND (paused_until_ms IS NULL OR paused_until_ms <= :now)
   AND (circuit <> 'open' OR open_until_ms <= :now)
   AND (served_at, name) > (:served, :name)
 ORDER BY served_at, name LIMIT :limit"""
-LEASES_OF = """SELECT seq, lease_until FROM jobs INDEXED BY jobs_in_flight
-WHERE endpoint = ? AND status = 'leased' ORDER BY lease_until"""
-DUE_OF = f"""SELECT seq FROM jobs INDEXED BY jobs_endpoint_due
-WHERE endpoint = ? AND {DUE_LINE} AND available_at <= ? ORDER BY available_at, seq
-LIMIT ? OFFSET ?"""
-PICK_FAIR_NAMES = (*PICK_READY_NAMES, "endpoint", "message")
+# The seqs of each endpoint's due rows in the order they became due, LIMIT ?2
+# OFFSET ?3, for the names in VALUES (a NULL name: padding, no row); ?1 is the
+# store's time. The aggregate takes its subquery's rows in their order (SQLite
+# runs the subquery as a coroutine the aggregate steps through), as the batch
+# reads of lease.sqlite.batch do.
+DUE_EACH = f"""SELECT e.column1, (SELECT group_concat(d.seq) FROM (
+    SELECT seq FROM jobs INDEXED BY jobs_endpoint_due
+    WHERE endpoint = e.column1 AND {DUE_LINE} AND available_at <= ?1
+    ORDER BY available_at, seq LIMIT ?2 OFFSET ?3) AS d)
+FROM (VALUES {{names}}) AS e"""
+# The same when each endpoint's share is one row (a claim spread over as many
+# endpoints as its limit): the row itself, with no aggregate to build.
+DUE_FIRST_EACH = f"""SELECT e.column1, (SELECT seq FROM jobs INDEXED BY jobs_endpoint_due
+    WHERE endpoint = e.column1 AND {DUE_LINE} AND available_at <= ?1
+    ORDER BY available_at, seq LIMIT ?2 OFFSET ?3)
+FROM (VALUES {{names}}) AS e"""
+# The deliveries picked, the payload last (lease.sqlite.batch reads it beside the JSON).
+PICK_FAIR_NAMES = (*PICK_NAMES, "digest", "endpoint", "message", "body")
 PICK_FAIR = f"""
-SELECT {', '.join(PICK_NAMES)}, digest,
-  (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body, endpoint, message
+SELECT {', '.join(PICK_NAMES)}, digest, endpoint, message,
+  (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body
 FROM jobs WHERE seq IN ({{marks}})
 """
-ROTATE = "UPDATE endpoints SET served_at = ? WHERE name = ?"
-# An endpoint with nothing pending or leased leaves the rotation (until its
-# next delivery: an intake, a redrive, a recovery puts it back).
-NO_WORK = """UPDATE endpoints SET has_work = 0 WHERE name = :name
-  AND NOT EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_by_endpoint
-    WHERE endpoint = :name AND status IN ('pending', 'leased'))"""
+# Every endpoint a claim examined to the back of the rotation, in one
+# statement (a NULL name: padding).
+ROTATE_ALL = "UPDATE endpoints SET served_at = ? WHERE name IN ({marks})"
+# The few with more to write, in one more: out of the rotation when it has
+# nothing pending or leased (until its next delivery: an intake, a redrive, a
+# recovery puts it back), looked for only where the claim found none
+# ({idle}); a rate endpoint that leased, its bucket's level after its leases
+# ({tokens}, NULL: untouched); the probe leased ({probe}): its circuit
+# half-open, and the deliveries that came due while it was open counted as
+# attempts the breaker saved. ?1 is the store's time.
+_PROBED = "{probe} AND endpoints.circuit = 'open'"
+_ROTATED_SET = f"""served_at = ?1,
+  tokens = coalesce({{tokens}}, endpoints.tokens),
+  refilled_ms = CASE WHEN {{tokens}} IS NULL THEN endpoints.refilled_ms ELSE ?1 END,
+  has_work = CASE WHEN {{idle}} AND NOT EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_by_endpoint
+      WHERE jobs.endpoint = endpoints.name AND jobs.status IN ('pending', 'leased'))
+    THEN 0 ELSE endpoints.has_work END,
+  circuit = CASE WHEN {_PROBED} THEN 'half-open' ELSE endpoints.circuit END,
+  circuit_since_ms = CASE WHEN {_PROBED} THEN ?1 ELSE endpoints.circuit_since_ms END,
+  saved = CASE WHEN {_PROBED} THEN endpoints.saved + (SELECT COUNT(*)
+      FROM jobs INDEXED BY jobs_endpoint_due
+      WHERE jobs.endpoint = endpoints.name AND {DUE_LINE} AND jobs.available_at <= ?1)
+    ELSE endpoints.saved END"""
+# (name, tokens, probe, idle) rows in VALUES (SQLite 3.33's UPDATE ... FROM), a NULL name: padding
+ROTATED_EACH = ("UPDATE endpoints SET " + _ROTATED_SET.format(
+    tokens="t.column2", probe="t.column3", idle="t.column4")
+                + " FROM (VALUES {rows}) AS t WHERE endpoints.name = t.column1")
+# the same, one row a step (older SQLite): ?2 tokens, ?3 probe, ?4 idle, ?5 name
+ROTATED_ONE = ("UPDATE endpoints SET " + _ROTATED_SET.format(tokens="?2", probe="?3", idle="?4")
+               + " WHERE name = ?5")
 HAS_WORK = "UPDATE endpoints SET has_work = 1 WHERE name = ? AND has_work = 0"
 # The breaker (lease.breaker): an endpoint's circuit, read and written whole.
 CIRCUIT_OF = f"""SELECT name, enabled, disable_after_ms, {', '.join(CIRCUIT_COLUMNS)}
 FROM endpoints WHERE name IN ({{marks}})"""
 WRITE_CIRCUIT = (f"UPDATE endpoints SET {', '.join(f'{c} = ?' for c in CIRCUIT_COLUMNS)}"
                  " WHERE name = ?")
-# a probe leased: the circuit half-open, and the deliveries that came due while
-# it was open counted as attempts the breaker saved
-HALF_OPEN = f"""UPDATE endpoints SET circuit = 'half-open', circuit_since_ms = :now,
-  saved = saved + (SELECT COUNT(*) FROM jobs INDEXED BY jobs_endpoint_due
-    WHERE endpoint = :name AND {DUE_LINE} AND available_at <= :now)
-WHERE name = :name AND circuit = 'open'"""
 # the circuit closed: the endpoint's waiting deliveries are due at once
 RELEASE_WAITING = f"""UPDATE jobs SET available_at = :now
 WHERE endpoint = :name AND {DUE_LINE} AND available_at > :now"""
@@ -116,7 +159,6 @@ RECOVER = ("UPDATE jobs SET status = 'pending', attempts = 0, available_at = ?, 
     " owner = NULL, lease_until = NULL, reason = NULL, done_by = NULL, done_started_ms = NULL,"
     " done_latency_ms = NULL, done_http_status = NULL, done_after = NULL,"
     " held = CASE WHEN ordering_key IS NOT NULL THEN 1 ELSE 0 END WHERE seq = ?")
-SPEND_TOKENS = "UPDATE endpoints SET tokens = ?, refilled_ms = ? WHERE name = ?"
 SUBSCRIBERS = "SELECT name, types FROM endpoints ORDER BY name"
 MESSAGE_CONTENT = ("SELECT qty, digest, ordering_key, event_type, endpoint FROM jobs"
                    " INDEXED BY jobs_by_message WHERE message = ? LIMIT 1")

@@ -18,7 +18,7 @@ from lease.postgres import SCHEMA_VERSION, PostgresStore, enqueue_in
 from lease.postgres.schema import MIGRATIONS
 from lease.records import Attempt, Conflict, Leased, StoreError
 from tests.support.queues import T0
-from tests.support.waiting import WAIT_S
+from tests.support.waiting import WAIT_S, wait_until
 
 LEASE_MS = 600_000  # longer than any test: no lease here ends by itself
 SECRET = "whsec_" + "c2VjcmV0LXNpZ25pbmcta2V5LTEyMzQ1Njc4OTA="
@@ -285,6 +285,38 @@ def test_the_bucket_is_never_overspent_by_claims_at_once(
         finish_all(first, taken, clock.now)
 
 
+def test_one_probe_at_a_time_across_connections_claiming_at_once(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
+    threads = 8
+    first = make_store()
+    first.add_endpoint(endpoint("down"), now_ms=T0)
+    first.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(40)], now_ms=T0)
+    failed = first.claim_jobs("w", LEASE_MS, 5, now_ms=T0, endpoints="*").leased
+    first.finish_jobs([(job.ticket, "retry", 0, Attempt(T0, 3, None, "connection refused"))
+                       for job in failed], now_ms=T0 + 1)  # five in a row: open
+    stores = [make_store() for _ in range(threads)]
+    for _ in range(3):  # each cool-down's end: claims at once, then the probe fails
+        [state] = first.endpoints()
+        assert state["circuit"]["state"] == "open"
+        probe_at = state["circuit"]["open_until_ms"]
+        leased: list[list[Leased]] = [[] for _ in range(threads)]
+
+        def claim(n: int, leased: list[list[Leased]] = leased, at: int = probe_at) -> None:
+            for k in range(3):
+                leased[n] += stores[n].claim_jobs(f"w{n}", LEASE_MS, 5, now_ms=at + k,
+                                                  endpoints="*").leased
+
+        run_threads(threads, claim)
+        [probe] = [job for jobs in leased for job in jobs]  # one, whoever claimed
+        assert live_leases(admin, "down") == 1
+        assert first.endpoints()[0]["circuit"]["state"] == "half-open"
+        # while it is out, a claim alone takes nothing either
+        assert stores[0].claim_jobs("w0", LEASE_MS, 5, now_ms=probe_at + 10,
+                                    endpoints="*").leased == []
+        first.finish_jobs([(probe.ticket, "retry", 0, Attempt(probe_at + 10, 3, 503))],
+                          now_ms=probe_at + 11)
+
+
 class PausedClaims(PostgresStore):
     """A store whose claims of deliveries stop, their endpoints judged and
     locked, until the test lets them go."""
@@ -342,6 +374,36 @@ def test_a_small_endpoint_is_served_beside_a_large_backlog(
         served_b += [claim] * sum(1 for job in leased if job.endpoint == "B")
         finish_all(store, leased)
     assert served_b[:1] == [0] and len(served_b) == 10 and served_b[-1] <= 2
+
+
+def jobs_index_rows_read(admin: psycopg.Connection) -> int:
+    """Index entries read on lease.jobs, every index, by the sessions that reported."""
+    admin.execute("SELECT pg_stat_clear_snapshot()")
+    row = admin.execute("SELECT sum(idx_tup_read) FROM pg_stat_user_indexes"
+                        " WHERE relname = 'jobs'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_claim_reads_each_endpoints_due_deliveries_from_the_start_of_its_range(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
+    setup = make_store()
+    for n in range(64):
+        setup.add_endpoint(endpoint(f"E{n}", types=(f"t{n}",)), now_ms=T0)
+    setup.enqueue_events([{"id": f"m{k}", "qty": 1, "type": f"t{k % 64}"} for k in range(640)],
+                         now_ms=T0)
+    setup.close()  # its session's figures reach the statistics as it ends
+    admin.execute("ANALYZE lease.jobs")  # ten due rows an endpoint, as it reads them
+    before = jobs_index_rows_read(admin)
+    claimer = make_store()
+    leased = claimer.claim_jobs("w", LEASE_MS, 64, now_ms=T0 + 1, endpoints="*").leased
+    assert len({job.endpoint for job in leased}) == len(leased) == 64  # one of each
+    claimer.close()
+    wait_until(lambda: jobs_index_rows_read(admin) > before,
+               "the claim's index reads in the statistics")
+    # each endpoint's first due row, then the 64 leased, not each endpoint's
+    # ten fetched by bitmap and sorted
+    assert jobs_index_rows_read(admin) - before <= 3 * 64
 
 
 def test_a_disabled_endpoint_waits_and_the_others_go_on(

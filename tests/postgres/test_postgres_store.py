@@ -21,7 +21,7 @@ from asyncworker.devtools.postgres_server import database_of, free_port
 from lease.policy import PRODUCT, RetryPolicy
 from lease.postgres import CHANNEL, SCHEMA_VERSION, PostgresStore, redact
 from lease.postgres.schema import MIGRATIONS
-from lease.postgres.statements import PICK_AND_LEASE, QUARANTINE
+from lease.postgres.statements import FINISH_IF_STILL_LEASED, PICK_AND_LEASE, QUARANTINE
 from lease.records import Attempt, Busy, Claimed, NotAQueue, StoreError
 from lease.retrying import PATIENT
 from lease.stores import open_store
@@ -565,6 +565,29 @@ def read_only_partial_indexes(top: dict) -> bool:
     indexes = {n["Index Name"] for n in nodes(top) if "Index Name" in n}
     return "Seq Scan" not in kinds and indexes <= PARTIAL | {"jobs_pkey"} and bool(
         indexes & PARTIAL)
+
+
+def test_a_finish_finds_its_rows_by_key_however_many_leases_are_live(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
+    store = make_store()
+    store.enqueue_events([ev(f"j{n}") for n in range(2000)], now_ms=T0)
+    admin.execute("ANALYZE lease.jobs")  # statistics that saw no lease
+    assert len(store.claim_jobs("holder", LEASE_MS, 1000, now_ms=T0).leased) == 1000
+    mine = [job.ticket for job in store.claim_jobs("w", LEASE_MS, 10, now_ms=T0).leased]
+    seqs = dict(admin.execute("SELECT id, seq FROM lease.jobs WHERE id = ANY(%s)",
+                              ([ticket["id"] for ticket in mine],)).fetchall())
+    top = plan(admin, FINISH_IF_STILL_LEASED, {
+        "now": T0 + 1, "seq": [seqs[ticket["id"]] for ticket in mine],
+        "status": ["done"] * 10, "reason": [None] * 10, "available_at": [T0 + 1] * 10,
+        **{field: [ticket[key] for ticket in mine] for field, key in (
+            ("qty", "qty"), ("owner", "owner"), ("token", "token"), ("attempt", "attempt"),
+            ("lease_until", "lease_until"))}})
+    assert top["Actual Rows"] == 10  # each finished
+    # each row by its key: never a scan of the 1,010 live leases, per item
+    scans = [n for n in nodes(top) if n.get("Relation Name") == "jobs"
+             and n["Node Type"] != "ModifyTable"]
+    assert scans and all(n.get("Index Name") == "jobs_pkey" and n["Actual Rows"] <= 1
+                         for n in scans), scans
 
 
 # ------------------------------------------------------------------ wake-ups
