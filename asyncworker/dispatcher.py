@@ -457,6 +457,9 @@ class Dispatcher:
         # a read of the circuits asked for at once (a failure's finish recorded), one at a time
         self._confirming: asyncio.Task | None = None
         self._confirm_wanted = False
+        # the tracer of the provider set now (asyncworker.tracing), read once a claim
+        # that leased something: a provider set later is honoured from the next claim
+        self._tracer: Any = None
         if served is not None:
             self._routes = EndpointRoutes(
                 self._queue, served, pool_limit=concurrency,
@@ -806,6 +809,7 @@ class Dispatcher:
         if not claimed.leased:
             return 0
         stats.claimed += len(claimed.leased)
+        self._tracer = tracing.tracer()
         stats.claim_batches += 1
         if self._aborted:  # it committed while the abort came: nothing more is sent
             self._leave_leased([job.ticket for job in claimed.leased])
@@ -929,9 +933,8 @@ class Dispatcher:
         """
         ticket = held.ticket
         error: BaseException | None = None
-        traced = tracing.tracer()
-        if traced is not None:
-            self._start_span(traced, held)
+        if self._tracer is not None:
+            self._start_span(self._tracer, held)
         started = time.perf_counter()
         try:
             window_ms, short = (0, None) if held.cut else self._keeper.window(
@@ -1119,7 +1122,7 @@ class Dispatcher:
     def _draw(self) -> float:
         return check_jitter(self._jitter())
 
-    def _start_span(self, tracer: object, held: Held) -> None:
+    def _start_span(self, tracer: Any, held: Held) -> None:
         """This attempt's span (tracing is on), linked to the intake's context."""
         route = held.route
         destination = self.destination if route is None else route.destination

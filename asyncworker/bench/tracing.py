@@ -3,9 +3,10 @@ attempt (and to one request at a receiver), timed alone, in microseconds.
 
     python -m asyncworker.bench.tracing [--jobs 20000] [--rounds 5]
 
-Rows: tracing off without opentelemetry-api (a child process that cannot
-import it), and with it installed and no provider set (the check each attempt
-makes: ``tracer()`` answering None); then, with the SDK's
+Rows: tracing off, the check ``tracer()`` answering None (the dispatcher
+makes it once a claim, a receiver once a request), without opentelemetry-api
+(a child process that cannot import it) and with it installed and no
+provider set; then, with the SDK's
 provider and an in-memory exporter (needs ``opentelemetry-sdk``), an
 attempt's span (started with its link, its ``traceparent`` and
 ``tracestate`` made, current while an empty send is awaited, ended with its
