@@ -191,3 +191,64 @@ def test_recovery_sends_again_what_was_done_or_dead_since_a_time(store):
     assert {j.ticket["id"] for j in again} >= {"d1@down", "d2@down"}
     d1 = next(j for j in again if j.ticket["id"] == "d1@down")
     assert d1.ticket["token"] > leased[1].ticket["token"] and d1.event == leased[1].event
+
+
+def test_a_thirty_day_outage_disables_at_its_time_loses_nothing_and_enable_keeps_key_order(
+        store):
+    """A virtual month: the endpoint refuses everything from the start. Each
+    probe fails and backs its delivery off as a dispatcher's policy would
+    (doubling from 1 s, at most 6 h); the endpoint is disabled at the first
+    failure past the default disable_after (3 days), nothing is claimed after,
+    nothing goes dead; enabled an hour before their 30-day deadline, every
+    delivery is sent, each key's in intake order."""
+    from lease.breaker import DISABLE_AFTER_MS
+
+    day = 86_400_000
+    month = RetryPolicy(max_attempts=50, ttl_ms=30 * day)  # the longest time to live
+    outage = 30 * day - 3_600_000  # enabled an hour before their deadline
+    store.add_endpoint(Endpoint("down", URL, types=("d",)), now_ms=T0)
+    keys = [f"k{i % 4}" for i in range(20)]
+    store.enqueue_events([{**body_event(f"d{i}", n=i), "type": "d", "key": keys[i]}
+                          for i in range(20)], month, now_ms=T0)
+
+    def next_due() -> int:  # of the first of each key's line: the ones a claim may take
+        return min(row["available_at"] for row in store.jobs_with_status("pending")
+                   if not row["held"])
+
+    now, disabled_at, probes = T0, None, 0
+    while now < T0 + outage:
+        state = circuit(store)
+        [down] = [row for row in store.endpoints() if row["name"] == "down"]
+        if not down["enabled"]:
+            disabled_at = disabled_at or now
+            assert claim(store, now, endpoints=("down",)) == []  # never while disabled
+            now += 3 * day
+            continue
+        now = max(now, next_due(), state.get("open_until_ms") or now)
+        leased = claim(store, now, endpoints=("down",))
+        assert len(leased) <= (5 if state["state"] == "closed" else 1)  # then one probe
+        if state["state"] != "closed":
+            probes += 1
+        for one in leased:
+            spent = one.ticket["attempt"]
+            fail(store, [one], now + 1, delay=min(1000 * 2 ** spent, 6 * 3_600_000))
+        now += 2
+    assert disabled_at is not None and probes > 10
+    first_failure = T0 + 1
+    assert first_failure + DISABLE_AFTER_MS < disabled_at <= (
+        first_failure + DISABLE_AFTER_MS + 6 * 3_600_000 + BREAKER.cooldown_cap_ms + 3 * day)
+    assert store.counts()["dead"] == 0 and store.counts()["pending"] == 20  # nothing lost
+
+    enabled = T0 + outage
+    store.update_endpoint("down", {"enabled": True}, now_ms=enabled, actor="ops")
+    sent: list[str] = []
+    now = enabled
+    while len(sent) < 20 and now < enabled + 3_000_000:
+        now = max(now + 1, min(now + BREAKER.cooldown_cap_ms, next_due()))
+        leased = claim(store, now, endpoints=("down",))
+        deliver(store, leased, now + 1)
+        sent += [one.ticket["id"].split("@")[0] for one in leased]
+    assert sorted(sent, key=lambda m: int(m[1:])) == [f"d{i}" for i in range(20)]
+    for key in set(keys):
+        mine = [m for m in sent if keys[int(m[1:])] == key]
+        assert mine == sorted(mine, key=lambda m: int(m[1:])), key  # intake order per key
