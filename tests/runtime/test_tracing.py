@@ -4,6 +4,7 @@ linked to it, the request's traceparent, the receiver's span its child."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from collections.abc import Awaitable, Callable
@@ -21,6 +22,7 @@ from lease.http import Destination
 from lease.policy import RetryPolicy
 from lease.sqlite import SQLiteStore, enqueue_in
 from lease.tracing import capture, carrier_of
+from tests.support.dispatching import until
 from tests.support.tracing import named, recording, traceparent
 
 KEY = bytes(range(32))
@@ -173,6 +175,23 @@ async def test_without_a_provider_nothing_is_traced_and_everything_works(tmp_pat
         await deliver_all(path, rx.url)
     assert len(rx.headers) == 2
     assert not any("traceparent" in headers for headers in rx.headers)
+
+
+async def test_a_provider_set_while_the_dispatcher_runs_is_honoured_from_its_next_claim(
+        tmp_path: Path):
+    async with Served(receiver_app(tmp_path / "shop.db", lambda con, event: None)) as rx, \
+            Dispatcher(str(tmp_path / "queue.db"), "d1", url=rx.url, create=True) as d:
+        running = asyncio.create_task(d.run())
+        await d.queue.enqueue_events([{"id": "before", "body": {}}])
+        await until(lambda: d.stats.ok == 1)
+        with recording() as exporter:
+            await d.queue.enqueue_events([{"id": "after", "body": {}}])
+            await until(lambda: d.stats.ok == 2)
+            d.stop()
+            await running
+            sends = named(exporter, tracing.SEND_SPAN)
+    assert [send.attributes and send.attributes["messaging.message.id"] for send in sends] == [
+        "after"]
 
 
 async def post(url: str, headers: dict[str, str], body: dict | None = None) -> dict:
