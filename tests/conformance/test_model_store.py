@@ -62,7 +62,8 @@ class StoreModel(Model):
         self.jobs[job_id].update(body=text, digest=digest, done_by=None, done_started_ms=None,
                                  done_latency_ms=None, done_http_status=None,
                                  ordering_key=None, held=0,  # unkeyed: never held
-                                 endpoint=None, message=None, event_type=None)
+                                 endpoint=None, message=None, event_type=None,
+                                 trace=None)  # enqueued outside any span
         return True
 
     def record(self, ticket: dict, outcome: str | None, result: object, now: int,
