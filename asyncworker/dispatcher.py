@@ -125,6 +125,21 @@ class LeaseLost(Exception):
 DEATH_REASONS = ("deadline", "exhausted", "permanent")
 
 
+STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx", "none")
+
+
+def status_class(http_status: int | None) -> str:
+    """An answer's class ("2xx", ...), or "none": no answer (a transport error,
+    a timeout, a send cut off by its lease)."""
+    if http_status is None or not 100 <= http_status <= 599:
+        return "none"
+    return f"{http_status // 100}xx"
+
+
+def _no_answers() -> dict[str, int]:
+    return dict.fromkeys(STATUS_CLASSES, 0)
+
+
 def _no_deaths() -> dict[str, int]:
     return dict.fromkeys(DEATH_REASONS, 0)
 
@@ -164,6 +179,8 @@ class DispatcherStats:
     # deliveries claimed and given back unsent (Store.release_jobs): their endpoint's
     # circuit opened, or a Retry-After paused it, after their claim; no attempt spent
     released: int = 0
+    # every send that ended, by its answer's HTTP status class ("none": no answer)
+    answers: dict[str, int] = field(default_factory=_no_answers)
 
     def as_dict(self) -> dict[str, Any]:
         """Every counter, JSON-serialisable (``dead_by_reason`` a nested dict)."""
@@ -965,6 +982,7 @@ class Dispatcher:
         if held.route is not None:
             held.route.figures.send.observe(took)
         seen = Attempt.of(held.first_ms, round(took * 1000), error, held.http_status)
+        self.stats.answers[status_class(seen.http_status)] += 1
         if error is None:
             return Judged("ok", 0, seen)
         return self._judge_error(held, error, seen)

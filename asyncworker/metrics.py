@@ -155,6 +155,15 @@ class _StatsCollector:
         if metrics.serving_endpoints:
             name, figure, text = UNKNOWN_ENDPOINT
             yield CounterMetricFamily(PREFIX + name, text, value=getattr(stats, figure))
+        answers = CounterMetricFamily(
+            PREFIX + "send_answers", "Sends that ended, by the HTTP status class of their "
+            "answer (none: no answer, a transport error or a timeout).", labels=["class"])
+        for status_class, n in stats.answers.items():
+            answers.add_metric([status_class], n)
+        yield answers
+        yield CounterMetricFamily(PREFIX + "deliveries_released", "Deliveries claimed and "
+                                  "given back unsent (their endpoint's circuit opened or paused "
+                                  "after their claim): no attempt spent.", value=stats.released)
         text = "Jobs this dispatcher moved to dead, by its finishes and its claims' quarantine."
         if by_endpoint:
             dead = CounterMetricFamily(PREFIX + "jobs_dead", text, labels=["endpoint", "reason"])

@@ -112,6 +112,13 @@ async def test_metrics_equal_the_stats_figure_by_figure(target: str):
     dead = {reason: one(samples, "asyncworker_jobs_dead_total", reason=reason)
             for reason in ("deadline", "exhausted", "permanent")}
     assert dead == stats.dead_by_reason and sum(dead.values()) == stats.dead
+    # every send that ended, by its answer's class: refused 409, flaky's 503; the
+    # script's own sends carry no HTTP status
+    answers = {klass: one(samples, "asyncworker_send_answers_total", **{"class": klass})
+               for klass in ("1xx", "2xx", "3xx", "4xx", "5xx", "none")}
+    assert answers == stats.answers
+    assert (answers["4xx"], answers["5xx"], sum(answers.values())) == (1, 1, SENDS)
+    assert one(samples, "asyncworker_deliveries_released_total") == stats.released == 0
     # the histograms count what happened, in seconds
     histograms = {"send_duration_seconds": SENDS,
                   "claim_transaction_duration_seconds": stats.claim_calls,
