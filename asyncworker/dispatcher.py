@@ -63,6 +63,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from asyncworker import tracing
 from asyncworker.finisher import BUSY, GroupFinisher, Judged, Recorded
 from asyncworker.leases import (
     Held,
@@ -475,6 +476,9 @@ class Dispatcher:
         # a read of the circuits asked for at once (a failure's finish recorded), one at a time
         self._confirming: asyncio.Task | None = None
         self._confirm_wanted = False
+        # the tracer of the provider set now (asyncworker.tracing), read once a claim
+        # that leased something: a provider set later is honoured from the next claim
+        self._tracer: Any = None
         if served is not None:
             self._routes = EndpointRoutes(
                 self._queue, served, pool_limit=concurrency,
@@ -832,6 +836,7 @@ class Dispatcher:
         if not claimed.leased:
             return 0
         stats.claimed += len(claimed.leased)
+        self._tracer = tracing.tracer()
         stats.claim_batches += 1
         if self._aborted:  # it committed while the abort came: nothing more is sent
             self._leave_leased([job.ticket for job in claimed.leased])
@@ -855,7 +860,7 @@ class Dispatcher:
                     continue
                 route.figures.claimed += 1
             held = Held(ticket, job.event, first_ms, half_way(first_ms, ticket["lease_until"]),
-                        job.digest, route)
+                        job.digest, route, job.trace)
             held.can_extend = ticket["lease_until"] - first_ms >= self.lease_ms  # else capped
             if route is not None and not route.may_send(first_ms):
                 self._release([held])  # its circuit opened since this claim began
@@ -921,10 +926,15 @@ class Dispatcher:
             return
         try:
             judged = await self._judged_send(held)
+            if held.span is not None:
+                tracing.end_attempt(held.span, judged.outcome, judged.seen.http_status,
+                                    judged.seen.error)
+                held.span = None
             if route is not None:
                 self._judged(held, route, judged)
             await held.settled()  # an extension in flight first: its ticket is the store's
         except Exception as exc:
+            self._abandon_span(held)
             self.stats.errors += 1
             if held.route is not None:
                 held.route.figures.errors += 1
@@ -933,6 +943,7 @@ class Dispatcher:
             self._confirm(held)  # no finish will confirm what it told its circuit
             return
         except BaseException:  # cancelled: no finish either
+            self._abandon_span(held)
             self._confirm(held)
             raise
         held.handed_over = True
@@ -949,6 +960,8 @@ class Dispatcher:
         """
         ticket = held.ticket
         error: BaseException | None = None
+        if self._tracer is not None:
+            self._start_span(self._tracer, held)
         started = time.perf_counter()
         try:
             window_ms, short = (0, None) if held.cut else self._keeper.window(
@@ -960,7 +973,10 @@ class Dispatcher:
                 error = Retryable(short)
             else:
                 try:
-                    classify_result(await self._call_send(held, ticket["token"], window_ms))
+                    sending = self._call_send(held, ticket["token"], window_ms)
+                    if held.span is not None:
+                        sending = tracing.within(held.span, sending)
+                    classify_result(await sending)
                 except asyncio.CancelledError:
                     if held.cut is None:
                         raise
@@ -1108,9 +1124,10 @@ class Dispatcher:
         # A signature's time is this host's (or the injected clock's): the
         # receiver checks it against its own clock, not the store's.
         stamp = (self._time.given() or wall_clock_ms()) // 1000 if destination.secrets else None
-        held.http_status = await deliver(destination, held.event, timeout=window_ms / 1000,
-                                         token=token, session=self._session, timestamp=stamp,
-                                         digest=held.digest)
+        held.http_status = await deliver(
+            destination, held.event, timeout=window_ms / 1000, token=token, session=self._session,
+            timestamp=stamp, digest=held.digest,
+            trace_headers=None if held.span is None else tracing.request_headers(held.span))
         return True  # delivered: its status is the attempt's evidence
 
     async def _send_to_endpoint(self, held: Held, route: Route, token: int,
@@ -1122,16 +1139,32 @@ class Dispatcher:
         assert self._routes is not None
         self._routes.sending(route)
         try:
-            held.http_status = await deliver(destination, held.event,
-                                             timeout=window_ms / 1000, token=token,
-                                             session=route.client, timestamp=stamp,
-                                             digest=held.digest)
+            held.http_status = await deliver(
+                destination, held.event, timeout=window_ms / 1000, token=token,
+                session=route.client, timestamp=stamp, digest=held.digest,
+                trace_headers=None if held.span is None else tracing.request_headers(held.span))
         finally:
             self._routes.sent(route)
         return True
 
     def _draw(self) -> float:
         return check_jitter(self._jitter())
+
+    def _start_span(self, tracer: Any, held: Held) -> None:
+        """This attempt's span (tracing is on), linked to the intake's context."""
+        route = held.route
+        destination = self.destination if route is None else route.destination
+        server = None if destination is None else (destination.route.host,
+                                                   destination.route.port)
+        held.span = tracing.start_attempt(tracer, held.ticket, held.event["id"], held.trace,
+                                          None if route is None else route.name, server,
+                                          self.owner)
+
+    @staticmethod
+    def _abandon_span(held: Held) -> None:
+        if held.span is not None:
+            tracing.abandon_attempt(held.span)
+            held.span = None
 
     # --------------------------------------------------------------- counting
 

@@ -80,10 +80,11 @@ class Held:
 
     __slots__ = ("ticket", "event", "digest", "first_ms", "extend_at", "claimed_at", "task",
                  "cut", "can_extend", "extension", "handed_over", "has_slot", "http_status",
-                 "route")
+                 "route", "trace", "span")
 
     def __init__(self, ticket: dict, event: dict, first_ms: int, extend_at: int,
-                 digest: str | None = None, route: Any = None) -> None:
+                 digest: str | None = None, route: Any = None,
+                 trace: str | None = None) -> None:
         self.ticket = ticket
         self.event = event  # what is sent: {"id", "qty"} or {"id", "body"}
         self.digest = digest  # a body's sha256 from its intake: its text's check
@@ -100,6 +101,8 @@ class Held:
         # a delivery's endpoint (asyncworker.routes.Route): where it goes, and whose
         # figures it counts in; None for a job of the queue's own
         self.route = route
+        self.trace = trace  # the intake's kept trace context (lease.tracing), or None
+        self.span: Any = None  # this attempt's span while tracing is on (asyncworker.tracing)
 
     async def settled(self) -> None:
         """Wait for an extension in flight: after it, ``ticket`` is the store's."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import ssl
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -72,12 +73,17 @@ async def deliver(
     session: WireClient | aiohttp.ClientSession | None = None,
     timestamp: int | None = None,
     digest: str | None = None,
+    trace_headers: Mapping[str, str] | None = None,
 ) -> int:
     """``send_http`` answering the HTTP status of the answer taken as delivered
-    (an attempt's evidence); anything else is raised as ``send_http`` raises it."""
+    (an attempt's evidence); anything else is raised as ``send_http`` raises it.
+    ``trace_headers``: the attempt's ``traceparent`` and ``tracestate``
+    (``asyncworker.tracing``), transport headers the signature does not cover."""
     destination = as_destination(url)
     seconds = check_timeout(timeout)
     outgoing = signed_parts(destination, event, token, timestamp, digest)
+    if trace_headers:
+        outgoing.headers.update(trace_headers)
     if session is None:
         async with WireClient(limit=1) as own:
             return await _wire_exchange(own, destination, outgoing, seconds)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import random
 import threading
@@ -195,10 +196,13 @@ class AsyncStore:
                              not_before_ms: int | None = None) -> list[bool | Conflict]:
         """The product's intake: {"id", "qty"} or {"id", "body"} events with the
         policy's budget, all in one transaction; per event True (new), False
-        (duplicate) or its Conflict. ``now_ms`` None: the store's clock."""
+        (duplicate) or its Conflict. ``now_ms`` None: the store's clock.
+        The store's call runs in a copy of the caller's context: an intake
+        awaited inside a span keeps that span's trace context (lease.tracing)."""
         events = list(events)
-        return await self.call(lambda s: s.enqueue_events(events, policy, now_ms=now_ms,
-                                                          not_before_ms=not_before_ms))
+        context = contextvars.copy_context()
+        return await self.call(lambda s: context.run(
+            s.enqueue_events, events, policy, now_ms=now_ms, not_before_ms=not_before_ms))
 
     async def enqueue_many(self, events: list, now_ms: int | None, ttl_ms: int,
                            max_attempts: int = 3) -> list[bool | Conflict]:

@@ -85,7 +85,10 @@ Webhooks name), ``Content-Type: application/json`` and, with a token, the
 signature per secret, over the id, the timestamp and the exact body bytes.
 A destination's static ``headers`` (an endpoint's ``Authorization``, say)
 are added as they are, by both senders; their values are secrets, never
-shown in a repr, an error or a log line.
+shown in a repr, an error or a log line. With tracing on, the dispatcher adds
+the attempt's ``traceparent`` and ``tracestate`` (W3C Trace Context): transport
+headers like ``Content-Type``, outside the signature, which Standard Webhooks
+defines over the id, the timestamp and the body alone.
 """
 
 from __future__ import annotations
@@ -291,6 +294,7 @@ class Destination:
 SENDER_HEADERS = frozenset({
     "host", "content-type", "content-length", "transfer-encoding", "connection",
     TOKEN_HEADER.lower(), ID_HEADER, "webhook-timestamp", "webhook-signature",
+    "traceparent", "tracestate",  # an attempt's span (W3C Trace Context), when tracing is on
 })
 MAX_STATIC_HEADERS = 20
 _HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}")

@@ -140,13 +140,16 @@ class Leased(NamedTuple):
     canonical JSON text and that text's sha256 from the intake (both None
     for a {"id", "qty"} event). A delivery to an endpoint names the
     endpoint and its message's id (the ticket's id is the delivery's own,
-    ``lease.endpoints.delivery_id``); a job of the queue's own has None for both."""
+    ``lease.endpoints.delivery_id``); a job of the queue's own has None for both.
+    ``trace`` is the trace context its intake ran in, when it ran in one."""
 
     ticket: dict
     body: str | None
     digest: str | None = None
     endpoint: str | None = None
     message: str | None = None
+    # the W3C trace context kept at its intake (lease.tracing), or None
+    trace: str | None = None
 
     @property
     def event(self) -> dict:

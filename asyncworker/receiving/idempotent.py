@@ -59,6 +59,7 @@ from typing import Any
 
 from aiohttp import web
 
+from asyncworker import tracing
 from asyncworker.receiving.requests import Signatures, check_signature, error, read_body
 from lease.http import ID_HEADER
 from lease.policy import MAX_BODY_BYTES, PRODUCT, canonical_body
@@ -254,6 +255,17 @@ class IdempotentReceiver:
         return await asyncio.get_running_loop().run_in_executor(self._thread, function, *args)
 
     async def handle(self, request: web.Request) -> web.Response:
+        """One POST. With tracing on (``asyncworker.tracing``), in a SERVER span
+        continuing the sender's ``traceparent``, the inbox's outcome on it."""
+        traced = tracing.tracer()
+        if traced is None:
+            return await self._handle(request, None)
+        with tracing.receiving(traced, request.headers, request.method, request.path) as span:
+            response = await self._handle(request, span)
+            tracing.answered(span, response.status)
+            return response
+
+    async def _handle(self, request: web.Request, span: Any) -> web.Response:
         body = await read_body(request, self._options.read_timeout)
         if isinstance(body, web.Response):
             return body
@@ -264,9 +276,9 @@ class IdempotentReceiver:
             event = parse_event(request.content_type, body, request.headers.getall(ID_HEADER, []))
         except ValueError as exc:
             return error(400, str(exc))
-        return await self._apply(event)
+        return await self._apply(event, span)
 
-    async def _apply(self, event: Event) -> web.Response:
+    async def _apply(self, event: Event, span: Any = None) -> web.Response:
         assert self._con is not None, "the receiver's app has not started"
         now_ms = int(self._clock() * 1000)
         try:
@@ -279,6 +291,8 @@ class IdempotentReceiver:
         except sqlite3.Error as exc:
             return error(503, f"the receiver's database could not commit ({exc}); "
                                f"nothing was committed")
+        if span is not None:
+            tracing.noted(span, event.id, outcome)
         if outcome == CONFLICT:
             return error(409, f"{event.id!r} was received with another body; "
                                f"this one (sha256 {event.digest[:16]}...) was not applied")

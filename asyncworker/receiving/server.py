@@ -62,6 +62,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from asyncworker import tracing
 from asyncworker.logs import say
 from asyncworker.receiving.inbox import (
     CONFLICT,
@@ -242,12 +243,19 @@ async def post_event(request: web.Request) -> web.StreamResponse:
     counters.add("requests")
     counters.enter()
     try:
-        return await _handle(request)
+        traced = tracing.tracer()
+        if traced is None:
+            return await _handle(request)
+        # tracing on: a SERVER span continuing the sender's traceparent
+        with tracing.receiving(traced, request.headers, request.method, request.path) as span:
+            response = await _handle(request, span)
+            tracing.answered(span, response.status)
+            return response
     finally:
         counters.leave()
 
 
-async def _handle(request: web.Request) -> web.StreamResponse:
+async def _handle(request: web.Request, span: Any = None) -> web.StreamResponse:
     app = request.app
     counters, faults, rng = app[COUNTERS], app[FAULTS], app[RANDOM]
     body = await read_body(request, app[LIMITS].read_timeout, counters.add)
@@ -278,6 +286,8 @@ async def _handle(request: web.Request) -> web.StreamResponse:
         if request.transport is not None:
             request.transport.abort()  # committed, and no answer ever leaves
         return web.Response(status=200)
+    if span is not None:
+        tracing.noted(span, arrival.id, delivery.outcome)
     if delivery.outcome == CONFLICT:
         return error(409, _conflict(delivery))
     # a stale sender's event is the one applied: a duplicate to it (counted apart)

@@ -188,11 +188,12 @@ def lock_endpoints_of(conn: Any, job_ids: list[str]) -> None:
 
 
 def fan_out(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPolicy,
-            fan: Fanout) -> list:
+            fan: Fanout, trace: str | None = None) -> list:
     """Inside the intake: each event a message, per event True (its
     deliveries written, one per subscribed endpoint, maybe none), False (the
     message is kept with this content) or its Conflict. A delivery id too
-    long is a ValueError: the whole intake refused, like any bad event."""
+    long is a ValueError: the whole intake refused, like any bad event.
+    Every delivery keeps the intake's ``trace`` context (lease.tracing)."""
     fan.lock(conn, {name for intake in chunk for name in fan.subscribers(intake.type)})
     plans = []
     for intake in chunk:
@@ -227,7 +228,7 @@ def fan_out(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
         results.append(True)
     if rows:
         inserted = conn.execute(INSERT_NEW, (
-            policy.max_attempts, available_at, available_at + policy.ttl_ms,
+            policy.max_attempts, available_at, available_at + policy.ttl_ms, trace,
             *columns(rows))).fetchall()
         if len(inserted) != len(rows):
             # a job of the queue's own written by an intake that began before
@@ -370,8 +371,9 @@ def lease_deliveries(conn: psycopg.Connection, pick: Pick, owner: str, lease_ms:
         conn.execute(HALF_OPEN, {"now": now, "name": name})
     _clear(conn, [name for (name,) in idle] if idle is not None else [])
     return [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
-                    "attempt": attempt, "lease_until": until}, body, digest, endpoint, message)
-            for _, job_id, qty, token, attempt, until, body, digest, endpoint, message
+                    "attempt": attempt, "lease_until": until}, body, digest, endpoint, message,
+                   trace)
+            for _, job_id, qty, token, attempt, until, body, digest, endpoint, message, trace
             in sorted(leased)]
 
 

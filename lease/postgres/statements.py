@@ -56,7 +56,7 @@ PICK_AND_LEASE = """WITH picked AS (SELECT seq FROM lease.jobs
 UPDATE lease.jobs j SET status = 'leased', attempts = j.attempts + 1, token = j.token + 1,
   owner = %(owner)s, lease_until = LEAST(%(now)s + %(lease_ms)s, j.deadline), reason = NULL
 FROM picked WHERE j.seq = picked.seq
-RETURNING j.seq, j.id, j.qty, j.token, j.attempts, j.lease_until, j.body, j.digest"""
+RETURNING j.seq, j.id, j.qty, j.token, j.attempts, j.lease_until, j.body, j.digest, j.trace"""
 
 # The keys' locks, in one order (by their hash, so two writers of the same
 # keys never deadlock), before any row is locked: of an intake's keys, and of
@@ -140,11 +140,12 @@ TALLY = """INSERT INTO lease.tallies (name, n) VALUES (%s, %s)
 ON CONFLICT (name) DO UPDATE SET n = lease.tallies.n + excluded.n"""
 
 # Identity values follow the SELECT's order: seq is the order of intake.
+# Every job of one intake keeps the same trace context (lease.tracing).
 INSERT_NEW = """INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,
   available_at, deadline, owner, lease_until, reason, body, digest, ordering_key, held,
-  endpoint, message, event_type)
+  endpoint, message, event_type, trace)
 SELECT id, qty, 'pending', 0, %s, 0, %s, %s, NULL, NULL, NULL, body, digest, key,
-  CASE WHEN key IS NULL THEN 0 ELSE 1 END, endpoint, message, event_type
+  CASE WHEN key IS NULL THEN 0 ELSE 1 END, endpoint, message, event_type, %s::text
 FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[],
   %s::text[], %s::text[]) WITH ORDINALITY
   AS u(id, qty, body, digest, key, endpoint, message, event_type, ord)
@@ -411,7 +412,7 @@ UPDATE lease.jobs j SET status = 'leased', attempts = j.attempts + 1, token = j.
   owner = %(owner)s, lease_until = LEAST(%(now)s + %(lease_ms)s, j.deadline), reason = NULL
 FROM picked WHERE j.seq = picked.seq
 RETURNING j.seq, j.id, j.qty, j.token, j.attempts, j.lease_until, j.body, j.digest,
-  j.endpoint, j.message
+  j.endpoint, j.message, j.trace
 """
 
 SPEND_TOKENS = """UPDATE lease.endpoints e SET tokens = u.tokens, refilled_ms = u.refilled_ms

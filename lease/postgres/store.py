@@ -127,6 +127,7 @@ from lease.rules import (
     kept_audits,
     minute_rollup,
 )
+from lease.tracing import capture
 from lease.worker import (
     MAX_BATCH,
     Fault,
@@ -313,8 +314,8 @@ class PostgresStore:
         with self._tx() as conn:
             now = self._now_in(conn, now_ms)
             available_at = now if not_before_ms is None else check_not_before(not_before_ms, now)
-            return judge_intake(_intake(conn, events, available_at, policy, on_progress),
-                                on_conflict)
+            return judge_intake(_intake(conn, events, available_at, policy, on_progress,
+                                        capture()), on_conflict)
 
     # -- one attempt
 
@@ -351,8 +352,9 @@ class PostgresStore:
             chosen = None if served is None else pick_deliveries(conn, served, limit, now)
             if picked is not None:
                 leased = [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
-                                  "attempt": attempt, "lease_until": until}, body, digest)
-                          for _, job_id, qty, token, attempt, until, body, digest
+                                  "attempt": attempt, "lease_until": until}, body, digest,
+                                 trace=trace)
+                          for _, job_id, qty, token, attempt, until, body, digest, trace
                           in sorted(picked)]
             else:
                 assert chosen is not None
@@ -930,13 +932,15 @@ def enqueue_in(conn: psycopg.Connection, events: Iterable[object],
             now_ms = int(row[0])
         available_at = now_ms if not_before_ms is None \
             else check_not_before(not_before_ms, now_ms)
-        return judge_intake(_intake(cursor, events, available_at, policy, None), on_conflict)
+        return judge_intake(_intake(cursor, events, available_at, policy, None, capture()),
+                            on_conflict)
 
 
 def _intake(conn: Any, events: Iterable[object], available_at: int, policy: RetryPolicy,
-            on_progress: Callable[[int], None] | None) -> list:
+            on_progress: Callable[[int], None] | None, trace: str | None = None) -> list:
     """Inside a transaction (``conn`` a connection or a cursor): the events
-    read, checked and inserted in chunks, never held whole; the wake-up."""
+    read, checked and inserted in chunks, never held whole; the wake-up.
+    Every job keeps ``trace``, the context the intake ran in (lease.tracing)."""
     stream = iter(events)
     results: list = []
     fan = Fanout.of(conn)  # the endpoints, locked; None: none, each event one job
@@ -944,8 +948,8 @@ def _intake(conn: Any, events: Iterable[object], available_at: int, policy: Retr
         chunk = [check_product_event(event) for event in itertools.islice(stream, INTAKE_CHUNK)]
         if not chunk:
             break
-        written = _insert(conn, chunk, available_at, policy) if fan is None \
-            else fan_out(conn, chunk, available_at, policy, fan)
+        written = _insert(conn, chunk, available_at, policy, trace) if fan is None \
+            else fan_out(conn, chunk, available_at, policy, fan, trace)
         for result in written:
             results.append(result)
             if on_progress is not None and len(results) % 1000 == 0:
@@ -957,7 +961,8 @@ def _intake(conn: Any, events: Iterable[object], available_at: int, policy: Retr
     return results
 
 
-def _insert(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPolicy) -> list:
+def _insert(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPolicy,
+            trace: str | None = None) -> list:
     """Inside the intake: per event True (new), False (a duplicate) or its
     Conflict, in order, as single intakes in sequence would give them. Only
     new ids reach the INSERT: a duplicate never draws a seq. The chunk's keys
@@ -974,7 +979,7 @@ def _insert(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
     inserted: set[str] = set()
     if new:
         inserted = {job_id for (job_id,) in conn.execute(INSERT_NEW, (
-            policy.max_attempts, available_at, available_at + policy.ttl_ms,
+            policy.max_attempts, available_at, available_at + policy.ttl_ms, trace,
             *_columns([(i.id, i.qty, i.body, i.digest, i.key, None, None, i.type)
                        for i in new.values()])))}
         # another intake committed one of these ids meanwhile: judge by its row

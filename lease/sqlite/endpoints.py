@@ -102,10 +102,12 @@ class Fanout:
         return cls(rows) if rows else None
 
     def insert(self, con: sqlite3.Connection | sqlite3.Cursor, intake: Intake,
-               available_at: int, policy: RetryPolicy) -> list[str] | None:
+               available_at: int, policy: RetryPolicy,
+               trace: str | None = None) -> list[str] | None:
         """A message's deliveries, one per endpoint subscribed to its type:
         their ordering lines (None: the message is a duplicate, untouched).
-        Conflict when its id is kept with other content."""
+        Conflict when its id is kept with other content. Each delivery keeps
+        the intake's ``trace`` context (lease.tracing), its message's."""
         kept = con.execute(MESSAGE_CONTENT, (intake.id,)).fetchone()
         if kept is not None:
             qty, digest, line, event_type, endpoint = kept
@@ -128,7 +130,7 @@ class Fanout:
             con.execute(INSERT_DELIVERY, (
                 job_id, intake.qty, policy.max_attempts, available_at,
                 available_at + policy.ttl_ms, intake.digest, line, 0 if line is None else 1,
-                name, intake.id, intake.type))
+                name, intake.id, intake.type, trace))
             if intake.body is not None:
                 con.execute(INSERT_BODY, (intake.body,))
             if line is not None:

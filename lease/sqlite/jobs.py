@@ -87,6 +87,7 @@ from lease.sqlite.statements import (
     RELEASE,
     TALLY,
 )
+from lease.tracing import capture
 from lease.worker import (
     MARKED,
     MARKED_NAMES,
@@ -150,23 +151,24 @@ def enqueue_events(
         # A contract file is migrated in the intake's own transaction: an intake
         # refused halfway leaves it exactly as it was, at its old version too.
         migrate_here(con)
-        return judge_intake(_intake(con, events, now_ms, available_at, policy, on_progress),
-                            on_conflict)
+        return judge_intake(_intake(con, events, now_ms, available_at, policy, on_progress,
+                                    capture()), on_conflict)
 
 
 def _intake(con: sqlite3.Connection | sqlite3.Cursor, events: Iterable[object],
             now_ms: int, available_at: int, policy: RetryPolicy,
-            on_progress: Callable[[int], None] | None = None) -> list:
+            on_progress: Callable[[int], None] | None = None, trace: str | None = None) -> list:
     """Inside a transaction: each event checked and inserted, then each key
-    that got a job given its first in line; per event True, False or Conflict."""
+    that got a job given its first in line; per event True, False or Conflict.
+    Each new job keeps ``trace``, the context the intake ran in (lease.tracing)."""
     results: list = []
     lines: set[str] = set()
     fanout = Fanout.of(con)
     for event in events:
         intake = check_product_event(event)
         try:
-            new = _insert(con, intake, now_ms, available_at, policy) if fanout is None \
-                else fanout.insert(con, intake, available_at, policy)
+            new = _insert(con, intake, now_ms, available_at, policy, trace) if fanout is None \
+                else fanout.insert(con, intake, available_at, policy, trace)
         except Conflict as conflict:
             results.append(conflict)
         else:
@@ -228,8 +230,8 @@ def enqueue_in(
                             f"shared=True)")
         cursor.execute("SAVEPOINT lease_enqueue_in")
         try:
-            results = judge_intake(_intake(cursor, events, now, available_at, policy),
-                                   on_conflict)
+            results = judge_intake(_intake(cursor, events, now, available_at, policy,
+                                           trace=capture()), on_conflict)
         except BaseException:
             cursor.execute("ROLLBACK TO lease_enqueue_in")
             cursor.execute("RELEASE lease_enqueue_in")
@@ -239,7 +241,7 @@ def enqueue_in(
 
 
 def _insert(con: sqlite3.Connection | sqlite3.Cursor, intake: Intake, now_ms: int,
-            available_at: int, policy: RetryPolicy) -> list[str] | None:
+            available_at: int, policy: RetryPolicy, trace: str | None = None) -> list[str] | None:
     """Inside a transaction: a new pending job of the queue's own (its
     ordering line, if it has one), or None for the duplicate kept. A keyed
     job is held until ``_promote`` finds it first in line."""
@@ -256,7 +258,7 @@ def _insert(con: sqlite3.Connection | sqlite3.Cursor, intake: Intake, now_ms: in
         INSERT_JOB,
         (intake.id, intake.qty, policy.max_attempts, available_at,
          available_at + policy.ttl_ms, intake.digest, intake.key,
-         0 if intake.key is None else 1, intake.type),
+         0 if intake.key is None else 1, intake.type, trace),
     )
     if intake.body is not None:
         con.execute(INSERT_BODY,
@@ -340,9 +342,10 @@ def claim_jobs(
     if tickets:
         call_fault(fault, "after-commit")
     if served is None:
-        return [Leased(ticket, row["body"], row["digest"])
+        return [Leased(ticket, row["body"], row["digest"], trace=row["trace"])
                 for row, ticket in zip(rows, tickets, strict=True)], moved
-    return [Leased(ticket, row["body"], row["digest"], row["endpoint"], row["message"])
+    return [Leased(ticket, row["body"], row["digest"], row["endpoint"], row["message"],
+                   row["trace"])
             for row, ticket in zip(rows, tickets, strict=True)], moved
 
 

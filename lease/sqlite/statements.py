@@ -50,9 +50,9 @@ OWN_READY = "endpoint IS NULL AND status IN ('pending', 'leased') AND held = 0"
 DUE_LINE = "endpoint IS NOT NULL AND status = 'pending' AND held = 0"
 _DUE = ("((status = 'pending' AND available_at <= :now)"
         " OR (status = 'leased' AND lease_until <= :now))")
-PICK_READY_NAMES = (*PICK_NAMES, "digest", "body")
+PICK_READY_NAMES = (*PICK_NAMES, "digest", "trace", "body")  # the payload last (batch.read)
 PICK_READY = f"""
-SELECT {', '.join(PICK_NAMES)}, digest,
+SELECT {', '.join(PICK_NAMES)}, digest, trace,
   (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body
 FROM jobs INDEXED BY jobs_own
 WHERE {OWN_READY} AND {_DUE}
@@ -102,9 +102,9 @@ DUE_FIRST_EACH = f"""SELECT e.column1, (SELECT seq FROM jobs INDEXED BY jobs_end
     ORDER BY available_at, seq LIMIT ?2 OFFSET ?3)
 FROM (VALUES {{names}}) AS e"""
 # The deliveries picked, the payload last (lease.sqlite.batch reads it beside the JSON).
-PICK_FAIR_NAMES = (*PICK_NAMES, "digest", "endpoint", "message", "body")
+PICK_FAIR_NAMES = (*PICK_NAMES, "digest", "endpoint", "message", "trace", "body")
 PICK_FAIR = f"""
-SELECT {', '.join(PICK_NAMES)}, digest, endpoint, message,
+SELECT {', '.join(PICK_NAMES)}, digest, endpoint, message, trace,
   (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body
 FROM jobs WHERE seq IN ({{marks}})
 """
@@ -164,8 +164,8 @@ MESSAGE_CONTENT = ("SELECT qty, digest, ordering_key, event_type, endpoint FROM 
                    " INDEXED BY jobs_by_message WHERE message = ? LIMIT 1")
 INSERT_DELIVERY = ("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
     " available_at, deadline, owner, lease_until, reason, digest, ordering_key, held,"
-    " endpoint, message, event_type)"
-    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?, ?, ?)")
+    " endpoint, message, event_type, trace)"
+    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?, ?, ?, ?)")
 ENDPOINT_COLUMNS = ("name", "url", "ack", "ca_file", "secrets", "headers", "types",
                     "max_in_flight", "rate", "burst", "insecure_http", "enabled",
                     "disable_after_ms", "disabled_why", "created_ms", "updated_ms",
@@ -213,8 +213,8 @@ FINISH_NAMES = ("status", "reason", "available_at")
 # The intake, the evidence, the operator and retention.
 CONTENT_OF = "SELECT qty, digest, ordering_key, event_type, endpoint FROM jobs WHERE id = ?"
 INSERT_JOB = ("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
-    " deadline, owner, lease_until, reason, digest, ordering_key, held, event_type)"
-    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?)")
+    " deadline, owner, lease_until, reason, digest, ordering_key, held, event_type, trace)"
+    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?, ?)")
 INSERT_BODY = "INSERT INTO bodies (seq, body) VALUES (last_insert_rowid(), ?)"
 RECORD_ATTEMPTS = ("INSERT INTO attempts (seq, id, token, attempt, owner, started_ms, ended_ms,"
     " outcome, result, reason, http_status, error, latency_ms)"
