@@ -20,11 +20,13 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,7 +132,16 @@ class AttackersServer:
         # (a preconnect), and a server of one thread would wait on it, so that
         # shutdown() never returned (the test timed out on a loaded machine).
         Handler.timeout = 10  # an idle connection's thread ends after it
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        accepted: list[socket.socket] = []
+        self.accepted = accepted
+
+        class Server(http.server.ThreadingHTTPServer):
+            def get_request(self) -> tuple[socket.socket, Any]:
+                connection, address = super().get_request()
+                accepted.append(connection)
+                return connection, address
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.server.block_on_close = False
         self.port = self.server.server_address[1]
@@ -142,6 +153,13 @@ class AttackersServer:
             return
         self.server.shutdown()
         self.server.server_close()
+        # Chromium keeps idle connections (and preconnects) to evil.example:PORT;
+        # left open, the page's next fetch went to this server, not to the
+        # console now on the port (a 200 for /dead, once in a while). The real
+        # attacker closes them too, so that the browser connects anew.
+        for connection in self.accepted:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
         self.thread.join(timeout=30)
 
 
