@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from lease.records import NotAQueue, StoreError
+from lease.rules import MAX_PAGE
 from lease.store import Store
 from lease.stores import is_postgres_url, open_store
 from lease.worker import MAX_BATCH
@@ -387,6 +388,47 @@ def apply_in_chunks(ids: list[str], apply: Callable[[list[str]], list],
             raise WorkFailed(f"{exc}; {count} {done} before it, the rest untouched") from None
         results += zip(chunk, answers, strict=True)
     return results
+
+
+def dead_matching(store: Store, *, limit: int | None = None, cap: int | None = None,
+                  **filters: Any) -> list[dict[str, Any]]:
+    """Every dead letter ``filters`` match (``Store.list_jobs``'s: reason,
+    id_prefix, key, endpoint, error, http_status, from_ms, to_ms; None is any),
+    in seq order, read page by page: the set a bulk redrive or cancel acts
+    on, for the command line and the page alike. At most ``limit`` of them;
+    more than ``cap`` is TooMany (the caller asks for a narrower filter)."""
+    wanted = {name: value for name, value in filters.items() if value is not None}
+    found: list[dict[str, Any]] = []
+    after: int | None = None
+    while limit is None or len(found) < limit:
+        size = MAX_PAGE if limit is None else min(MAX_PAGE, limit - len(found))
+        page = store.list_jobs(status="dead", after_seq=after, limit=size, **wanted)
+        found += page
+        if cap is not None and len(found) > cap:
+            raise TooMany(f"the filter matches more than {cap} jobs")
+        if len(page) < size:
+            break
+        after = page[-1]["seq"]
+    return found
+
+
+def dead_filters(args: argparse.Namespace, store: Store) -> dict[str, Any]:
+    """The command line's dead-letter filter (--reason, --key, --error,
+    --http-status, --since, --until) as dead_matching takes it: an age (2h) is
+    before now by the queue's own clock, which judges its jobs."""
+    def moment(given: tuple[str, int] | None) -> int | None:
+        if given is None:
+            return None
+        kind, ms = given
+        return max(0, store.now_ms() - ms) if kind == "ago" else ms
+
+    return {"reason": args.reason, "key": args.key, "error": args.error,
+            "http_status": args.http_status, "from_ms": moment(args.since),
+            "to_ms": moment(args.until)}
+
+
+class TooMany(WorkFailed):
+    """A bulk filter matches more jobs than one confirmation may change."""
 
 
 # ------------------------------------------------------------------ endpoints

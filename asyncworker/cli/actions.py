@@ -17,6 +17,8 @@ from asyncworker.operations import (
     WorkFailed,
     about,
     apply_in_chunks,
+    dead_filters,
+    dead_matching,
     open_queue_store,
     paused_words,
     when,
@@ -30,20 +32,26 @@ from lease.worker import MAX_BATCH
 
 
 def _bulk_ids(args: argparse.Namespace, store: Store, ids: list[str]) -> list[str]:
-    """The ids given, or every dead job of --reason (of --key alone if given, at
-    most --limit), in the store's order."""
+    """The ids given, or every dead job of --reason (narrowed by --key, --error,
+    --http-status, --since and --until, at most --limit), in the store's order."""
     if ids:
         return ids
-    return [job["id"] for job in store.dead_jobs(args.reason, args.limit, key=args.key)]
+    return [job["id"] for job in dead_matching(store, limit=args.limit,
+                                               **dead_filters(args, store))]
+
+
+_NARROWERS = ("key", "error", "http_status", "since", "until")
 
 
 def _check_bulk(args: argparse.Namespace, ids: list[str]) -> None:
     what = "a job ID" if args.command == "redrive" else "job IDs"
-    if args.key is not None and args.reason is None:
-        # --key narrows the dead jobs a bulk picks: a job named by its id is that job
-        raise UsageError(f"--key goes with --reason: it narrows a bulk {args.command} to "
-                         "the dead jobs of one ordering key (a job given by ID is that job, "
-                         "whatever its key)")
+    narrowed = [name for name in _NARROWERS if getattr(args, name) is not None]
+    if narrowed and args.reason is None:
+        # they narrow the dead jobs a bulk picks: a job named by its id is that job
+        flags = ", ".join("--" + name.replace("_", "-") for name in narrowed)
+        raise UsageError(f"{flags} go{'es' if len(narrowed) == 1 else ''} with --reason: "
+                         f"they narrow a bulk {args.command} of dead jobs (a job given by "
+                         "ID is that job, whatever its key, error or time)")
     if bool(ids) == (args.reason is not None):
         raise UsageError(f"give either {what} or --reason")
     if ids and (args.limit is not None or args.dry_run):

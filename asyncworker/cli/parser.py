@@ -29,6 +29,7 @@ from lease.policy import (
     check_ordering_key,
     check_product_event,
 )
+from lease.rules import check_error_filter, status_range
 from lease.signing import TOLERANCE_S
 from lease.worker import MAX_BATCH, MAX_QTY, check_identifier, check_job_id, parse_json
 
@@ -381,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"only this reason ({', '.join(DEAD_REASONS)})")
     p.add_argument("--key", metavar="KEY", type=_ordering_key, default=None,
                    help="only dead jobs with this ordering key (exactly)")
+    _dead_filter_arguments(p, "only")
     p.add_argument("--limit", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="at most N jobs")
     p.add_argument("--json", action="store_true",
@@ -711,11 +713,45 @@ def _bulk_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", metavar="KEY", type=_ordering_key, default=None,
                    help="bulk, with --reason: only dead jobs with this ordering key "
                         "(exactly; not with a job ID)")
+    _dead_filter_arguments(p, "bulk, with --reason: only")
     p.add_argument("--limit", metavar="N", type=_int_in(1, 10**9), default=None,
                    help="bulk: at most N jobs")
     p.add_argument("--dry-run", action="store_true", help="bulk: list, change nothing")
     p.add_argument("--verbose", action="store_true",
                    help=f"a line per job however many (by default only up to {SHOW_EACH})")
+
+
+def _dead_filter_arguments(p: argparse.ArgumentParser, only: str) -> None:
+    """The dead letters' narrower filters: the last attempt's error and HTTP
+    status, and when they went dead (the page's filters, by the same rules)."""
+    p.add_argument("--error", metavar="TEXT", type=_error_filter, default=None,
+                   help=f"{only} dead jobs whose last attempt's error contains TEXT "
+                        "(case-sensitive)")
+    p.add_argument("--http-status", metavar="STATUS", type=_http_status, default=None,
+                   help=f"{only} dead jobs whose last attempt got this HTTP status: 503, "
+                        "or a class, 5xx")
+    p.add_argument("--since", metavar="TIME", type=parse_since, default=None,
+                   help=f"{only} jobs gone dead at or after TIME: ISO 8601 "
+                        "(2026-12-04T17:00:00Z; UTC without an offset) or an age before "
+                        "now (2h, 30m)")
+    p.add_argument("--until", metavar="TIME", type=parse_since, default=None,
+                   help=f"{only} jobs gone dead before TIME (as --since)")
+
+
+def _error_filter(text: str) -> str:
+    try:
+        return check_error_filter(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("error must be", "must be")) from None
+
+
+def _http_status(text: str) -> str:
+    try:
+        status_range(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"an HTTP status (503) or a class (5xx), got {text!r:.20}") from None
+    return text
 
 
 # ------------------------------------------------------------------ endpoint

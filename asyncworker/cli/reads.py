@@ -13,6 +13,8 @@ from asyncworker.cli.exits import EXIT_OK
 from asyncworker.cli.output import cell, event_cell, print_history, print_table, stats_rows
 from asyncworker.operations import (
     WorkFailed,
+    dead_filters,
+    dead_matching,
     endpoint_figures,
     open_queue_store,
     paused_words,
@@ -91,7 +93,7 @@ _JOB_COLUMNS = ("id", "qty", "status", "reason", "attempts", "max_attempts", "to
 
 def dead(args: argparse.Namespace) -> int:
     with closing(open_queue_store(args.queue, read_only=True)) as store:
-        jobs = store.dead_jobs(args.reason, args.limit, key=args.key)
+        jobs = dead_matching(store, limit=args.limit, **dead_filters(args, store))
     if args.json:  # every column of each row, as stored (a key and a last error included)
         print(json.dumps(jobs, indent=2, ensure_ascii=False))
     elif jobs:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from asyncworker.operations import DEAD_REASONS
 from lease.endpoints import check_endpoint_name
@@ -50,6 +50,20 @@ class BulkRequest:
     ttl_ms: int = DEFAULT_POLICY.ttl_ms
     key: str | None = None  # one ordering key's dead letters only
     endpoint: str | None = None  # one endpoint's dead deliveries only
+    # The last attempt's error (a substring) and HTTP status ("503", "5xx"),
+    # and when they went dead (from <= it < to): as typed, and in ms.
+    error: str | None = None
+    http_status: str | None = None
+    from_text: str | None = None
+    to_text: str | None = None
+    from_ms: int | None = None
+    to_ms: int | None = None
+
+    def store_filters(self) -> dict[str, Any]:
+        """The filter as Store.list_jobs takes it."""
+        return {"reason": self.reason, "id_prefix": self.id_prefix, "key": self.key,
+                "endpoint": self.endpoint, "error": self.error,
+                "http_status": self.http_status, "from_ms": self.from_ms, "to_ms": self.to_ms}
 
     @property
     def past(self) -> str:
@@ -67,22 +81,15 @@ class Filter(NamedTuple):
     id_prefix: str | None
     key: str | None
     endpoint: str | None = None  # one endpoint's deliveries (ids ending "@NAME")
-    # The lists' own (a bulk change takes none of them: its form is offered
-    # only while they are unset): a substring of the last attempt's error,
-    # its HTTP status ("404" or "4xx"), and a time range of available_at
-    # (as given, UTC "YYYY-MM-DDTHH:MM[:SS]", and in ms).
+    # A substring of the last attempt's error, its HTTP status ("404" or
+    # "4xx"), and a time range of available_at (as given, UTC
+    # "YYYY-MM-DDTHH:MM[:SS]", and in ms): a dead job's is when it went dead.
     error: str | None = None
     http_status: str | None = None
     from_text: str | None = None
     to_text: str | None = None
     from_ms: int | None = None
     to_ms: int | None = None
-
-    @property
-    def narrows_lists_only(self) -> bool:
-        """Whether a filter a bulk change cannot take is set."""
-        return any(v is not None for v in (self.error, self.http_status, self.from_ms,
-                                           self.to_ms))
 
     def query(self) -> dict[str, str | None]:
         """The filter as the URL keeps it (the pages' links carry it on)."""
@@ -159,7 +166,8 @@ def parse_bulk(form: Mapping[str, str]) -> BulkRequest:
     if action == "cancel" and reason == "cancelled":
         raise BadRequest("reason cancelled: those jobs are cancelled already")
     return BulkRequest(action, reason, prefix, parse_note(form), parse_ttl(form), key,
-                       endpoint)
+                       endpoint, found.error, found.http_status, found.from_text,
+                       found.to_text, found.from_ms, found.to_ms)
 
 
 def parse_note(form: Mapping[str, str],
@@ -220,12 +228,16 @@ def fingerprint(request: BulkRequest, members: Sequence[Member]) -> str:
     """sha256 of the action, the filter and the sorted (id, token, reason) of
     every job matched: equal only for the same filter matching the same set in
     the same state. (No field of the filter holds a NUL or a newline.) The
-    endpoint is part of the filter only when one is named, so a fingerprint
-    of a filter without one is what it was before endpoints."""
+    endpoint, error, HTTP status and time range are part of it only when
+    named, so a fingerprint of a filter without them is what it always was."""
     digest = hashlib.sha256()
-    endpoint = "" if request.endpoint is None else f"\0endpoint={request.endpoint}"
+    narrower = "".join(f"\0{name}={value}" for name, value in (
+        ("endpoint", request.endpoint), ("error", request.error),
+        ("http_status", request.http_status),
+        ("from", request.from_ms),
+        ("to", request.to_ms)) if value is not None)
     digest.update(f"{request.action}\0{request.reason or ''}\0{request.id_prefix or ''}"
-                  f"\0{request.key or ''}{endpoint}\n".encode())
+                  f"\0{request.key or ''}{narrower}\n".encode())
     for member in sorted(members):
         digest.update(f"{member.id}\0{member.token}\0{member.reason or ''}\n".encode())
     return digest.hexdigest()

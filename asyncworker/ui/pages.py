@@ -29,7 +29,15 @@ import jinja2
 from aiohttp import web
 from markupsafe import Markup
 
-from asyncworker.operations import chunks, one_line, shown, stats_url, when
+from asyncworker.operations import (
+    TooMany,
+    chunks,
+    dead_matching,
+    one_line,
+    shown,
+    stats_url,
+    when,
+)
 from asyncworker.operations import endpoint_figures as stats_endpoints
 from asyncworker.queue_metrics import METRICS, QueueMetrics, queue_metrics_handler
 from asyncworker.store import AsyncStore
@@ -163,20 +171,16 @@ def list_jobs(store: Store, *, endpoint: str | None, **query: Any) -> list[dict]
 
 def matched(store: Store, bulk: BulkRequest) -> list[Member]:
     """Every dead letter of the bulk's filter (of one endpoint: its dead
-    deliveries, the store's filter), in seq order, page by page."""
-    members: list[Member] = []
-    after: int | None = None
-    while True:
-        page = list_jobs(store, status="dead", reason=bulk.reason, id_prefix=bulk.id_prefix,
-                         key=bulk.key, endpoint=bulk.endpoint, after_seq=after,
-                         limit=MAX_PAGE)
-        members += [Member(row["id"], row["token"], row["reason"]) for row in page]
-        if len(members) > MAX_BULK:
-            raise BadRequest(f"the filter matches more than {MAX_BULK} jobs: narrow it "
-                             f"(a reason, an id prefix, an ordering key)")
-        if len(page) < MAX_PAGE:
-            return members
-        after = page[-1]["seq"]
+    deliveries, the store's filter), in seq order (operations.dead_matching)."""
+    if bulk.endpoint is not None and getattr(store, "endpoint_stats", None) is None:
+        return []  # a store that keeps no endpoints has no deliveries
+    try:
+        found = dead_matching(store, cap=MAX_BULK, **bulk.store_filters())
+    except TooMany:
+        raise BadRequest(f"the filter matches more than {MAX_BULK} jobs: narrow it "
+                         f"(a reason, an id prefix, an ordering key, an error, a time "
+                         f"range)") from None
+    return [Member(row["id"], row["token"], row["reason"]) for row in found]
 
 
 def job_page(store: Store, status: str | None, found: Filter, after: int | None,
@@ -906,7 +910,9 @@ async def preview(request: web.Request) -> web.Response:
 
 def _bulk_data(bulk: BulkRequest, members: list[Member]) -> dict[str, Any]:
     return {"action": bulk.action, "reason": bulk.reason, "id_prefix": bulk.id_prefix,
-            "key": bulk.key, "endpoint": bulk.endpoint, "note": bulk.note,
+            "key": bulk.key, "endpoint": bulk.endpoint, "error": bulk.error,
+            "http_status": bulk.http_status, "from": bulk.from_text, "to": bulk.to_text,
+            "note": bulk.note,
             "ttl_ms": bulk.ttl_ms, "count": len(members),
             "sample": [member.id for member in members[:SAMPLE]],
             "fingerprint": fingerprint(bulk, members)}

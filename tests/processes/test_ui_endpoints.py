@@ -305,7 +305,7 @@ async def test_one_endpoint_s_dead_letters_and_a_redrive_through_them(queue: str
         dry_text = await dry.text()
         assert dry.status == 200
         assert re.search(r"<strong>2</strong> dead letters", dry_text)
-        assert 'id="preview-endpoint">crm<' in dry_text
+        assert 'class="filter-endpoint">crm<' in dry_text
         fp = re.search(r'name="fingerprint" value="([0-9a-f]{64})"', dry_text)
         assert fp is not None
         assert 'name="endpoint" value="crm"' in dry_text
