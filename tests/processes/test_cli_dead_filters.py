@@ -13,26 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from lease.policy import RetryPolicy
-from lease.records import Attempt
 from lease.stores import open_store
+from tests.support.queues import dead_after_410_and_a_timeout
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def queue(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Three deliveries dead after a 410 and one after a timeout."""
-    name = (str(tmp_path / "queue.db") if request.param == "sqlite"
-            else request.getfixturevalue("postgres_url"))
-    with open_store(name, create=True) as store:
-        store.enqueue_events([{"id": f"gone:{i}", "body": {"n": i}} for i in range(3)]
-                             + [{"id": "slow", "body": {"n": 9}}], RetryPolicy(max_attempts=1))
-        claimed = store.claim_jobs("d1", 60_000, 4)
-        gone = Attempt(claimed.now_ms, 5, 410, "HTTPError: 410 Gone")
-        slow = Attempt(claimed.now_ms, 9000, None, "TimeoutError: timed out")
-        store.finish_jobs([(one.ticket, "permanent", 0,
-                            slow if one.ticket["id"] == "slow" else gone)
-                           for one in claimed.leased])
-    return name
+    return dead_after_410_and_a_timeout(
+        str(tmp_path / "queue.db") if request.param == "sqlite"
+        else request.getfixturevalue("postgres_url"))
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

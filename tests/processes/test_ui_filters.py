@@ -14,25 +14,16 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from asyncworker.ui import ui_app
-from lease.policy import RetryPolicy
-from lease.records import Attempt
 from lease.stores import open_store
+from tests.support.queues import dead_after_410_and_a_timeout
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    name = (str(tmp_path / "queue.db") if request.param == "sqlite"
-            else request.getfixturevalue("postgres_url"))
-    with open_store(name, create=True) as store:
-        store.enqueue_events([{"id": f"gone:{i}", "body": {"n": i}} for i in range(3)]
-                             + [{"id": "slow", "body": {"n": 9}}], RetryPolicy(max_attempts=1))
-        claimed = store.claim_jobs("d1", 60_000, 4)
-        now = claimed.now_ms
-        gone = Attempt(now, 5, 410, "HTTPError: 410 Gone")
-        slow = Attempt(now, 9000, None, "TimeoutError: timed out")
-        store.finish_jobs([(one.ticket, "permanent", 0, slow if one.ticket["id"] == "slow"
-                            else gone) for one in claimed.leased])
-    return name
+    """Three deliveries dead after a 410 and one after a timeout."""
+    return dead_after_410_and_a_timeout(
+        str(tmp_path / "queue.db") if request.param == "sqlite"
+        else request.getfixturevalue("postgres_url"))
 
 
 def listed(text: str) -> list[str]:

@@ -81,3 +81,22 @@ def add(con: sqlite3.Connection, job_id: str = "snack-1", qty: int = 7, *, now: 
         ttl: int = 60_000, max_attempts: int = 3) -> None:
     assert worker.enqueue(con, {"id": job_id, "qty": qty}, now, ttl, max_attempts) is True
 
+
+
+def dead_after_410_and_a_timeout(name: str) -> str:
+    """A new queue at ``name`` (a path or a URL) with four dead deliveries:
+    gone:0..2 after an HTTP 410, slow after a timeout; all finished now."""
+    from lease.policy import RetryPolicy
+    from lease.records import Attempt
+    from lease.stores import open_store
+
+    with open_store(name, create=True) as store:
+        store.enqueue_events([{"id": f"gone:{i}", "body": {"n": i}} for i in range(3)]
+                             + [{"id": "slow", "body": {"n": 9}}], RetryPolicy(max_attempts=1))
+        claimed = store.claim_jobs("d1", 60_000, 4)
+        gone = Attempt(claimed.now_ms, 5, 410, "HTTPError: 410 Gone")
+        slow = Attempt(claimed.now_ms, 9000, None, "TimeoutError: timed out")
+        store.finish_jobs([(one.ticket, "permanent", 0,
+                            slow if one.ticket["id"] == "slow" else gone)
+                           for one in claimed.leased])
+    return name
