@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from asyncworker.bench.endpoints import _endpoint, _open
+from asyncworker.bench.endpoints import _endpoint, _open, run_dispatchers
 
 __all__ = ["BREAKER_TARGETS", "breaker_cooldowns", "judge_breaker", "print_breaker_table",
            "run_breaker_scenarios"]
@@ -432,26 +432,7 @@ def scenario_shared(target: Callable[[str], str], down_s: float = SHARED_DOWN_S,
         store.add_endpoint(_endpoint("down", url=receiver.urls["down"], ack="status"))
         rate = 400
         store.enqueue_events({"id": f"m-{i}", "qty": 1} for i in range(int(rate * seconds)))
-        workers = [subprocess.Popen(
-            [sys.executable, "-m", "asyncworker.bench.endpoints", "dispatcher",
-             json.dumps({"target": url, "owner": f"bench-{k}", "seconds": seconds,
-                         "concurrency": concurrency})],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            for k in range(processes)]
-        try:
-            for worker in workers:
-                assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
-            for worker in workers:
-                assert worker.stdin is not None
-                worker.stdin.write("go\n")
-                worker.stdin.flush()
-            for worker in workers:
-                worker.wait(timeout=seconds + 120)
-        finally:
-            for worker in workers:
-                if worker.poll() is None:
-                    worker.kill()
-                    worker.wait()
+        run_dispatchers(url, processes, seconds, concurrency)
         audit = store.endpoint_audit("down")
         histories = {}
         seen = receiver.stats()["down"]

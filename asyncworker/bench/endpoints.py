@@ -639,6 +639,32 @@ def _dispatch_for(target: str, owner: str, seconds: float | None, concurrency: i
     eventloop.run(main())
 
 
+def run_dispatchers(url: str, processes: int, seconds: float, concurrency: int) -> None:
+    """``processes`` dispatcher processes on the queue at ``url`` for ``seconds``,
+    started together (each says ready, then all are told to go), waited for;
+    any left running killed."""
+    workers = [subprocess.Popen(
+        [sys.executable, "-m", "asyncworker.bench.endpoints", "dispatcher",
+         json.dumps({"target": url, "owner": f"bench-{k}", "seconds": seconds,
+                     "concurrency": concurrency})],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for k in range(processes)]
+    try:
+        for worker in workers:
+            assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
+        for worker in workers:
+            assert worker.stdin is not None
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+        for worker in workers:
+            worker.wait(timeout=seconds + 120)
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+
+
 def dispatcher_main(params: dict) -> None:
     """One of the capped scenario's dispatcher processes."""
     print("ready", flush=True)
@@ -716,26 +742,7 @@ def scenario_capped(target: Callable[[str], str], seconds: float = 20.0, process
         store.enqueue_events({"id": f"c-{i}", "qty": 1}
                              for i in range(int(rate * seconds * 2) + 100))
         store.close()
-        workers = [subprocess.Popen(
-            [sys.executable, "-m", "asyncworker.bench.endpoints", "dispatcher",
-             json.dumps({"target": url, "owner": f"bench-{k}", "seconds": seconds,
-                         "concurrency": concurrency})],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            for k in range(processes)]
-        try:
-            for worker in workers:
-                assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
-            for worker in workers:
-                assert worker.stdin is not None
-                worker.stdin.write("go\n")
-                worker.stdin.flush()
-            for worker in workers:
-                worker.wait(timeout=seconds + 120)
-        finally:
-            for worker in workers:
-                if worker.poll() is None:
-                    worker.kill()
-                    worker.wait()
+        run_dispatchers(url, processes, seconds, concurrency)
         seen = receiver.stats()
     finally:
         receiver.close()

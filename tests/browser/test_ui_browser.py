@@ -26,13 +26,16 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from lease.policy import RetryPolicy
 from lease.records import Attempt
 from lease.stores import open_store
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 pytestmark = pytest.mark.browser
 
@@ -106,6 +109,29 @@ def _browser_or_fail() -> None:
     except ImportError:
         pytest.fail("the browser test needs Playwright for Python: pip install playwright "
                     "(never `playwright install`: it drives the system Chromium)")
+
+
+@contextlib.contextmanager
+def csp_checked_page(tmp_path: Path) -> Iterator[Page]:
+    """A page of a fresh headless Chromium (the system's, 1280 x 900, its
+    profile in tmp_path), closed on leaving; and then, nothing on the page
+    refused by the Content Security Policy (the console's reports)."""
+    _browser_or_fail()
+    from playwright.sync_api import sync_playwright
+
+    refused: list[str] = []
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
+            args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 900})
+        try:
+            page = context.new_page()
+            page.on("console", lambda message: refused.append(message.text)
+                    if "Content Security Policy" in message.text else None)
+            yield page
+        finally:
+            context.close()
+    assert not refused, refused  # nothing on the page broke the CSP
 
 
 class AttackersServer:
@@ -221,52 +247,38 @@ def test_a_site_whose_name_was_rebound_to_the_page_changes_nothing(
 
 
 def test_a_bulk_redrive_in_a_real_browser(queue: str, ui_process: str, tmp_path: Path) -> None:
-    _browser_or_fail()
-    from playwright.sync_api import sync_playwright
+    with csp_checked_page(tmp_path) as page:
+        page.goto(ui_process)
+        assert page.locator('[data-key="by_status.dead"]').inner_text() == "10"
+        assert page.locator('[data-key="dead_by_reason.exhausted"]').inner_text() == "2"
+        # the stylesheet loaded under the CSP: the header has its band
+        assert page.locator("header").evaluate(
+            "e => getComputedStyle(e).backgroundColor") == "rgb(244, 246, 249)"
+        page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
 
-    refused: list[str] = []
-    with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 900})
-        try:
-            page = context.new_page()
-            page.on("console", lambda message: refused.append(message.text)
-                    if "Content Security Policy" in message.text else None)
-            page.goto(ui_process)
-            assert page.locator('[data-key="by_status.dead"]').inner_text() == "10"
-            assert page.locator('[data-key="dead_by_reason.exhausted"]').inner_text() == "2"
-            # the stylesheet loaded under the CSP: the header has its band
-            assert page.locator("header").evaluate(
-                "e => getComputedStyle(e).backgroundColor") == "rgb(244, 246, 249)"
-            page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
+        page.click("text=Dead letters")
+        page.select_option("#filter-reason", "permanent")
+        page.fill("#filter-prefix", "order:")
+        page.click("#filter")
+        page.wait_for_url(re.compile(r"/dead\?reason=permanent&id_prefix=order"))
+        listed = page.locator("a.job").all_inner_texts()
+        assert listed == [f"order:{i}" for i in range(5)]
+        assert page.locator("td.error").first.inner_text() == "HTTPError: 410 Gone"
+        page.fill("#note", "the receiver serves orders again")
+        dead_page = tmp_path / "dead-letters.png"
+        page.screenshot(path=str(dead_page), full_page=True)
 
-            page.click("text=Dead letters")
-            page.select_option("#filter-reason", "permanent")
-            page.fill("#filter-prefix", "order:")
-            page.click("#filter")
-            page.wait_for_url(re.compile(r"/dead\?reason=permanent&id_prefix=order"))
-            listed = page.locator("a.job").all_inner_texts()
-            assert listed == [f"order:{i}" for i in range(5)]
-            assert page.locator("td.error").first.inner_text() == "HTTPError: 410 Gone"
-            page.fill("#note", "the receiver serves orders again")
-            dead_page = tmp_path / "dead-letters.png"
-            page.screenshot(path=str(dead_page), full_page=True)
+        page.click("#dry-run")
+        assert page.locator("#count strong").first.inner_text() == "5"
+        assert page.locator("#sample li").all_inner_texts() == listed
+        assert re.fullmatch(r"[0-9a-f]{64}", page.locator("#fingerprint").inner_text())
+        page.screenshot(path=str(tmp_path / "dry-run.png"), full_page=True)
 
-            page.click("#dry-run")
-            assert page.locator("#count strong").first.inner_text() == "5"
-            assert page.locator("#sample li").all_inner_texts() == listed
-            assert re.fullmatch(r"[0-9a-f]{64}", page.locator("#fingerprint").inner_text())
-            page.screenshot(path=str(tmp_path / "dry-run.png"), full_page=True)
-
-            page.click("#confirm")
-            assert page.locator("h1").inner_text() == "Result: redrive"
-            assert page.locator("td.result").all_inner_texts() == ["redriven"] * 5
-            assert page.locator("#counts").inner_text() == "5 redriven"
-            page.screenshot(path=str(tmp_path / "result.png"), full_page=True)
-        finally:
-            context.close()
-    assert not refused, refused  # nothing on the page broke the CSP
+        page.click("#confirm")
+        assert page.locator("h1").inner_text() == "Result: redrive"
+        assert page.locator("td.result").all_inner_texts() == ["redriven"] * 5
+        assert page.locator("#counts").inner_text() == "5 redriven"
+        page.screenshot(path=str(tmp_path / "result.png"), full_page=True)
     with open_store(queue, read_only=True) as store:
         assert {job["id"] for job in store.jobs_with_status("pending")} == set(listed)
         assert {job["id"] for job in store.jobs_with_status("dead")} == {
@@ -284,9 +296,6 @@ def test_the_endpoints_page_in_a_real_browser(tmp_path: Path) -> None:
     """A queue with two endpoints (a secret and header values set): the
     Endpoints page renders their figures under the CSP, shows no secret, and
     one endpoint's link opens its page, then its deliveries, and only its."""
-    _browser_or_fail()
-    from playwright.sync_api import sync_playwright
-
     from lease.endpoints import Endpoint
     from lease.signing import new_secret
 
@@ -306,44 +315,33 @@ def test_the_endpoints_page_in_a_real_browser(tmp_path: Path) -> None:
         store.finish_jobs([(tickets["m0@billing"], "ok", 0, Attempt(claimed.now_ms, 3, 200)),
                            (tickets["m1@crm"], "permanent", 0,
                             Attempt(claimed.now_ms, 3, None, "HTTPError: 410 Gone"))])
-    refused: list[str] = []
-    with _ui(name, 0) as url, sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 900})
-        try:
-            page = context.new_page()
-            page.on("console", lambda message: refused.append(message.text)
-                    if "Content Security Policy" in message.text else None)
-            page.goto(url)
-            page.click("header nav >> text=Endpoints")
-            page.wait_for_url(re.compile(r"/endpoints$"))
-            assert page.locator("a.endpoint").all_inner_texts() == ["billing", "crm"]
-            figures = {key: page.locator(f'[data-key="{key}"]').inner_text() for key in (
-                "billing.ready", "billing.in_flight", "billing.done", "billing.dead",
-                "crm.in_flight", "crm.dead")}
-            assert figures == {"billing.ready": "0", "billing.in_flight": "2",
-                               "billing.done": "1", "billing.dead": "0",
-                               "crm.in_flight": "3", "crm.dead": "1"}
-            assert page.locator('[data-key="crm.last_error"]').inner_text().startswith(
-                "HTTPError: 410 Gone, at ")
-            content = page.content()
-            assert secret not in content and header_value not in content
-            page.screenshot(path=str(tmp_path / "endpoints.png"), full_page=True)
+    with _ui(name, 0) as url, csp_checked_page(tmp_path) as page:
+        page.goto(url)
+        page.click("header nav >> text=Endpoints")
+        page.wait_for_url(re.compile(r"/endpoints$"))
+        assert page.locator("a.endpoint").all_inner_texts() == ["billing", "crm"]
+        figures = {key: page.locator(f'[data-key="{key}"]').inner_text() for key in (
+            "billing.ready", "billing.in_flight", "billing.done", "billing.dead",
+            "crm.in_flight", "crm.dead")}
+        assert figures == {"billing.ready": "0", "billing.in_flight": "2",
+                           "billing.done": "1", "billing.dead": "0",
+                           "crm.in_flight": "3", "crm.dead": "1"}
+        assert page.locator('[data-key="crm.last_error"]').inner_text().startswith(
+            "HTTPError: 410 Gone, at ")
+        content = page.content()
+        assert secret not in content and header_value not in content
+        page.screenshot(path=str(tmp_path / "endpoints.png"), full_page=True)
 
-            page.click("a.endpoint >> text=billing")
-            page.wait_for_url(re.compile(r"/endpoint\?name=billing$"))
-            assert page.locator("#endpoint-name").inner_text() == "billing"
-            assert page.locator("#types").inner_text() == "invoice.paid"
-            page.click("#deliveries")
-            page.wait_for_url(re.compile(r"/jobs\?endpoint=billing$"))
-            assert page.locator("a.job").all_inner_texts() == [
-                f"m{i}@billing" for i in range(3)]
-            assert page.locator("td.message").all_inner_texts() == ["m0", "m1", "m2"]
-            page.screenshot(path=str(tmp_path / "deliveries.png"), full_page=True)
-        finally:
-            context.close()
-    assert not refused, refused
+        page.click("a.endpoint >> text=billing")
+        page.wait_for_url(re.compile(r"/endpoint\?name=billing$"))
+        assert page.locator("#endpoint-name").inner_text() == "billing"
+        assert page.locator("#types").inner_text() == "invoice.paid"
+        page.click("#deliveries")
+        page.wait_for_url(re.compile(r"/jobs\?endpoint=billing$"))
+        assert page.locator("a.job").all_inner_texts() == [
+            f"m{i}@billing" for i in range(3)]
+        assert page.locator("td.message").all_inner_texts() == ["m0", "m1", "m2"]
+        page.screenshot(path=str(tmp_path / "deliveries.png"), full_page=True)
     assert (tmp_path / "endpoints.png").stat().st_size > 10_000
 
 
@@ -352,9 +350,6 @@ def test_an_open_circuit_and_a_recovery_in_a_real_browser(tmp_path: Path) -> Non
     shows the circuit open and why; a recovery of what it finished goes
     through the dry run (the count, the fingerprint) and the confirmation,
     under the CSP, and the queue holds those deliveries pending again."""
-    _browser_or_fail()
-    from playwright.sync_api import sync_playwright
-
     from lease.endpoints import Endpoint
 
     refused_by = "connection refused by 127.0.0.1:9"
@@ -374,45 +369,34 @@ def test_an_open_circuit_and_a_recovery_in_a_real_browser(tmp_path: Path) -> Non
                           now_ms=now + 1)
         [row] = store.endpoints()
         assert row["circuit"]["state"] == "open"
-    refused: list[str] = []
-    with _ui(name, 0) as url, sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 900})
-        try:
-            page = context.new_page()
-            page.on("console", lambda message: refused.append(message.text)
-                    if "Content Security Policy" in message.text else None)
-            page.goto(url + "endpoints")
-            assert page.locator('[data-key="circuits.open"]').inner_text() == "1"
-            assert page.locator('[data-key="shop.circuit"] .circuit').inner_text() == "open"
-            page.click("a.endpoint >> text=shop")
-            page.wait_for_url(re.compile(r"/endpoint\?name=shop$"))
-            assert page.locator("#circuit-state .circuit").inner_text() == "open"
-            why = page.locator("#circuit-why").inner_text()
-            assert "5 failures in a row" in why and refused_by in why
-            page.screenshot(path=str(tmp_path / "circuit.png"), full_page=True)
+    with _ui(name, 0) as url, csp_checked_page(tmp_path) as page:
+        page.goto(url + "endpoints")
+        assert page.locator('[data-key="circuits.open"]').inner_text() == "1"
+        assert page.locator('[data-key="shop.circuit"] .circuit').inner_text() == "open"
+        page.click("a.endpoint >> text=shop")
+        page.wait_for_url(re.compile(r"/endpoint\?name=shop$"))
+        assert page.locator("#circuit-state .circuit").inner_text() == "open"
+        why = page.locator("#circuit-why").inner_text()
+        assert "5 failures in a row" in why and refused_by in why
+        page.screenshot(path=str(tmp_path / "circuit.png"), full_page=True)
 
-            # since: prefilled with when it began failing; from long ago, every finished one
-            assert page.locator("#recover-since").input_value()
-            page.fill("#recover-since", "2000-01-01T00:00:00")
-            page.fill("#recover-note", "the shop restored a backup")
-            page.click("#recover-dry-run")
-            page.wait_for_url(re.compile(r"/endpoint/recover/preview$"))
-            assert page.locator("#recover-count strong").first.inner_text() == "3"
-            assert page.locator("#sample li").all_inner_texts() == [
-                f"o{i}@shop" for i in range(3)]
-            assert re.fullmatch(r"[0-9a-f]{64}", page.locator("#fingerprint").inner_text())
-            page.screenshot(path=str(tmp_path / "recover-dry-run.png"), full_page=True)
+        # since: prefilled with when it began failing; from long ago, every finished one
+        assert page.locator("#recover-since").input_value()
+        page.fill("#recover-since", "2000-01-01T00:00:00")
+        page.fill("#recover-note", "the shop restored a backup")
+        page.click("#recover-dry-run")
+        page.wait_for_url(re.compile(r"/endpoint/recover/preview$"))
+        assert page.locator("#recover-count strong").first.inner_text() == "3"
+        assert page.locator("#sample li").all_inner_texts() == [
+            f"o{i}@shop" for i in range(3)]
+        assert re.fullmatch(r"[0-9a-f]{64}", page.locator("#fingerprint").inner_text())
+        page.screenshot(path=str(tmp_path / "recover-dry-run.png"), full_page=True)
 
-            page.click("#confirm")
-            page.wait_for_url(re.compile(r"/endpoint/recover/apply$"))
-            assert page.locator("#counts").inner_text() == "3 sent again"
-            assert page.locator("td.result").all_inner_texts() == ["sent again"] * 3
-            page.screenshot(path=str(tmp_path / "recovered.png"), full_page=True)
-        finally:
-            context.close()
-    assert not refused, refused
+        page.click("#confirm")
+        page.wait_for_url(re.compile(r"/endpoint/recover/apply$"))
+        assert page.locator("#counts").inner_text() == "3 sent again"
+        assert page.locator("td.result").all_inner_texts() == ["sent again"] * 3
+        page.screenshot(path=str(tmp_path / "recovered.png"), full_page=True)
     with open_store(name, read_only=True) as store:
         pending = {job["id"] for job in store.jobs_with_status("pending")}
         history = store.job_history("o0@shop")
@@ -427,9 +411,6 @@ def test_a_chart_a_cancel_and_a_pause_in_a_real_browser(tmp_path: Path) -> None:
     drawn with bars for the minute that had deliveries (under the CSP), a
     pending job cancelled from its page, and the queue paused from the page:
     a dispatcher's claim then leases nothing, until it is resumed."""
-    _browser_or_fail()
-    from playwright.sync_api import sync_playwright
-
     queue = str(tmp_path / "queue.db")
     with open_store(queue, create=True) as store:
         store.enqueue_events([{"id": f"sent:{i}", "body": {"n": i}} for i in range(3)])
@@ -440,54 +421,43 @@ def test_a_chart_a_cancel_and_a_pause_in_a_real_browser(tmp_path: Path) -> None:
     with open_store(queue) as store:
         store.enqueue_events([{"id": "waiting", "body": {"n": 7}},
                               {"id": "later", "body": {"n": 8}}])
-    refused: list[str] = []
-    with _ui(queue, 0) as url, sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 900})
-        try:
-            page = context.new_page()
-            page.on("console", lambda message: refused.append(message.text)
-                    if "Content Security Policy" in message.text else None)
-            page.goto(url)
-            hour = page.locator("svg#the-queue-hour-outcomes")
-            assert "the last hour" in hour.locator("title").first.text_content()
-            done = hour.locator("rect.bar.done")
-            dead = hour.locator("rect.bar.dead")
-            assert (done.count(), dead.count()) == (1, 1)  # one minute had deliveries
-            assert (done.get_attribute("data-count"), dead.get_attribute("data-count")) == (
-                "3", "2")
-            box = done.bounding_box()
-            assert box is not None and box["height"] > 10  # drawn, not only in the markup
-            assert page.locator("svg#the-queue-hour-latency polyline.line.p50").count() == 1
-            dot = page.locator("svg#the-queue-hour-latency circle.point.p50").bounding_box()
-            assert dot is not None and dot["width"] > 2  # its one minute drawn as a dot
-            page.screenshot(path=str(tmp_path / "chart.png"), full_page=True)
+    with _ui(queue, 0) as url, csp_checked_page(tmp_path) as page:
+        page.goto(url)
+        hour = page.locator("svg#the-queue-hour-outcomes")
+        assert "the last hour" in hour.locator("title").first.text_content()
+        done = hour.locator("rect.bar.done")
+        dead = hour.locator("rect.bar.dead")
+        assert (done.count(), dead.count()) == (1, 1)  # one minute had deliveries
+        assert (done.get_attribute("data-count"), dead.get_attribute("data-count")) == (
+            "3", "2")
+        box = done.bounding_box()
+        assert box is not None and box["height"] > 10  # drawn, not only in the markup
+        assert page.locator("svg#the-queue-hour-latency polyline.line.p50").count() == 1
+        dot = page.locator("svg#the-queue-hour-latency circle.point.p50").bounding_box()
+        assert dot is not None and dot["width"] > 2  # its one minute drawn as a dot
+        page.screenshot(path=str(tmp_path / "chart.png"), full_page=True)
 
-            page.goto(f"{url}job?id=waiting")
-            page.fill("#cancel-note", "the customer withdrew it")
-            page.click("#cancel-button")
-            assert page.locator("#change-result strong").inner_text() == "cancelled"
-            page.screenshot(path=str(tmp_path / "cancelled.png"), full_page=True)
+        page.goto(f"{url}job?id=waiting")
+        page.fill("#cancel-note", "the customer withdrew it")
+        page.click("#cancel-button")
+        assert page.locator("#change-result strong").inner_text() == "cancelled"
+        page.screenshot(path=str(tmp_path / "cancelled.png"), full_page=True)
 
-            page.click("nav >> text=Pause")
-            page.fill("#pause-note", "the receiver is being upgraded")
-            page.click("#pause-button")
-            page.wait_for_selector("#resume-form")
-            assert page.locator("#paused-state").inner_text().startswith("Paused since")
-            with open_store(queue) as store:
-                assert store.claim_jobs("worker-2", 10_000, 10).leased == []
-            page.goto(url)
-            assert "the receiver is being upgraded" in page.locator("#paused-banner").inner_text()
-            page.screenshot(path=str(tmp_path / "paused.png"), full_page=True)
+        page.click("nav >> text=Pause")
+        page.fill("#pause-note", "the receiver is being upgraded")
+        page.click("#pause-button")
+        page.wait_for_selector("#resume-form")
+        assert page.locator("#paused-state").inner_text().startswith("Paused since")
+        with open_store(queue) as store:
+            assert store.claim_jobs("worker-2", 10_000, 10).leased == []
+        page.goto(url)
+        assert "the receiver is being upgraded" in page.locator("#paused-banner").inner_text()
+        page.screenshot(path=str(tmp_path / "paused.png"), full_page=True)
 
-            page.click("nav >> text=Pause")
-            page.fill("#resume-note", "upgraded")
-            page.click("#resume-button")
-            page.wait_for_selector("#pause-form")
-        finally:
-            context.close()
-    assert not refused, refused
+        page.click("nav >> text=Pause")
+        page.fill("#resume-note", "upgraded")
+        page.click("#resume-button")
+        page.wait_for_selector("#pause-form")
     with open_store(queue) as store:
         history = store.job_history("waiting")
         assert history is not None and history["job"]["reason"] == "cancelled"
