@@ -48,6 +48,9 @@ __all__ = [
     "check_product_event",
     "check_ordering_key",
     "check_event_type",
+    "check_priority",
+    "MIN_PRIORITY",
+    "MAX_PRIORITY",
     "check_note",
     "check_actor",
     "canonical_body",
@@ -163,6 +166,7 @@ class Intake:
     digest: str | None
     key: str | None = None  # the ordering key: delivered one at a time, in intake order
     type: str | None = None  # the event type endpoints subscribe to
+    priority: int = 0  # claimed first when higher (lease.rules, "priorities")
 
 
 def canonical_body(body: object) -> tuple[str, str]:
@@ -220,27 +224,43 @@ def check_product_event(event: object) -> Intake:
     """{"id", "qty"} (the lab's event, by the lab's rule: check_event) or
     {"id", "body"} (a JSON object, its id by the product's rule), either with
     an optional "key": the ordering key (1-255 visible ASCII, like an id) of
-    jobs delivered one at a time in intake order, and an optional "type":
-    the event type endpoints subscribe to. ValueError naming the problem."""
+    jobs delivered one at a time in intake order, an optional "type": the
+    event type endpoints subscribe to, and an optional "priority" (an int in
+    -100..100, 0 when absent; higher is claimed first). ValueError naming the
+    problem."""
     if type(event) is not dict:
         raise ValueError(f"event must be a dict, got {type(event).__name__}")
     keys = set(event)
     key = check_ordering_key(event["key"]) if "key" in keys else None
     kind = check_event_type(event["type"]) if "type" in keys else None
-    keys.discard("key")
-    keys.discard("type")
+    priority = check_priority(event["priority"]) if "priority" in keys else 0
+    keys -= {"key", "type", "priority"}
     if keys == {"id", "qty"}:
         # The lab's event keeps the lab's rule whole, id included: it goes to
         # receivers that check it so (the demo's inbox among them).
         check_event({"id": event["id"], "qty": event["qty"]})
-        return Intake(event["id"], event["qty"], None, None, key, kind)
+        return Intake(event["id"], event["qty"], None, None, key, kind, priority)
     if keys == {"id", "body"}:
         job_id = check_job_id("event id", event["id"], PRODUCT)
         text, digest = canonical_body(event["body"])
-        return Intake(job_id, 0, text, digest, key, kind)
+        return Intake(job_id, 0, text, digest, key, kind, priority)
     raise ValueError(
-        "event must have the keys id and qty, or id and body (and an optional key and "
-        f"type); got {sorted(map(str, event))}")
+        "event must have the keys id and qty, or id and body (and an optional key, "
+        f"type and priority); got {sorted(map(str, event))}")
+
+
+# An event's priority: a small int, so the claim's index stays narrow and an
+# operator can read the levels at a glance; bool is refused (True is no level).
+MIN_PRIORITY = -100
+MAX_PRIORITY = 100
+
+
+def check_priority(value: object) -> int:
+    """An event's priority: an int (not a bool) in -100..100."""
+    if type(value) is not int or not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise ValueError(f"event priority must be an int in {MIN_PRIORITY}..{MAX_PRIORITY},"
+                         f" got {value!r:.40}")
+    return value
 
 
 # An event type as webhook services write them: "invoice.paid", "user/created".

@@ -11,7 +11,7 @@ finish decision, the marker check) are in ``lease.worker``.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from lease.policy import PRODUCT, Intake, check_actor, check_note, check_ordering_key
@@ -51,7 +51,10 @@ __all__ = [
     "MINUTE_COLUMNS",
     "BUCKET_COLUMNS",
     "TABLES_PG6",
+    "TABLES_PG7",
     "TABLES_V6",
+    "TABLES_V7",
+    "PRIORITY_COLUMNS",
     "ROLLUP_TABLES",
     "minute_rollup",
     "minute_rows",
@@ -74,6 +77,7 @@ __all__ = [
     "check_error_filter",
     "status_range",
     "queue_depth",
+    "claim_rank",
 ]
 
 STATUSES = ("pending", "leased", "done", "dead")
@@ -132,11 +136,16 @@ LATENCY_BOUNDS_MS = (1, 3, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000
 BUCKET_COLUMNS = [f"b{i}" for i in range(len(LATENCY_BOUNDS_MS) + 1)]
 MINUTE_COLUMNS = ["minute_ms", "endpoint", "owner", "done", "retried", "dead", *BUCKET_COLUMNS]
 ROLLUP_TABLES = {"minutes": MINUTE_COLUMNS}
-TABLES = {**TABLES_V6, **ROLLUP_TABLES}
+TABLES_V7 = {**TABLES_V6, **ROLLUP_TABLES}
+# An event's priority (lease.policy.check_priority): SQLite's version 8,
+# PostgreSQL's version 7; 0 for every job written before.
+PRIORITY_COLUMNS = ["priority"]
+TABLES = {**TABLES_V7, "jobs": TABLES_V7["jobs"] + PRIORITY_COLUMNS}
 # PostgreSQL's versions have these tables (its jobs keep their bodies)
 TABLES_PG4 = {name: columns for name, columns in TABLES_V5.items() if name != "bodies"}
 TABLES_PG5 = {name: columns for name, columns in TABLES_V6.items() if name != "bodies"}
-TABLES_PG6 = {name: columns for name, columns in TABLES.items() if name != "bodies"}
+TABLES_PG6 = {name: columns for name, columns in TABLES_V7.items() if name != "bodies"}
+TABLES_PG7 = {name: columns for name, columns in TABLES.items() if name != "bodies"}
 TABLES_V3 = {name: columns for name, columns in TABLES_V4.items() if name != "bodies"}
 TABLES_V2 = {**TABLES_V3, "jobs": TABLES_V4["jobs"][:-2]}
 TABLES_V1 = {  # version 1: a version-1 PostgreSQL database has these
@@ -539,3 +548,18 @@ def queue_depth(rows: Iterable[tuple[str | None, str, int, int, int | None]], no
             "endpoints": [{"name": name, "enabled": bool(enabled), "circuit": circuit,
                            **shown(per.get(name) or figures())}
                           for name, enabled, circuit in sorted(endpoints)]}
+
+
+# ------------------------------------------------------------------ priorities
+#
+# A claim takes, of the jobs it may lease (due, not held behind an earlier
+# job of their key, within their endpoint's room), the higher priority
+# first; within a priority its old order (seq, and for an endpoint's
+# deliveries the time they became due first). Both stores' claim statements
+# say so in their ORDER BY; this is the order of what a claim returns.
+
+
+def claim_rank(row: Sequence[Any]) -> tuple[int, int]:
+    """Pure: the sort key of a leased row led by its seq and ended by its
+    priority: the higher priority first, then seq."""
+    return -row[-1], row[0]

@@ -80,10 +80,13 @@ class Store(Protocol):
                    endpoints: str | tuple[str, ...] | None = None) -> Claimed:
         """Quarantine, then lease up to ``limit`` ready jobs to ``owner``.
 
-        ``endpoints`` None: the queue's own jobs (no endpoint), in seq order,
-        as before endpoints existed. ``"*"`` or names: deliveries to those
-        endpoints (every one, or the ones named), in fair (rank, seq) order,
-        each endpoint's taken only while it is enabled, under its
+        ``endpoints`` None: the queue's own jobs (no endpoint), the higher
+        priority first, then in seq order, as before endpoints existed.
+        ``"*"`` or names: deliveries to those endpoints (every one, or the
+        ones named), in fair (rank, seq) order, each endpoint's the higher
+        priority first, then in the order they became due; returned the
+        higher priority first, then by seq. Each endpoint's taken only while
+        it is enabled, under its
         ``max_in_flight`` (less its live leases, counted inside the claim)
         and within its token bucket (refilled by the store's clock, spent
         by one token a lease, kept in the store): ``lease.endpoints``'s

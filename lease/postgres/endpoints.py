@@ -104,7 +104,7 @@ from lease.postgres.statements import (
     WRITE_CIRCUIT,
 )
 from lease.records import Attempt, Leased
-from lease.rules import CIRCUIT_COLUMNS, conflict
+from lease.rules import CIRCUIT_COLUMNS, claim_rank, conflict
 from lease.worker import Busy, Conflict
 
 # How many batches of endpoints one claim takes from the rotation at most
@@ -223,7 +223,8 @@ def fan_out(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
         kept[intake.id] = (intake.qty, intake.digest, intake.key, intake.type)
         for name, job_id in zip(names, ids, strict=True):
             rows.append((job_id, intake.qty, intake.body, intake.digest,
-                         line_key(intake.key, name), name, intake.id, intake.type))
+                         line_key(intake.key, name), name, intake.id, intake.type,
+                         intake.priority))
             fan.touched.add(name)
         results.append(True)
     if rows:
@@ -352,7 +353,8 @@ def _fill(conn: psycopg.Connection, rooms: dict[str, int], found: dict[str, list
 def lease_deliveries(conn: psycopg.Connection, pick: Pick, owner: str, lease_ms: int,
                      now: int) -> list[Leased]:
     """The picked deliveries leased (those another transaction holds
-    skipped), in seq order, as the SQLite driver returns them; each rate
+    skipped), the higher priority first, then in seq order, as the SQLite
+    driver returns them; each rate
     endpoint's bucket spent by what it leased, a probe's circuit half-open;
     the endpoints examined (the pick sent each to the back of the rotation)
     with nothing pending or leased out of it."""
@@ -373,8 +375,8 @@ def lease_deliveries(conn: psycopg.Connection, pick: Pick, owner: str, lease_ms:
     return [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
                     "attempt": attempt, "lease_until": until}, body, digest, endpoint, message,
                    trace)
-            for _, job_id, qty, token, attempt, until, body, digest, endpoint, message, trace
-            in sorted(leased)]
+            for _, job_id, qty, token, attempt, until, body, digest, endpoint, message, trace, _
+            in sorted(leased, key=claim_rank)]
 
 
 def _clear(conn: psycopg.Connection, idle: list[str]) -> None:

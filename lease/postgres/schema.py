@@ -16,6 +16,7 @@ from lease.rules import (
     TABLES_PG4,
     TABLES_PG5,
     TABLES_PG6,
+    TABLES_PG7,
     TABLES_V1,
     TABLES_V2,
     TABLES_V3,
@@ -28,9 +29,10 @@ from lease.worker import (
 )
 
 SCHEMA = "lease"
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 CONSOLE_SINCE = 5  # the version with the pause, its audit and the workers (lease.rules)
 ROLLUP_SINCE = 6  # the version with the per-minute rollup of the finishes (lease.rules)
+PRIORITY_SINCE = 7  # the version with each job's priority (lease.policy.check_priority)
 CHANNEL = "lease_jobs"  # NOTIFY'd when work becomes available
 SECRET_TABLES = ("endpoints",)  # rows a server's error message must not show
 
@@ -55,7 +57,7 @@ NOW = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # NULL in the four new columns of jobs.
 TABLES = {1: {**TABLES_V1, "redrives": CONTRACT_COLUMNS["redrives"]}, 2: TABLES_V2,
           3: TABLES_V3, 4: TABLES_PG4, CONSOLE_SINCE: TABLES_PG5,
-          ROLLUP_SINCE: TABLES_PG6}
+          ROLLUP_SINCE: TABLES_PG6, PRIORITY_SINCE: TABLES_PG7}
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -190,6 +192,19 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
   b13 bigint NOT NULL,
   b14 bigint NOT NULL,
   b15 bigint NOT NULL, PRIMARY KEY (minute_ms, endpoint, owner))""",
+    ),
+    PRIORITY_SINCE: (
+        # Higher is claimed first; the jobs written before are all 0. A
+        # constant default: adding the column rewrites no row.
+        "ALTER TABLE lease.jobs ADD COLUMN priority smallint NOT NULL DEFAULT 0",
+        # The claim's two indexes lead with it, so each claim still reads its
+        # rows in the order it takes them (an index scan that stops at the batch).
+        "DROP INDEX lease.jobs_ready",
+        """CREATE INDEX jobs_ready ON lease.jobs (priority DESC, seq)
+  WHERE status IN ('pending', 'leased') AND held = 0 AND endpoint IS NULL""",
+        "DROP INDEX lease.jobs_endpoint_due",
+        "CREATE INDEX jobs_endpoint_due ON lease.jobs (endpoint, priority DESC, available_at,"
+        f" seq) WHERE {DUE_LINE}",
     ),
 }
 

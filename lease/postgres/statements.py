@@ -51,12 +51,13 @@ PICK_AND_LEASE = """WITH picked AS (SELECT seq FROM lease.jobs
     AND ((status = 'pending' AND available_at <= %(now)s)
       OR (status = 'leased' AND lease_until <= %(now)s))
     AND attempts < max_attempts AND deadline > %(now)s
-  ORDER BY seq LIMIT %(limit)s
+  ORDER BY priority DESC, seq LIMIT %(limit)s
   FOR UPDATE SKIP LOCKED)
 UPDATE lease.jobs j SET status = 'leased', attempts = j.attempts + 1, token = j.token + 1,
   owner = %(owner)s, lease_until = LEAST(%(now)s + %(lease_ms)s, j.deadline), reason = NULL
 FROM picked WHERE j.seq = picked.seq
-RETURNING j.seq, j.id, j.qty, j.token, j.attempts, j.lease_until, j.body, j.digest, j.trace"""
+RETURNING j.seq, j.id, j.qty, j.token, j.attempts, j.lease_until, j.body, j.digest, j.trace,
+  j.priority"""
 
 # The keys' locks, in one order (by their hash, so two writers of the same
 # keys never deadlock), before any row is locked: of an intake's keys, and of
@@ -143,12 +144,12 @@ ON CONFLICT (name) DO UPDATE SET n = lease.tallies.n + excluded.n"""
 # Every job of one intake keeps the same trace context (lease.tracing).
 INSERT_NEW = """INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,
   available_at, deadline, owner, lease_until, reason, body, digest, ordering_key, held,
-  endpoint, message, event_type, trace)
+  endpoint, message, event_type, trace, priority)
 SELECT id, qty, 'pending', 0, %s, 0, %s, %s, NULL, NULL, NULL, body, digest, key,
-  CASE WHEN key IS NULL THEN 0 ELSE 1 END, endpoint, message, event_type, %s::text
+  CASE WHEN key IS NULL THEN 0 ELSE 1 END, endpoint, message, event_type, %s::text, priority
 FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[],
-  %s::text[], %s::text[]) WITH ORDINALITY
-  AS u(id, qty, body, digest, key, endpoint, message, event_type, ord)
+  %s::text[], %s::text[], %s::smallint[]) WITH ORDINALITY
+  AS u(id, qty, body, digest, key, endpoint, message, event_type, priority, ord)
 ORDER BY ord
 ON CONFLICT (id) DO NOTHING
 RETURNING id"""
@@ -318,14 +319,17 @@ RETURNING {", ".join(f"batch.{c.strip()}" for c in _ROTATION_COLUMNS.split(","))
 LEASES_OF = f"""SELECT endpoint, seq, lease_until, {_READY_NOW} AS ready FROM lease.jobs
 WHERE status = 'leased' AND endpoint = ANY(%(names)s::text[])
 ORDER BY endpoint, lease_until, seq"""
-# Each endpoint's next due deliveries: ``lim`` of them after the first ``off``.
+# Each endpoint's next due deliveries: ``lim`` of them after the first
+# ``off``, the higher priority first, then in the order they became due
+# (jobs_endpoint_due's order: one index scan, which passes over the rows of
+# a higher priority not due yet).
 DUE_OF = f"""SELECT u.name, d.seq FROM unnest(%(names)s::text[], %(lims)s::bigint[],
   %(offs)s::bigint[]) WITH ORDINALITY AS u(name, lim, off, ord)
-CROSS JOIN LATERAL (SELECT seq, available_at FROM lease.jobs
+CROSS JOIN LATERAL (SELECT seq, priority, available_at FROM lease.jobs
   WHERE endpoint = u.name AND {DUE_LINE} AND available_at <= %(now)s
     AND {_READY_NOW}
-  ORDER BY available_at, seq LIMIT u.lim OFFSET u.off) d
-ORDER BY u.ord, d.available_at, d.seq"""
+  ORDER BY priority DESC, available_at, seq LIMIT u.lim OFFSET u.off) d
+ORDER BY u.ord, d.priority DESC, d.available_at, d.seq"""
 # An endpoint with nothing pending or leased leaves the rotation (until its
 # next delivery: an intake, a redrive, a recovery puts it back). The claim
 # holds the endpoint's row FOR NO KEY UPDATE already; it clears has_work only
@@ -412,7 +416,7 @@ UPDATE lease.jobs j SET status = 'leased', attempts = j.attempts + 1, token = j.
   owner = %(owner)s, lease_until = LEAST(%(now)s + %(lease_ms)s, j.deadline), reason = NULL
 FROM picked WHERE j.seq = picked.seq
 RETURNING j.seq, j.id, j.qty, j.token, j.attempts, j.lease_until, j.body, j.digest,
-  j.endpoint, j.message, j.trace
+  j.endpoint, j.message, j.trace, j.priority
 """
 
 SPEND_TOKENS = """UPDATE lease.endpoints e SET tokens = u.tokens, refilled_ms = u.refilled_ms

@@ -123,6 +123,7 @@ from lease.rules import (
     check_ids,
     check_minutes_query,
     check_worker,
+    claim_rank,
     in_flight_refusals,
     kept_audits,
     minute_rollup,
@@ -354,8 +355,8 @@ class PostgresStore:
                 leased = [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
                                   "attempt": attempt, "lease_until": until}, body, digest,
                                  trace=trace)
-                          for _, job_id, qty, token, attempt, until, body, digest, trace
-                          in sorted(picked)]
+                          for _, job_id, qty, token, attempt, until, body, digest, trace, _
+                          in sorted(picked, key=claim_rank)]
             else:
                 assert chosen is not None
                 self._before_lease()
@@ -980,8 +981,8 @@ def _insert(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
     if new:
         inserted = {job_id for (job_id,) in conn.execute(INSERT_NEW, (
             policy.max_attempts, available_at, available_at + policy.ttl_ms, trace,
-            *_columns([(i.id, i.qty, i.body, i.digest, i.key, None, None, i.type)
-                       for i in new.values()])))}
+            *_columns([(i.id, i.qty, i.body, i.digest, i.key, None, None, i.type,
+                        i.priority) for i in new.values()])))}
         # another intake committed one of these ids meanwhile: judge by its row
         kept.update(_contents(conn, [job_id for job_id in new if job_id not in inserted]))
     results: list = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
-from operator import itemgetter
+from collections.abc import Callable, Sequence
 
 from lease.worker import (
     select_tuples,
@@ -71,7 +71,7 @@ class OneStatement(RowAtATime):
             rows: list = json.loads(text, parse_float=_no_float)
         except (sqlite3.OperationalError, _NotExact):
             return super().read(con, names, select, params)
-        return _in_seq_order(names, rows)
+        return _in_claim_order(names, rows)
 
     def _read_with_bodies(self, con: sqlite3.Connection, names: tuple[str, ...], select: str,
                           params: object) -> list:
@@ -98,7 +98,7 @@ class OneStatement(RowAtATime):
             return super().read(con, names, select, params)
         for row, part in zip(rows, parts, strict=True):  # "n": NULL, "b" and the body's text
             row.append(None if part == "n" else part[1:])
-        return _in_seq_order(names, rows)
+        return _in_claim_order(names, rows)
 
     def update(self, con: sqlite3.Connection, fixed: str, names: tuple[str, ...],
                rows: list) -> None:
@@ -135,12 +135,23 @@ class OneStatement(RowAtATime):
                         [*values, *chunk, *[None] * (size - len(chunk))])  # NULL: no row
 
 
-def _in_seq_order(names: tuple[str, ...], rows: list) -> list:
+def _in_claim_order(names: tuple[str, ...], rows: list) -> list:
     """An aggregate keeps its select's order in fact, not by promise: rows
-    led by their seq are put in its order."""
+    led by their seq are put in its order, the claim's (the higher priority
+    first, then seq) when they carry their priority."""
     if names[0] == "seq":
-        rows.sort(key=itemgetter(0))
+        rows.sort(key=claim_order(names))
     return rows
+
+
+def claim_order(names: tuple[str, ...]) -> Callable[[Sequence], tuple[int, int]]:
+    """The sort key of rows whose columns are ``names`` (seq first) in a
+    claim's order: the higher priority first, then seq; seq alone without
+    a priority column."""
+    if "priority" not in names:
+        return lambda row: (0, row[0])
+    at = names.index("priority")
+    return lambda row: (-row[at], row[0])
 
 
 def _padded(n: int) -> int:

@@ -9,7 +9,6 @@ import json
 import sqlite3
 from collections import Counter
 from collections.abc import Iterable
-from operator import itemgetter
 from typing import Any
 
 from lease.breaker import (
@@ -130,7 +129,7 @@ class Fanout:
             con.execute(INSERT_DELIVERY, (
                 job_id, intake.qty, policy.max_attempts, available_at,
                 available_at + policy.ttl_ms, intake.digest, line, 0 if line is None else 1,
-                name, intake.id, intake.type, trace))
+                name, intake.id, intake.type, trace, intake.priority))
             if intake.body is not None:
                 con.execute(INSERT_BODY, (intake.body,))
             if line is not None:
@@ -290,7 +289,8 @@ def _due_each(con: sqlite3.Connection, names: list[str], limit: int, offset: int
 
 
 def _picked_rows(con: sqlite3.Connection, picked: list[int]) -> list[dict[str, Any]]:
-    """The rows of the deliveries picked, in seq order, in one step."""
+    """The rows of the deliveries picked, in one step, the higher priority
+    first, then in seq order."""
     if not picked:
         return []
     rows = []
@@ -299,7 +299,7 @@ def _picked_rows(con: sqlite3.Connection, picked: list[int]) -> list[dict[str, A
         size = _padded(len(chunk))
         rows += batch.BATCH.read(con, PICK_FAIR_NAMES, _pick_sql(size),
                                  [*chunk, *[None] * (size - len(chunk))])
-    rows.sort(key=itemgetter(0))  # [0]: seq
+    rows.sort(key=batch.claim_order(PICK_FAIR_NAMES))
     return [dict(zip(PICK_FAIR_NAMES, row, strict=True)) for row in rows]
 
 

@@ -258,7 +258,7 @@ def _insert(con: sqlite3.Connection | sqlite3.Cursor, intake: Intake, now_ms: in
         INSERT_JOB,
         (intake.id, intake.qty, policy.max_attempts, available_at,
          available_at + policy.ttl_ms, intake.digest, intake.key,
-         0 if intake.key is None else 1, intake.type, trace),
+         0 if intake.key is None else 1, intake.type, trace, intake.priority),
     )
     if intake.body is not None:
         con.execute(INSERT_BODY,

@@ -21,10 +21,11 @@ from lease.worker import (
     open_queue,
 )
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 ENDPOINTS_SINCE = 5  # the version that knows endpoints (lease.endpoints)
 CONSOLE_SINCE = 6  # the version with the pause, its audit and the workers (lease.rules)
 ROLLUP_SINCE = 7  # the version with the per-minute rollup of the finishes (lease.rules)
+PRIORITY_SINCE = 8  # the version with each job's priority (lease.policy.check_priority)
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -159,6 +160,19 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
   b13 INTEGER NOT NULL,
   b14 INTEGER NOT NULL,
   b15 INTEGER NOT NULL, PRIMARY KEY (minute_ms, endpoint, owner)) WITHOUT ROWID""",
+    ),
+    PRIORITY_SINCE: (
+        # Higher is claimed first; the jobs written before are all 0. A
+        # column with a constant default: adding it rewrites no row.
+        "ALTER TABLE jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0",
+        # The claim's two indexes lead with it, so each claim still reads its
+        # rows in the order it takes them. Same names: an older dispatcher
+        # still running (INDEXED BY) keeps claiming, in its old order.
+        "DROP INDEX jobs_own",
+        f"CREATE INDEX jobs_own ON jobs(priority DESC, seq) WHERE {OWN_READY}",
+        "DROP INDEX jobs_endpoint_due",
+        "CREATE INDEX jobs_endpoint_due ON jobs(endpoint, priority DESC, available_at, seq)"
+        f" WHERE {DUE_LINE}",
     ),
 }
 

@@ -45,18 +45,22 @@ WHERE ordering_key = ? AND held = 0 AND {LINE}"""
 # only what a lease (lease.worker.lease_ticket) and its Leased need: every column
 # read costs, and a done job's evidence is no claim's business. A picked
 # job's body is one probe of its table, made for the rows returned only (the
-# index gives the order: no join to sort again).
+# index gives the order: no join to sort again). The higher priority first,
+# then seq (intake order): the index leads with priority, so the scan stops
+# after the batch as before; a job not yet due (a retry's backoff, a delayed
+# intake) is passed over in the scan, as it always was.
 OWN_READY = "endpoint IS NULL AND status IN ('pending', 'leased') AND held = 0"
 DUE_LINE = "endpoint IS NOT NULL AND status = 'pending' AND held = 0"
 _DUE = ("((status = 'pending' AND available_at <= :now)"
         " OR (status = 'leased' AND lease_until <= :now))")
-PICK_READY_NAMES = (*PICK_NAMES, "digest", "trace", "body")  # the payload last (batch.read)
+# the payload last (batch.read), the priority for the claim's order (batch.claim_order)
+PICK_READY_NAMES = (*PICK_NAMES, "digest", "trace", "priority", "body")
 PICK_READY = f"""
-SELECT {', '.join(PICK_NAMES)}, digest, trace,
+SELECT {', '.join(PICK_NAMES)}, digest, trace, priority,
   (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body
 FROM jobs INDEXED BY jobs_own
 WHERE {OWN_READY} AND {_DUE}
-ORDER BY seq LIMIT :limit
+ORDER BY priority DESC, seq LIMIT :limit
 """
 
 # ------------------------------------------------------------------ endpoints
@@ -85,7 +89,9 @@ WHERE has_work = 1 AND enabled = 1 {{only}}
   AND (circuit <> 'open' OR open_until_ms <= :now)
   AND (served_at, name) > (:served, :name)
 ORDER BY served_at, name LIMIT :limit"""
-# The seqs of each endpoint's due rows in the order they became due, LIMIT ?2
+# The seqs of each endpoint's due rows, the higher priority first, then in
+# the order they became due (jobs_endpoint_due's order: one index scan that
+# passes over the rows of a higher priority not due yet), LIMIT ?2
 # OFFSET ?3, for the names in VALUES (a NULL name: padding, no row); ?1 is the
 # store's time. The aggregate takes its subquery's rows in their order (SQLite
 # runs the subquery as a coroutine the aggregate steps through), as the batch
@@ -93,18 +99,18 @@ ORDER BY served_at, name LIMIT :limit"""
 DUE_EACH = f"""SELECT e.column1, (SELECT group_concat(d.seq) FROM (
     SELECT seq FROM jobs INDEXED BY jobs_endpoint_due
     WHERE endpoint = e.column1 AND {DUE_LINE} AND available_at <= ?1
-    ORDER BY available_at, seq LIMIT ?2 OFFSET ?3) AS d)
+    ORDER BY priority DESC, available_at, seq LIMIT ?2 OFFSET ?3) AS d)
 FROM (VALUES {{names}}) AS e"""
 # The same when each endpoint's share is one row (a claim spread over as many
 # endpoints as its limit): the row itself, with no aggregate to build.
 DUE_FIRST_EACH = f"""SELECT e.column1, (SELECT seq FROM jobs INDEXED BY jobs_endpoint_due
     WHERE endpoint = e.column1 AND {DUE_LINE} AND available_at <= ?1
-    ORDER BY available_at, seq LIMIT ?2 OFFSET ?3)
+    ORDER BY priority DESC, available_at, seq LIMIT ?2 OFFSET ?3)
 FROM (VALUES {{names}}) AS e"""
 # The deliveries picked, the payload last (lease.sqlite.batch reads it beside the JSON).
-PICK_FAIR_NAMES = (*PICK_NAMES, "digest", "endpoint", "message", "trace", "body")
+PICK_FAIR_NAMES = (*PICK_NAMES, "digest", "endpoint", "message", "trace", "priority", "body")
 PICK_FAIR = f"""
-SELECT {', '.join(PICK_NAMES)}, digest, endpoint, message, trace,
+SELECT {', '.join(PICK_NAMES)}, digest, endpoint, message, trace, priority,
   (SELECT b.body FROM bodies b WHERE b.seq = jobs.seq) AS body
 FROM jobs WHERE seq IN ({{marks}})
 """
@@ -164,8 +170,8 @@ MESSAGE_CONTENT = ("SELECT qty, digest, ordering_key, event_type, endpoint FROM 
                    " INDEXED BY jobs_by_message WHERE message = ? LIMIT 1")
 INSERT_DELIVERY = ("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
     " available_at, deadline, owner, lease_until, reason, digest, ordering_key, held,"
-    " endpoint, message, event_type, trace)"
-    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?, ?, ?, ?)")
+    " endpoint, message, event_type, trace, priority)"
+    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?, ?, ?, ?, ?)")
 ENDPOINT_COLUMNS = ("name", "url", "ack", "ca_file", "secrets", "headers", "types",
                     "max_in_flight", "rate", "burst", "insecure_http", "enabled",
                     "disable_after_ms", "disabled_why", "created_ms", "updated_ms",
@@ -213,8 +219,8 @@ FINISH_NAMES = ("status", "reason", "available_at")
 # The intake, the evidence, the operator and retention.
 CONTENT_OF = "SELECT qty, digest, ordering_key, event_type, endpoint FROM jobs WHERE id = ?"
 INSERT_JOB = ("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
-    " deadline, owner, lease_until, reason, digest, ordering_key, held, event_type, trace)"
-    " VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?, ?)")
+    " deadline, owner, lease_until, reason, digest, ordering_key, held, event_type, trace,"
+    " priority) VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL, ?, ?, ?, ?, ?, ?)")
 INSERT_BODY = "INSERT INTO bodies (seq, body) VALUES (last_insert_rowid(), ?)"
 RECORD_ATTEMPTS = ("INSERT INTO attempts (seq, id, token, attempt, owner, started_ms, ended_ms,"
     " outcome, result, reason, http_status, error, latency_ms)"

@@ -54,7 +54,8 @@ def test_a_new_job_is_a_whole_pending_row(store):
     [snack, order] = job_rows(store)
     empty = {"owner": None, "lease_until": None, "reason": None, "done_by": None,
              "done_started_ms": None, "done_latency_ms": None, "done_http_status": None,
-             "endpoint": None, "message": None, "event_type": None, "trace": None}
+             "endpoint": None, "message": None, "event_type": None, "trace": None,
+             "priority": 0}
     assert snack == {"seq": 1, "id": "snack-7", "qty": 7, "status": "pending", "attempts": 0,
                      "max_attempts": 4, "token": 0, "available_at": T0, "deadline": T0 + 5000,
                      "body": None, "digest": None, "ordering_key": None, "held": 0, **empty}
