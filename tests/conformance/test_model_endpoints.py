@@ -3,9 +3,12 @@ a cap, a bucket, a disabled endpoint, random intakes, claims (of every
 endpoint or some), finishes and the passing of time.
 
 After every claim: no endpoint has more live leases than its cap, no bucket
-gave more than its burst plus its rate times the time gone by, and the claim
+gave more than its burst plus its rate times the time gone by, the claim
 was work-conserving: it leased exactly as many as the limit and the
-endpoints' allowances let it (the model's own arithmetic, not the code's)."""
+endpoints' allowances let it (the model's own arithmetic, not the code's),
+and each endpoint's were the first of its claimable deliveries: its leases
+run out (by lease end, then seq), then its due ones, the higher priority
+first, then by the time they became due, then seq."""
 
 from __future__ import annotations
 
@@ -66,6 +69,17 @@ class Model:
             room = min(room, int(self.bucket(name, now)))
         return max(0, room)
 
+    def claim_order(self, name: str, now: int) -> list[str]:
+        """An endpoint's claimable deliveries in the order a claim takes them."""
+        mine = [(delivery_id, d) for delivery_id, d in self.deliveries.items()
+                if d["endpoint"] == name]
+        run_out = sorted((d["until"], d["seq"], delivery_id) for delivery_id, d in mine
+                         if d["status"] == "leased" and d["until"] <= now)
+        due = sorted((-d["priority"], d["available"], d["seq"], delivery_id)
+                     for delivery_id, d in mine
+                     if d["status"] == "pending" and d["available"] <= now)
+        return [row[-1] for row in run_out] + [row[-1] for row in due]
+
 
 class EndpointMachine(RuleBasedStateMachine):
     def __init__(self, queues: Queues) -> None:
@@ -79,18 +93,27 @@ class EndpointMachine(RuleBasedStateMachine):
         self.now = T0
         self.next_id = 0
         self.held: list = []  # Leased not finished yet
+        self.seq = 0  # the order of the deliveries' intake
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
 
     def teardown(self) -> None:
         self._fresh.__exit__(None, None, None)
 
-    @rule(n=st.integers(1, 6), kind=st.sampled_from([None, "t.b", "t.o"]))
-    def enqueue(self, n: int, kind: str | None) -> None:
+    @rule(kind=st.sampled_from([None, "t.b", "t.o"]),
+          priorities=st.lists(st.sampled_from([None, 0, 1, 7, -7]), min_size=1, max_size=6))
+    def enqueue(self, kind: str | None, priorities: list[int | None]) -> None:
         events = []
-        for _ in range(n):
+        n = len(priorities)
+        for priority in priorities:
             self.next_id += 1
-            event = {"id": f"m{self.next_id}", "body": {"n": self.next_id}}
+            event: dict[str, object] = {"id": f"m{self.next_id}", "body": {"n": self.next_id}}
             if kind is not None:
                 event["type"] = kind
+            if priority is not None:
+                event["priority"] = priority
             events.append(event)
         assert self.store.enqueue_events(events, POLICY, now_ms=self.now) == [True] * n
         for event in events:
@@ -98,7 +121,8 @@ class EndpointMachine(RuleBasedStateMachine):
                 if "*" in types or kind in types:
                     self.model.deliveries[f"{event['id']}@{name}"] = {
                         "endpoint": name, "status": "pending", "until": 0,
-                        "available": self.now}
+                        "available": self.now, "priority": event.get("priority", 0),
+                        "seq": self.next_seq()}
 
     @rule(ms=st.sampled_from([1, 90, 250, 1_000, 6_000]))
     def wait(self, ms: int) -> None:
@@ -110,6 +134,7 @@ class EndpointMachine(RuleBasedStateMachine):
         names = list(ENDPOINTS) if served == "*" else list(served)
         room = {name: min(self.model.allowance(name, self.now), self.model.due(name, self.now))
                 for name in names}
+        order = {name: self.model.claim_order(name, self.now) for name in names}
         leased = self.store.claim_jobs("w1", LEASE_MS, limit, now_ms=self.now,
                                        endpoints=served).leased
         assert len(leased) == min(limit, sum(room.values())), (room, limit)
@@ -121,6 +146,8 @@ class EndpointMachine(RuleBasedStateMachine):
             delivery.update(status="leased", until=self.now + LEASE_MS)
         for name, n in taken.items():
             assert n <= room[name], (name, n, room)
+            assert {job.ticket["id"] for job in leased if job.endpoint == name} == set(
+                order[name][:n]), (name, order[name])
             self.model.leases[name] += n
             if name in self.model.tokens:
                 self.model.tokens[name] = self.model.bucket(name, self.now) - n

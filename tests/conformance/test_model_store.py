@@ -38,6 +38,7 @@ BODIES = [None, {"v": 1}, {"v": 2, "w": [1, "x"]}]  # None: a lab {"id", "qty"} 
 SEEN = [(None, None, None), (12, 200, None), (3, 503, "receiver answered 503"),
         (None, None, "ConnectionRefusedError: [Errno 111]")]  # latency, status, error
 DAY = 86_400_000
+PRIORITIES = [None, None, 0, 3, -3, 100]  # None: an event without one (0)
 
 
 class StoreModel(Model):
@@ -51,19 +52,25 @@ class StoreModel(Model):
         self.attempts: dict[str, list[dict]] = {}
         self.stale = 0
 
+    def claim_order(self, job: dict) -> tuple[int, int]:
+        """The higher priority first, then seq."""
+        return (-job["priority"], job["seq"])
+
     def enqueue_event(self, job_id: str, body: dict | None, now: int,
-                      policy: RetryPolicy, available_at: int) -> object:
+                      policy: RetryPolicy, available_at: int, priority: int = 0) -> object:
         text, digest = canonical_body(body) if body is not None else (None, None)
         qty = 0 if body is not None else 1
         job = self.jobs.get(job_id)
         if job is not None:
+            # a duplicate keeps its priority: how a job is scheduled is no content
             return False if (job["qty"], job["digest"]) == (qty, digest) else Conflict
         self.enqueue(job_id, qty, available_at, policy.ttl_ms, policy.max_attempts)
         self.jobs[job_id].update(body=text, digest=digest, done_by=None, done_started_ms=None,
                                  done_latency_ms=None, done_http_status=None,
                                  ordering_key=None, held=0,  # unkeyed: never held
                                  endpoint=None, message=None, event_type=None,
-                                 trace=None)  # enqueued outside any span
+                                 trace=None,  # enqueued outside any span
+                                 priority=priority)
         return True
 
     def record(self, ticket: dict, outcome: str | None, result: object, now: int,
@@ -177,12 +184,17 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(job_id=st.sampled_from(IDS), body=st.sampled_from(BODIES),
           ttl=st.sampled_from([50, 500, 3 * DAY, 30 * DAY]),
-          max_attempts=st.sampled_from([1, 2, 25, 50]), delay=st.sampled_from([0, 0, 100]))
+          max_attempts=st.sampled_from([1, 2, 25, 50]), delay=st.sampled_from([0, 0, 100]),
+          priority=st.sampled_from(PRIORITIES))
     def enqueue(self, job_id: str, body: dict | None, ttl: int, max_attempts: int,
-                delay: int) -> None:
+                delay: int, priority: int | None) -> None:
         policy = RetryPolicy(max_attempts=max_attempts, ttl_ms=ttl)
-        event = {"id": job_id, "qty": 1} if body is None else {"id": job_id, "body": body}
-        expected = self.model.enqueue_event(job_id, body, self.now, policy, self.now + delay)
+        event: dict[str, Any] = {"id": job_id, "qty": 1} if body is None \
+            else {"id": job_id, "body": body}
+        if priority is not None:
+            event["priority"] = priority
+        expected = self.model.enqueue_event(job_id, body, self.now, policy, self.now + delay,
+                                            priority or 0)
         [got] = self.store.enqueue_events([event], policy, now_ms=self.now,
                                           not_before_ms=self.now + delay if delay else None)
         assert (Conflict if isinstance(got, Conflict) else got) == expected

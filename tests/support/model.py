@@ -29,6 +29,10 @@ class Model:
         return job["status"] == "pending" or (
             job["status"] == "leased" and job["lease_until"] <= now)
 
+    def claim_order(self, job: dict) -> tuple[int, int]:
+        """The order a claim takes ready jobs in: the contract's, by seq."""
+        return (0, job["seq"])
+
     def claim(self, owner: str, now: int, lease: int) -> dict | None:
         for job in self.jobs.values():
             if self._claimable(job, now):
@@ -36,7 +40,7 @@ class Model:
                     job.update(status="dead", reason="deadline", owner=None, lease_until=None)
                 elif job["attempts"] >= job["max_attempts"]:
                     job.update(status="dead", reason="exhausted", owner=None, lease_until=None)
-        for job in sorted(self.jobs.values(), key=lambda j: j["seq"]):
+        for job in sorted(self.jobs.values(), key=self.claim_order):
             ready = (job["status"] == "pending" and job["available_at"] <= now) or (
                 job["status"] == "leased" and job["lease_until"] <= now)
             if ready:
