@@ -123,7 +123,7 @@ def test_a_version_3_queue_migrates_and_its_jobs_keep_working(
         assert [job["id"] for job in looking.list_jobs(key="k")] == ["old"]
         assert looking.endpoints() == [] and looking.endpoint_stats() == []
     with PostgresStore(postgres_url) as store:
-        assert store.schema_version() == SCHEMA_VERSION == 6
+        assert store.schema_version() == SCHEMA_VERSION == 7
         [old] = store.list_jobs()
         assert (old["endpoint"], old["message"], old["event_type"], old["ordering_key"]) == (
             None, None, None, "k")

@@ -311,3 +311,55 @@ def test_a_version_5_file_gains_the_console_and_trace_with_every_row_kept(tmp_pa
         assert migrated.paused() is None
         assert migrated.pause("hold", now_ms=T0) is True
         assert migrated.claim_jobs("w", 1000, 10, now_ms=T0).leased == []
+
+
+def version_7_file(path: Path) -> None:
+    """A queue as version 7 wrote it: a job of its own and a delivery, pending."""
+    con = worker.open_queue(path)
+    with worker.immediate(con):
+        for version in range(1, schema.PRIORITY_SINCE):
+            for statement in schema.MIGRATIONS[version]:
+                con.execute(statement)
+        con.execute(f"PRAGMA user_version = {schema.PRIORITY_SINCE - 1}")
+        for job_id, endpoint in (("own", None), ("m@e1", "e1")):
+            con.execute("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
+                        " available_at, deadline, endpoint, message) VALUES (?, 1, 'pending',"
+                        " 0, 5, 0, ?, ?, ?, ?)", (job_id, T0, T0 + 60_000, endpoint,
+                                                  None if endpoint is None else "m"))
+    con.close()
+
+
+# The claim's pick of version 7, word for word: what an older dispatcher runs.
+V7_PICK = """SELECT seq, id FROM jobs INDEXED BY jobs_own
+WHERE endpoint IS NULL AND status IN ('pending', 'leased') AND held = 0
+  AND ((status = 'pending' AND available_at <= :now)
+    OR (status = 'leased' AND lease_until <= :now))
+ORDER BY seq LIMIT :limit"""
+
+
+def test_a_version_7_file_gains_priorities_its_jobs_at_0(tmp_path):
+    path = tmp_path / "v7.db"
+    version_7_file(path)
+    with SQLiteStore(path, read_only=True) as looking:  # read as it is: no priority there
+        assert looking.schema_version() == schema.PRIORITY_SINCE - 1
+        assert [row["id"] for row in looking.list_jobs()] == ["own", "m@e1"]
+    older = worker.open_queue(path)  # open across the migration, as a running process's
+    try:
+        with SQLiteStore(path) as migrated:
+            assert migrated.schema_version() == store.SCHEMA_VERSION == schema.PRIORITY_SINCE
+            assert [(r["id"], r["priority"]) for r in migrated.list_jobs()] == [
+                ("own", 0), ("m@e1", 0)]
+            indexes = dict(migrated.connection.execute(
+                "SELECT name, sql FROM sqlite_master WHERE name IN"
+                " ('jobs_own', 'jobs_endpoint_due')").fetchall())
+            assert "(priority DESC, seq)" in indexes["jobs_own"]
+            assert "(endpoint, priority DESC, available_at, seq)" in indexes["jobs_endpoint_due"]
+            # an older dispatcher's pick still runs (the index kept its name)
+            assert older.execute(V7_PICK, {"now": T0, "limit": 10}).fetchall() == [(1, "own")]
+            assert migrated.enqueue_events([{"id": "urgent", "qty": 1, "priority": 3}],
+                                           now_ms=T0) == [True]
+            claimed = migrated.claim_jobs("w", 1000, 10, now_ms=T0)
+            assert [job.ticket["id"] for job in claimed.leased] == ["urgent", "own"]
+            assert schema.migrate(migrated.connection) == store.SCHEMA_VERSION  # once only
+    finally:
+        older.close()
