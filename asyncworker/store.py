@@ -194,9 +194,10 @@ class AsyncStore:
     async def enqueue_events(self, events: list, now_ms: int | None = None,
                              policy: RetryPolicy = DEFAULT_POLICY, *,
                              not_before_ms: int | None = None) -> list[bool | Conflict]:
-        """The product's intake: {"id", "qty"} or {"id", "body"} events with the
-        policy's budget, all in one transaction; per event True (new), False
-        (duplicate) or its Conflict. ``now_ms`` None: the store's clock.
+        """The product's intake: {"id", "qty"} or {"id", "body"} events (an
+        optional "key", "type" and "priority" each) with the policy's budget,
+        all in one transaction; per event True (new), False (duplicate) or its
+        Conflict. ``now_ms`` None: the store's clock.
         The store's call runs in a copy of the caller's context: an intake
         awaited inside a span keeps that span's trace context (lease.tracing)."""
         events = list(events)

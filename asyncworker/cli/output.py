@@ -167,6 +167,7 @@ def print_history(history: dict) -> None:
         *delivery_rows(job),
         *((("key", cell(job["ordering_key"])),) if "ordering_key" in job else ()),
         ("event", event_cell(job)),
+        *((("priority", job["priority"]),) if "priority" in job else ()),
         ("status", job["status"] if job["reason"] is None else f"{job['status']} "
                                                               f"({job['reason']})"),
         ("attempts", f"{job['attempts']} of {job['max_attempts']}"),

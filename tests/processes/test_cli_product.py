@@ -149,6 +149,22 @@ def test_enqueue_lines_mix_lab_and_payload_events_and_name_conflicts_by_line(que
     assert found["order:1"]["max_attempts"] == 50
     assert found["order:1"]["deadline"] - found["order:1"]["available_at"] == 7 * 86_400_000
 
+def test_enqueue_lines_keep_their_priorities_and_the_higher_is_claimed_first(
+        queue: Path):
+    stdin = ('{"id": "plain", "qty": 1}\n{"id": "urgent", "body": {"x": 1}, "priority": 50}\n'
+             '{"id": "later", "qty": 1, "priority": -5}\n')
+    out = cli("enqueue", str(queue), "--file", "-", stdin=stdin)
+    assert (out.returncode, out.stdout.strip()) == (0, "3 new, 0 duplicate, 0 conflicting")
+    assert {job_id: row["priority"] for job_id, row in job_rows(queue).items()} == {
+        "plain": 0, "urgent": 50, "later": -5}
+    shown = cli("inspect", str(queue), "urgent").stdout.splitlines()
+    assert [line.split() for line in shown if line.startswith("priority")] == [
+        ["priority", "50"]]
+    with open_store(str(queue)) as opened:
+        claimed = opened.claim_jobs("w", 1000, 10)
+    assert [job.ticket["id"] for job in claimed.leased] == ["urgent", "plain", "later"]
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_enqueue_file_with_a_conflict_commits_nothing_and_names_each_conflicting_line(
         kind: str, tmp_path: Path, request: pytest.FixtureRequest):
@@ -187,6 +203,9 @@ def test_enqueue_file_with_a_conflict_commits_nothing_and_names_each_conflicting
     ('{"id": "c c", "body": {}}', "line 3: event id must be 1-255 visible ASCII"),
     ('{"id": "c", "qty": 0}', "line 3: event qty must be in 1..1000"),
     ('{"id": "c", "body": {}, "qty": 1}', "line 3: event must have the keys id and qty"),
+    ('{"id": "c", "qty": 1, "priority": 1.0}', "line 3: event priority must be an int in"),
+    ('{"id": "c", "qty": 1, "priority": true}', "line 3: event priority must be an int in"),
+    ('{"id": "c", "qty": 1, "priority": 101}', "line 3: event priority must be an int in"),
 ])
 def test_a_bad_line_after_good_ones_is_named_and_nothing_is_enqueued(queue: Path, line: str,
                                                                      message: str):
