@@ -16,6 +16,7 @@ import pytest
 from lease.endpoints import Endpoint, EndpointError
 from lease.postgres import SCHEMA_VERSION, PostgresStore, enqueue_in
 from lease.postgres.schema import MIGRATIONS
+from lease.postgres.statements import DUE_OF, ORDERED_READS
 from lease.records import Attempt, Conflict, Leased, StoreError
 from tests.support.queues import T0
 from tests.support.waiting import WAIT_S, wait_until
@@ -353,6 +354,34 @@ def nodes(node: dict) -> Iterator[dict]:
     yield node
     for child in node.get("Plans", []):
         yield from nodes(child)
+
+
+def test_each_endpoint_s_due_deliveries_are_read_in_priority_order_up_to_its_share(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
+    """Thousands due per endpoint, of many priorities: the claim's read of
+    each endpoint's share scans jobs_endpoint_due in the order it takes the
+    rows and stops at the share, nothing of the backlog sorted."""
+    store = make_store()
+    names = ["e0", "e1", "e2"]
+    for name in names:
+        store.add_endpoint(endpoint(name, types=(name,)), now_ms=T0)
+    store.enqueue_events([{"id": f"m{n}", "qty": 1, "type": names[n % 3],
+                           "priority": n % 201 - 100} for n in range(6000)], now_ms=T0)
+    admin.execute("ANALYZE lease.jobs")
+    with admin.transaction(force_rollback=True):
+        admin.execute(ORDERED_READS)
+        row = admin.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {DUE_OF}", {
+            "names": names, "lims": [5, 5, 5], "offs": [0, 0, 0], "now": T0}).fetchone()
+        got = admin.execute(DUE_OF, {"names": names, "lims": [5, 5, 5], "offs": [0, 0, 0],
+                                     "now": T0}).fetchall()
+    assert row is not None
+    top = (row[0] if isinstance(row[0], list) else json.loads(row[0]))[0]["Plan"]
+    [scan] = [n for n in nodes(top) if n.get("Index Name") == "jobs_endpoint_due"]
+    assert scan["Actual Loops"] == 3 and scan["Actual Rows"] <= 5, scan  # rows per loop
+    priorities = dict(admin.execute("SELECT seq, priority FROM lease.jobs").fetchall())
+    # each endpoint's top level (e0 has 98, e1 99, e2 100: 201 levels over 3 endpoints)
+    assert [(name, priorities[seq]) for name, seq in got] == [
+        *[("e0", 98)] * 5, *[("e1", 99)] * 5, *[("e2", 100)] * 5]
 
 
 # the partial indexes of live rows (none holds a done row)
