@@ -17,6 +17,7 @@ from lease.policy import RetryPolicy
 from lease.records import Attempt
 from lease.sqlite import SQLiteStore
 from lease.sqlite import endpoints as driver
+from lease.sqlite.statements import DUE_EACH, DUE_FIRST_EACH, PICK_READY
 from tests.support.queues import T0
 
 URL = "http://127.0.0.1:9/events"
@@ -111,3 +112,19 @@ def test_an_older_sqlite_writes_the_endpoints_a_row_at_a_time_to_the_same_end(
     assert len(leased) == 70 and again == []
     assert {row[2] for row in rows} == {0}  # has_work: none left
     assert {row[3] for row in rows} == {2.0}  # 3 tokens, one spent
+
+
+@pytest.mark.parametrize("statement", ["own", "due", "due_first"])
+def test_the_claim_reads_in_priority_order_by_its_index_with_nothing_sorted(tmp_path, statement):
+    """The picks' ORDER BY (the higher priority first) is their index's order:
+    SQLite's plan scans it and builds no temporary B-tree to sort."""
+    with SQLiteStore(tmp_path / "q.db", create=True) as store:
+        sql, args = {
+            "own": (PICK_READY, {"now": T0, "limit": LIMIT}),
+            "due": (DUE_EACH.format(names="(?)"), ["e0", T0, LIMIT, 0]),
+            "due_first": (DUE_FIRST_EACH.format(names="(?)"), ["e0", T0, 1, 0]),
+        }[statement]
+        plan = " | ".join(str(row[3]) for row in store.connection.execute(
+            "EXPLAIN QUERY PLAN " + sql, args))
+    assert "jobs_own" in plan or "jobs_endpoint_due" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan
