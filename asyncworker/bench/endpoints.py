@@ -197,7 +197,8 @@ def _bulk_deliveries(store: Any, n: int, names: list[str], prefix: str, url: str
             name = names[i % width]
             message = f"{prefix}-{i}"
             yield (delivery_id(message, name), 1, policy.max_attempts, now,
-                   now + policy.ttl_ms, None, None, 0, name, message, f"type-{name}", None)
+                   now + policy.ttl_ms, None, None, 0, name, message, f"type-{name}", None,
+                   0)  # no trace, priority 0
 
     con.execute("BEGIN IMMEDIATE")
     try:
