@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from lease.policy import DEFAULT_POLICY, PRODUCT, RetryPolicy
-from lease.queues import DEFAULT, family, sqlite_path
+from lease.queues import DEFAULT, check_queue_name, family, sqlite_path
 from lease.records import Attempt, NotAQueue
 from lease.retrying import PATIENT
 from lease.store import Store
@@ -94,9 +94,17 @@ def list_queues(target: str | os.PathLike[str]) -> list[str]:
     for entry in beside:
         middle = entry[len(stem) + 1:len(entry) - len(suffix)] if suffix else entry[len(stem) + 1:]
         path = os.path.join(folder, entry)
-        if family(path) == (base, middle) and _is_queue(path):
+        if _named(middle) and _is_queue(path):
             found.append(middle)
     return found
+
+
+def _named(middle: str) -> bool:
+    """``stem.MIDDLE.suffix`` is a named queue's file: MIDDLE is a queue's name."""
+    try:
+        return check_queue_name(middle) is not None
+    except ValueError:
+        return False
 
 
 def _is_queue(path: str) -> bool:

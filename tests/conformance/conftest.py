@@ -78,10 +78,12 @@ def _seed_neighbour(kind: str, location: str) -> None:
         home.claim_jobs("neighbour", 3_600_000, NEIGHBOUR_LEASED, now_ms=T0)
 
 
-def _neighbour_jobs(kind: str, location: str) -> list[dict]:
+def _neighbour(kind: str, location: str) -> tuple:
+    """What the default queue holds: its jobs, its figures (attempts, audits,
+    tallies) and its endpoints, read at one clock."""
     with contextlib.closing(open_kind(_default_kind(kind), location, ManualClock(T0),
                                       create=False)) as home:
-        return home.list_jobs(limit=MAX_PAGE)
+        return home.list_jobs(limit=MAX_PAGE), home.snapshot(), home.endpoints()
 
 
 @pytest.fixture(params=KINDS)
@@ -111,7 +113,7 @@ def make_store(kind: str, location: str, clock: ManualClock) -> Iterator[Callabl
     neighbour = None
     if kind.endswith("-named"):
         _seed_neighbour(kind, location)
-        neighbour = _neighbour_jobs(kind, location)
+        neighbour = _neighbour(kind, location)
 
     def make(*, clock: Callable[[], int] = clock) -> Store:
         store = open_kind(kind, location, clock)
@@ -122,7 +124,7 @@ def make_store(kind: str, location: str, clock: ManualClock) -> Iterator[Callabl
     for store in opened:
         store.close()
     if neighbour is not None:
-        assert _neighbour_jobs(kind, location) == neighbour, "the default queue changed"
+        assert _neighbour(kind, location) == neighbour, "the default queue changed"
 
 
 @pytest.fixture
