@@ -292,9 +292,11 @@ def _queue_argument(p: argparse.ArgumentParser) -> None:
     _queue_name_argument(p)
 
 
-def _queue_name(text: str) -> str | None:
+def _queue_name(text: str) -> str:
+    """The name as given ("default" too: given, it wins over the environment)."""
     try:
-        return check_queue_name(text)
+        check_queue_name(text)
+        return text
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
