@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import re
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 __all__ = ["DEFAULT", "URL_PARAMETER", "check_queue_name", "family", "queue_target",
            "shown_name", "split_url", "sqlite_path"]
@@ -66,7 +66,10 @@ def split_url(url: str, queue: str | None = None) -> tuple[str, str | None]:
         raise ValueError("the URL names its queue more than once")
     if not named:
         return url, _one_name(queue, None, "the URL")
-    rest = urlencode([(key, value) for key, value in pairs if key != URL_PARAMETER])
+    # the other parameters as written: re-encoded, a %20 would become a + that
+    # libpq does not read as a space
+    rest = "&".join(item for item in parts.query.split("&")
+                    if item and unquote(item.split("=", 1)[0]) != URL_PARAMETER)
     stripped = urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment))
     return stripped, _one_name(queue, named[0], "the URL and the queue argument")
 

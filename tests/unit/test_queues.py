@@ -122,6 +122,8 @@ def test_a_url_names_its_queue_by_a_parameter_libpq_never_sees():
     assert split_url("postgresql://h/db?queue=orders") == ("postgresql://h/db", "orders")
     assert split_url("postgresql://u@h/db?sslmode=require&queue=orders&application_name=x") == (
         "postgresql://u@h/db?sslmode=require&application_name=x", "orders")
+    assert split_url("postgresql://h/db?options=-c%20a%3D1&queue=orders") == (
+        "postgresql://h/db?options=-c%20a%3D1", "orders")  # the others as written
     assert split_url("postgresql://h/db", "orders") == ("postgresql://h/db", "orders")
     assert split_url("postgresql://h/db?queue=orders", "orders")[1] == "orders"
     with pytest.raises(ValueError, match="two queue names"):
