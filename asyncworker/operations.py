@@ -8,7 +8,9 @@ HTML and status codes), and neither imports the other.
   missing or foreign file: the command line's exit code 2) and ``WorkFailed``
   (the work failed: exit code 1)
 - a queue opened for an operator (``open_queue_store``), shown without its
-  password (``shown``), an error's message led by it (``about``)
+  password (``shown``), an error's message led by it (``about``); a named
+  queue's target (``named_queue``) and the queues beside it
+  (``neighbour_queues``)
 - the flags' files checked before anything opens or binds: a secrets file,
   a token file's mode, a CA file, a certificate and its key, a receiver's URL
   (``read_secret_file``, ``check_private_file``, ``check_ca_file``,
@@ -38,10 +40,11 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from lease.queues import DEFAULT, queue_target, split_url
 from lease.records import NotAQueue, StoreError
 from lease.rules import MAX_PAGE
 from lease.store import Store
-from lease.stores import is_postgres_url, open_store
+from lease.stores import is_postgres_url, list_queues, open_store
 from lease.worker import MAX_BATCH
 
 if TYPE_CHECKING:
@@ -106,7 +109,29 @@ def shown(queue: str) -> str:
         netloc = f"{user}@{hosts}" if user else hosts
     query = "&".join(item for item in parts.query.split("&")
                      if item and item.split("=", 1)[0].strip().lower() != "password")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    url = urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    try:
+        url, name = split_url(url)
+    except ValueError:  # shown as it is: the open refuses it with the reason
+        return url
+    return url if name is None else f"{url} queue {name}"
+
+
+def named_queue(queue: str, name: str | None) -> str:
+    """What QUEUE with ``--queue-name NAME`` names: the URL with its ``queue``
+    parameter, or the file beside (lease.queues); QUEUE itself for None."""
+    try:
+        return queue_target(queue, name)
+    except ValueError as exc:  # a URL that names another queue
+        raise UsageError(f"{shown(queue)}: {exc}") from None
+
+
+def neighbour_queues(queue: str) -> list[str] | None:
+    """The queues of QUEUE's database, or beside its file, by name
+    (``lease.stores.list_queues``); None when it holds the default one alone,
+    so such a queue shows what it always did."""
+    names = list_queues(queue)
+    return None if names in ([], [DEFAULT]) else names
 
 
 def passwords(queue: str) -> list[str]:

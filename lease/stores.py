@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 
 from lease.policy import DEFAULT_POLICY, PRODUCT, RetryPolicy
-from lease.records import Attempt
+from lease.queues import DEFAULT, check_queue_name, family, sqlite_path
+from lease.records import Attempt, NotAQueue
 from lease.retrying import PATIENT
 from lease.store import Store
 from lease.worker import (
@@ -27,7 +28,8 @@ from lease.worker import (
     cycle_result,
 )
 
-__all__ = ["POSTGRES_SCHEMES", "is_postgres_url", "open_store", "run_queue", "run_store_once"]
+__all__ = ["POSTGRES_SCHEMES", "is_postgres_url", "list_queues", "open_store", "run_queue",
+           "run_store_once"]
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
@@ -39,7 +41,7 @@ def is_postgres_url(target: object) -> bool:
 def open_store(target: str | os.PathLike[str], *, create: bool = False,
                read_only: bool = False, clock: Callable[[], int] | None = None,
                threads: int = 1, shared: bool = False,
-               journal: str | None = None) -> Store:
+               journal: str | None = None, queue: str | None = None) -> Store:
     """The store a queue is named by: a ``postgresql://`` URL, or a SQLite file's path.
 
     ``create`` makes a missing file (SQLite) or the missing tables (both);
@@ -53,6 +55,9 @@ def open_store(target: str | os.PathLike[str], *, create: bool = False,
     own beside the service's tables, so there it changes nothing.
     ``journal`` ("wal" or "delete") switches a SQLite file's journal mode, kept
     by every later open (``lease.sqlite.SQLiteStore``); None keeps the file's.
+    ``queue`` names a queue other than the default one (``lease.queues``): in
+    the same database (a URL may name it instead, ``?queue=NAME``), or in a
+    file beside the one named (``queue.db``: ``queue.NAME.db``).
     """
     if is_postgres_url(target):
         if journal is not None:
@@ -64,11 +69,53 @@ def open_store(target: str | os.PathLike[str], *, create: bool = False,
             raise StoreError(f"a postgresql:// queue needs psycopg 3: "
                              f"pip install 'lease-dispatcher[postgres]' ({exc})") from None
         return PostgresStore(str(target), create=create, read_only=read_only, clock=clock,
-                             threads=threads)
+                             threads=threads, queue=queue)
     from lease.sqlite import SQLiteStore
 
-    return SQLiteStore(target, create=create, read_only=read_only, clock=clock, shared=shared,
-                       journal=journal)
+    return SQLiteStore(sqlite_path(target, queue), create=create, read_only=read_only,
+                       clock=clock, shared=shared, journal=journal)
+
+
+def list_queues(target: str | os.PathLike[str]) -> list[str]:
+    """The queues of one database, or of one file and those beside it, by
+    name: ``default`` (the database's schema ``lease``, or the file itself)
+    first, when it is a queue, then the named ones in order. ``target`` may
+    name any of them."""
+    if is_postgres_url(target):
+        from lease.postgres import list_queues as in_database
+
+        return in_database(str(target))
+    base, _ = family(target)
+    folder, name = os.path.split(base)
+    stem, suffix = os.path.splitext(name)
+    found = [DEFAULT] if _is_queue(base) else []
+    beside = sorted(entry for entry in os.listdir(folder or ".")
+                    if entry.startswith(f"{stem}.") and entry.endswith(suffix))
+    for entry in beside:
+        middle = entry[len(stem) + 1:len(entry) - len(suffix)] if suffix else entry[len(stem) + 1:]
+        path = os.path.join(folder, entry)
+        if _named(middle) and _is_queue(path):
+            found.append(middle)
+    return found
+
+
+def _named(middle: str) -> bool:
+    """``stem.MIDDLE.suffix`` is a named queue's file: MIDDLE is a queue's name."""
+    try:
+        return check_queue_name(middle) is not None
+    except ValueError:
+        return False
+
+
+def _is_queue(path: str) -> bool:
+    """A SQLite file holding a queue, opened read-only: nothing written."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        open_store(path, read_only=True).close()
+    except (NotAQueue, StoreError, OSError):
+        return False
+    return True
 
 
 # ------------------------------------------------------------------ one cycle

@@ -15,7 +15,8 @@ version, and write nothing.
 
 The package, by module: ``parser`` (every command's arguments), ``config``
 (the options of run, serve and ui from ``ASYNCWORKER_<OPTION>`` and a TOML
-file, the command line first), one module
+file, the command line first; ``--queue-name`` from the environment for every
+command), one module
 per group of commands (``intake``: init, enqueue; ``running``: run, serve;
 ``reads``: stats, dead, inspect; ``actions``: redrive, cancel, prune,
 prune-inbox; ``endpoints``: endpoint add, list, show, update, disable, enable,
@@ -60,7 +61,14 @@ from asyncworker.cli.config import parse_arguments
 from asyncworker.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 from asyncworker.cli.output import to_stderr
 from asyncworker.cli.parser import build_parser
-from asyncworker.operations import UsageError, WorkFailed, about, one_line, passwords
+from asyncworker.operations import (
+    UsageError,
+    WorkFailed,
+    about,
+    named_queue,
+    one_line,
+    passwords,
+)
 from lease.records import NotAQueue, StoreError
 
 __all__ = ["main"]
@@ -73,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # bad arguments, from the command line, the environment or --config: exit 2, one line
         args = parse_arguments(build_parser(), argv)
+        _name_queue(args)
         _configure_logs(args)
         code = int(args.handler(args))
         sys.stdout.flush()  # a reader that left shows here, inside the guard
@@ -93,6 +102,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(args, str(exc), EXIT_FAILED)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _name_queue(args: argparse.Namespace) -> None:
+    """The one place ``--queue-name`` applies: QUEUE becomes what names the
+    named queue (a URL's parameter, a file beside), so every command opens it
+    as it opens any queue. ``queues_of`` keeps QUEUE as given, where the
+    queues beside it are listed from."""
+    if getattr(args, "queue", None) is None:
+        return
+    args.queues_of = args.queue
+    args.queue = named_queue(args.queue, getattr(args, "queue_name", None))
 
 
 def _fail(args: argparse.Namespace, message: str, code: int) -> int:

@@ -17,6 +17,9 @@ wins over the file, which wins over the built-in default.
 - Top-level keys are options of the command being run; a table ``[run]``,
   ``[serve]`` or ``[ui]`` holds one command's options over them, so one file
   can serve several commands. The positional QUEUE stays on the command line.
+- ``--queue-name`` (``ASYNCWORKER_QUEUE_NAME``) is taken from the
+  environment by every command that opens a queue, not by these three alone:
+  one variable points a shell's every command at a named queue.
 - Variables ``ASYNCWORKER_...`` that name no option of the command are
   ignored: the environment is shared by every command. An empty one is unset. A key of the file that
   names no option is an error, as is a value of the wrong type.
@@ -41,6 +44,7 @@ __all__ = ["CONFIGURABLE", "ENV_PREFIX", "add_config_argument", "env_name", "key
            "parse_arguments"]
 
 CONFIGURABLE = ("run", "serve", "ui")  # the commands a service manager starts
+EVERY_COMMAND = ("--queue-name",)  # options every command takes from the environment
 ENV_PREFIX = "ASYNCWORKER_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
 SEPARATOR = ","  # between the values of a repeatable option in the environment
@@ -275,7 +279,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None 
     commands = _subparsers(parser)
     command = _command_in(argv, commands)
     if command not in CONFIGURABLE:
-        return parser.parse_args(argv)
+        return _from_environment(parser, parser.parse_args(argv), environ)
     sub = commands[command]
     after = argv[argv.index(command) + 1:]
     if any(word in ("-h", "--help") for word in after):  # help reads nothing
@@ -289,6 +293,36 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None 
     for dest, value in {**fallbacks, **values}.items():
         if not hasattr(args, dest):  # not on the command line
             setattr(args, dest, value)
+    return args
+
+
+def _every_command_action(parser: argparse.ArgumentParser,
+                          option: str) -> argparse.Action | None:
+    """The first action of ``option`` in any command (each command's is alike)."""
+    for action in parser._actions:
+        if option in action.option_strings:
+            return action
+    for sub in _subparsers(parser).values():
+        found = _every_command_action(sub, option)
+        if found is not None:
+            return found
+    return None
+
+
+def _from_environment(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                      environ: Mapping[str, str]) -> argparse.Namespace:
+    """The options every command takes from the environment, where the command
+    has the option and its command line did not give it."""
+    for option in EVERY_COMMAND:
+        action = _every_command_action(parser, option)
+        name = None if action is None else env_name(action)
+        if action is None or name is None or getattr(args, action.dest, 0) is not None:
+            continue  # the command has no such option, or its command line gave it
+        if environ.get(name, "").strip():
+            try:
+                setattr(args, action.dest, from_env_text(action, environ[name], name))
+            except ConfigError as exc:
+                parser.error(str(exc))
     return args
 
 

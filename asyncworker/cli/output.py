@@ -148,6 +148,8 @@ def stats_rows(snap: dict) -> list[tuple]:
                        ("blocked_jobs", "jobs behind them")):
         if key in snap:
             rows.append((label, snap[key]))
+    if "queues" in snap:  # the named queues of its database, or beside its file
+        rows.append(("queues", ", ".join(snap["queues"])))
     for key, value in snap.get("receiver", {}).items():
         rows.append((f"receiver {key}", value))
     return rows

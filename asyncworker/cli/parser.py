@@ -29,6 +29,7 @@ from lease.policy import (
     check_ordering_key,
     check_product_event,
 )
+from lease.queues import check_queue_name
 from lease.rules import check_error_filter, status_range
 from lease.signing import TOLERANCE_S
 from lease.worker import MAX_BATCH, MAX_QTY, check_identifier, check_job_id, parse_json
@@ -289,6 +290,24 @@ QUEUE_HELP = ("the queue: a SQLite file's path, or a postgresql:// URL "
 
 def _queue_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("queue", metavar="QUEUE", help=f"{QUEUE_HELP}; it must exist")
+    _queue_name_argument(p)
+
+
+def _queue_name(text: str) -> str:
+    """The name as given ("default" too: given, it wins over the environment)."""
+    try:
+        check_queue_name(text)
+        return text
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _queue_name_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--queue-name", metavar="NAME", type=_queue_name, default=None,
+                   help="a named queue of QUEUE's database (its schema lease_NAME) or beside "
+                        "QUEUE's file (STEM.NAME.SUFFIX: queue.db's orders is "
+                        "queue.orders.db); default: the default queue. Also "
+                        "ASYNCWORKER_QUEUE_NAME, for every command (docs/queues.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -316,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("queue", metavar="QUEUE",
                    help="the queue to create or bring to this version: a file's path, or a "
                         "postgresql:// URL of an existing database")
+    _queue_name_argument(p)
     p.add_argument("--shared", action="store_true",
                    help="the queue shares its SQLite file with a service's own tables, to be "
                         "enqueued in the service's transactions (lease.sqlite.enqueue_in); "

@@ -16,6 +16,7 @@ from asyncworker.operations import (
     dead_filters,
     dead_matching,
     endpoint_figures,
+    neighbour_queues,
     open_queue_store,
     paused_words,
     reached,
@@ -34,6 +35,9 @@ def stats(args: argparse.Namespace) -> int:
             snap["blocked_heads"] = store.blocked_heads(BLOCKED_SHOWN)
         paused = store.paused()
         at_work = store.workers()
+    queues = neighbour_queues(getattr(args, "queues_of", args.queue))
+    if queues is not None:  # a queue alone in its database shows what it always did
+        snap["queues"] = queues
     if at_work:  # a queue no dispatcher claimed from shows what it always did
         snap["workers"] = at_work
     if paused is not None:  # a queue that runs shows what it always did

@@ -33,6 +33,7 @@ from asyncworker.operations import (
     TooMany,
     chunks,
     dead_matching,
+    neighbour_queues,
     one_line,
     shown,
     stats_url,
@@ -106,6 +107,9 @@ class Refused(Exception):
 # ------------------------------------------------------------------ the queue
 
 
+QUEUES_READ_S = 30.0
+
+
 class Queue:
     """The queue the pages look at and change, every call off the event loop.
 
@@ -118,11 +122,24 @@ class Queue:
     started later writes.
     """
 
-    def __init__(self, target: str, *, allow_changes: bool) -> None:
+    def __init__(self, target: str, *, allow_changes: bool, queues_of: str | None = None) -> None:
         self.target = target
         self.allow_changes = allow_changes
         self._per_look = not allow_changes and not is_postgres_url(target)
         self._store: AsyncStore | None = None
+        self._queues_of = target if queues_of is None else queues_of
+        self._queues: tuple[float, list[str] | None] | None = None
+
+    async def neighbours(self) -> list[str] | None:
+        """The queues of its database or beside its file (``neighbour_queues``),
+        read again at most every ``QUEUES_READ_S``: a new queue is rare, and
+        the overview refreshes often."""
+        now = time.monotonic()
+        if self._queues is None or now - self._queues[0] > QUEUES_READ_S:
+            names = await asyncio.to_thread(
+                lambda: PATIENT.call(lambda: neighbour_queues(self._queues_of)))
+            self._queues = (now, names)
+        return self._queues[1]
 
     async def open(self) -> None:
         if self._per_look:
@@ -314,7 +331,8 @@ HTTP = web.AppKey("http", aiohttp.ClientSession)
 
 def ui_app(queue: str, *, allow_changes: bool = False, token: str | None = None,
            receiver_url: str | Destination | None = None, operator: str | None = None,
-           allowed_hosts: Iterable[str] = LOOPBACK_NAMES) -> web.Application:
+           allowed_hosts: Iterable[str] = LOOPBACK_NAMES,
+           queues_of: str | None = None) -> web.Application:
     """The page for ``queue`` (a file's path or a ``postgresql://`` URL), to serve
     or to mount: ``app.add_subapp("/ops", ui_app(...))``. ``token``: every request
     must show it (Bearer, or the login form's cookie). ``operator``: the name
@@ -323,7 +341,9 @@ def ui_app(queue: str, *, allow_changes: bool = False, token: str | None = None,
     ``allowed_hosts``: the names a request's ``Host`` may carry, each ``NAME``
     (any port) or ``NAME:PORT`` (by default loopback's names: mounted in a
     service reached by another name, list that one); any other is refused
-    (421) before anything is read. The queue opens when the app starts."""
+    (421) before anything is read. ``queues_of``: where the overview's list of
+    the queues beside this one is read from (the default queue's file or URL;
+    by default ``queue``). The queue opens when the app starts."""
     if token is not None:
         check_token(token)
     check_actor(operator)
@@ -336,7 +356,7 @@ def ui_app(queue: str, *, allow_changes: bool = False, token: str | None = None,
     app = web.Application(middlewares=[_refusals, _guarded])
     app[SETTINGS] = Settings(shown(str(queue)), allow_changes, Guard(access), operator,
                              stats, hosts, None if receiver is None else receiver.ssl_context)
-    app[QUEUE] = Queue(str(queue), allow_changes=allow_changes)
+    app[QUEUE] = Queue(str(queue), allow_changes=allow_changes, queues_of=queues_of)
     app[TEMPLATES] = _templates()
     app[METRICS] = QueueMetrics(lambda: app[QUEUE].look(lambda store: store.queue_depth()))
     app.cleanup_ctx.append(_open_queue)
@@ -580,8 +600,11 @@ async def overview(request: web.Request) -> web.Response:
                 store.paused(), store.workers(), store.minutes(_chart_since()))
 
     snap, found, listed, paused, at_work, minutes = await request.app[QUEUE].look(read)
+    queues = await request.app[QUEUE].neighbours()
     receiver, receiver_error = await _receiver_figures(request)
     data = dict(snap)
+    if queues is not None:  # a queue alone in its database answers as before queues had names
+        data["queues"] = queues
     if paused is not None:  # a queue that runs answers as before the pause existed
         data["paused"] = paused
     if at_work:  # as ``stats --json`` has them
@@ -599,7 +622,7 @@ async def overview(request: web.Request) -> web.Response:
         if key.startswith("process_refused_signature_") and isinstance(value, int))
     return _answer(request, "overview.html", data, snap=snap, receiver=receiver,
                    receiver_error=receiver_error, refused_by_signature=refused,
-                   circuits=circuits, paused=paused, at_work=at_work,
+                   circuits=circuits, paused=paused, at_work=at_work, queues=queues,
                    charts=charts(minutes, "the queue"))
 
 

@@ -76,7 +76,8 @@ def serve_ui(args: argparse.Namespace) -> None:
         app = ui_app(args.queue, allow_changes=args.allow_changes,
                      token=None if access is None else access.token,
                      receiver_url=receiver, operator=_operator(access),
-                     allowed_hosts=answers_to(args.host, port, args.allowed_host))
+                     allowed_hosts=answers_to(args.host, port, args.allowed_host),
+                     queues_of=getattr(args, "queues_of", None))
         asyncio.run(_serve(app, args, sock, tls))
 
 

@@ -45,6 +45,11 @@ locks the rows of the endpoints with a cap or a rate (FOR UPDATE, in name
 order) before it counts their live leases and reads their buckets, so the
 caps hold across every host (``endpoints``'s docstring).
 
+Named queues (``lease.queues``): the queue ``orders`` lives in schema
+``lease_orders`` of the same database, with its own migrations, NOTIFY channel
+and advisory locks; its connections rewrite every statement for its schema
+(``queues``), so the statements here are written once, for ``lease``.
+
 Layout: ``schema`` (versions, migrations, connections, errors), ``statements``
 (the SQL, named), ``reads`` (the observations), ``endpoints`` (the fan-out,
 the claim of deliveries, the endpoints' changes and reads), ``store``
@@ -54,7 +59,7 @@ here imports the SQLite driver.
 
 from lease.postgres.listener import Listener
 from lease.postgres.schema import CHANNEL, SCHEMA, SCHEMA_VERSION, redact
-from lease.postgres.store import PostgresStore, enqueue_in
+from lease.postgres.store import PostgresStore, enqueue_in, list_queues
 
 __all__ = ["CHANNEL", "SCHEMA", "SCHEMA_VERSION", "Listener", "PostgresStore", "enqueue_in",
-           "redact"]
+           "list_queues", "redact"]

@@ -14,7 +14,7 @@ from lease.worker import (
 
 
 class Listener:
-    """Wake-ups on CHANNEL (an intake, a redrive), on a connection of its own.
+    """Wake-ups on the queue's channel (an intake, a redrive), on a connection of its own.
 
     ``wait(timeout_s)`` is True when a notification arrived (those already
     arrived are taken as one), False when the time ran out. When the connection drops,
@@ -23,9 +23,10 @@ class Listener:
     stranded. Polling at the caller's own pace remains the fallback.
     """
 
-    def __init__(self, url: str, name: str) -> None:
+    def __init__(self, url: str, name: str, channel: str = CHANNEL) -> None:
         self._url = url
         self.name = name
+        self.channel = channel  # the queue's (lease.postgres.queues)
         self._pause_s = _MIN_PAUSE_S
         self._conn: psycopg.Connection | None = self._listen()
         self._closed = False
@@ -34,7 +35,7 @@ class Listener:
         conn = connect(self._url, self.name)
         try:
             with mapped(self.name):
-                conn.execute(f"LISTEN {CHANNEL}")
+                conn.execute(f"LISTEN {self.channel}")
         except BaseException:
             conn.close()
             raise

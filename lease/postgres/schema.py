@@ -11,7 +11,9 @@ import psycopg
 import psycopg_pool
 from psycopg import errors
 
+from lease.postgres.queues import CHANNEL, MIGRATION_LOCK, SCHEMA, Queue
 from lease.postgres.statements import DUE_LINE, LINE
+from lease.queues import split_url
 from lease.rules import (
     TABLES_PG4,
     TABLES_PG5,
@@ -28,17 +30,17 @@ from lease.worker import (
     StoreError,
 )
 
-SCHEMA = "lease"
 SCHEMA_VERSION = 7
 CONSOLE_SINCE = 5  # the version with the pause, its audit and the workers (lease.rules)
 ROLLUP_SINCE = 6  # the version with the per-minute rollup of the finishes (lease.rules)
 PRIORITY_SINCE = 7  # the version with each job's priority (lease.policy.check_priority)
-CHANNEL = "lease_jobs"  # NOTIFY'd when work becomes available
 SECRET_TABLES = ("endpoints",)  # rows a server's error message must not show
 
-# pg_advisory_xact_lock key of the migrations ("lease" in ASCII): two hosts
-# opening a new database at once wait for each other and migrate it once.
-_MIGRATION_LOCK = 0x6C65617365
+# CHANNEL is NOTIFY'd when work becomes available. MIGRATION_LOCK, the
+# pg_advisory_xact_lock key of the migrations: two hosts opening a new database
+# at once wait for each other and migrate it once. A named queue has its own
+# of each (lease.postgres.queues).
+__all__ = ["CHANNEL", "SCHEMA", "SCHEMA_VERSION", "connect", "migrate", "redact"]
 
 # A statement is prepared on a connection after its 5th run: the claim and the
 # finish run thousands of times, and every statement here has a constant text
@@ -213,13 +215,19 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 
 
 def redact(url: str) -> str:
-    """The URL without its password (in the userinfo or as a query parameter)."""
+    """The URL without its password (in the userinfo or as a query parameter);
+    a queue it names shown after it (`` queue orders``)."""
+    try:
+        url, name = split_url(url)
+    except ValueError:  # shown as it is: the open refuses it with the reason
+        name = None
     parts = urlsplit(url)
     userinfo, at, hosts = parts.netloc.rpartition("@")
     netloc = f"{userinfo.partition(':')[0]}{at}{hosts}"
     query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
                        if k != "password"])
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment)) \
+        + Queue(name).suffix
 
 
 def no_queue(name: str) -> NotAQueue:
@@ -302,12 +310,13 @@ def check_version(version: int | None, name: str) -> None:
                         f"code's {SCHEMA_VERSION}: open it with a newer lease-dispatcher")
 
 
-def migrate(conn: psycopg.Connection, name: str) -> None:
+def migrate(conn: psycopg.Connection, name: str, lock: int = MIGRATION_LOCK) -> None:
     """The migrations still missing, each in one transaction under the
-    advisory lock; another host may have applied them meanwhile."""
+    advisory lock (the queue's: ``Queue.migration_lock``); another host may
+    have applied them meanwhile."""
     while True:
         with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
             conn.execute("CREATE SCHEMA IF NOT EXISTS lease")
             conn.execute("""CREATE TABLE IF NOT EXISTS lease.schema_migrations
   (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())""")

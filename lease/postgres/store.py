@@ -56,6 +56,7 @@ from lease.postgres.endpoints import (
     update,
 )
 from lease.postgres.listener import Listener
+from lease.postgres.queues import Queue, queue_names
 from lease.postgres.reads import (
     dicts,
     job_filter,
@@ -67,7 +68,6 @@ from lease.postgres.reads import (
 )
 from lease.postgres.release import release_jobs
 from lease.postgres.schema import (
-    CHANNEL,
     CONNECT_TIMEOUT_S,
     INTAKE_CHUNK,
     NOW,
@@ -115,6 +115,7 @@ from lease.postgres.statements import (
     RELEASE,
     TALLY,
 )
+from lease.queues import split_url
 from lease.records import MAX_ERROR_CHARS, Claimed, Leased, check_on_conflict, judge_intake
 from lease.rules import (
     STATUSES,
@@ -167,18 +168,24 @@ def _columns(rows: list[tuple]) -> list[list]:
 
 class PostgresStore:
     """The ``lease.store.Store`` of one PostgreSQL database, on a pool of
-    ``threads`` connections: ``threads`` threads may call it at once."""
+    ``threads`` connections: ``threads`` threads may call it at once.
+
+    ``queue`` (or the URL's ``queue`` parameter) names a queue of the
+    database other than the default one (``lease.queues``)."""
 
     kind = "postgresql"
 
     def __init__(self, url: str, *, create: bool = False, read_only: bool = False,
-                 clock: Callable[[], int] | None = None, threads: int = 1) -> None:
+                 clock: Callable[[], int] | None = None, threads: int = 1,
+                 queue: str | None = None) -> None:
         if not isinstance(url, str):
             raise ValueError(f"url must be a str, got {type(url).__name__}")
         check_int("threads", threads, 1, 1000)
         if clock is not None and not callable(clock):
             raise ValueError("clock must be None or callable")
-        self.name = redact(url)
+        url, named = split_url(url, queue)
+        self.queue = Queue(named)
+        self.name = redact(url) + self.queue.suffix
         self.threads = threads
         self.read_only = read_only
         self._url = url
@@ -187,7 +194,7 @@ class PostgresStore:
         self._pool = psycopg_pool.ConnectionPool(
             url, min_size=1, max_size=threads, open=False, name=f"lease {self.name}",
             kwargs={"autocommit": True, "prepare_threshold": PREPARE_THRESHOLD,
-                    "connect_timeout": CONNECT_TIMEOUT_S},
+                    "connect_timeout": CONNECT_TIMEOUT_S, **self.queue.connect_kwargs},
             configure=self._configure)
         try:
             self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
@@ -199,7 +206,7 @@ class PostgresStore:
     def _open_queue(self, create: bool) -> None:
         """Check (and unless read only, create or migrate) the queue on a
         connection of its own, before the pool opens."""
-        conn = connect(self._url, self.name)
+        conn = connect(self._url, self.name, **self.queue.connect_kwargs)
         try:
             with mapped(self.name):
                 version = queue_version(conn)
@@ -207,7 +214,7 @@ class PostgresStore:
                 if version is None and (self.read_only or not create):
                     raise no_queue(self.name)
                 if version != SCHEMA_VERSION and not self.read_only:
-                    migrate(conn, self.name)
+                    migrate(conn, self.name, self.queue.migration_lock)
                     version = SCHEMA_VERSION
                 assert version is not None  # refused or migrated above
                 # A reader looks at an older queue as it is (without the columns
@@ -234,7 +241,7 @@ class PostgresStore:
 
     def listener(self) -> Listener:
         """Wake-ups when work becomes available, on a connection of its own."""
-        return Listener(self._url, self.name)
+        return Listener(self._url, self.name, self.queue.channel)
 
     # -- the one transaction helper
 
@@ -316,7 +323,7 @@ class PostgresStore:
             now = self._now_in(conn, now_ms)
             available_at = now if not_before_ms is None else check_not_before(not_before_ms, now)
             return judge_intake(_intake(conn, events, available_at, policy, on_progress,
-                                        capture()), on_conflict)
+                                        capture(), channel=self.queue.channel), on_conflict)
 
     # -- one attempt
 
@@ -486,7 +493,7 @@ class PostgresStore:
                     conn.execute(DEMOTE, {"keys": keys})
                     conn.execute(PROMOTE, {"keys": keys})
                 call_fault(fault, "after-redrive")
-                conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+                conn.execute("SELECT pg_notify(%s, '')", (self.queue.channel,))
         if audits:
             call_fault(fault, "after-commit")
         return results
@@ -747,7 +754,7 @@ class PostgresStore:
         with self._tx() as conn:
             changed = update(conn, name, changes, self._now_in(conn, now_ms), note, actor)
             if changes.get("enabled") is True:  # its waiting deliveries may go now
-                conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+                conn.execute("SELECT pg_notify(%s, '')", (self.queue.channel,))
             return changed
 
     def remove_endpoint(self, name: str, *, cancel_live: bool = False,
@@ -811,7 +818,7 @@ class PostgresStore:
                     if only is None or row["id"] in only] if found else []
             if dry_run or not rows:
                 return [row["id"] for row in rows]
-            _recover(conn, name, rows, now, ttl_ms, note, actor)
+            _recover(conn, name, rows, now, ttl_ms, note, actor, self.queue.channel)
         return [row["id"] for row in rows]
 
     def _check_change(self, note: str | None, actor: str | None, now_ms: int | None) -> None:
@@ -850,8 +857,22 @@ class PostgresStore:
             return read_audit(conn, name)
 
 
+def list_queues(url: str) -> list[str]:
+    """The queues in the database of ``url`` (whatever queue it names), the
+    default one as ``default``, first; on a connection of its own with no
+    queue's rewriting (the listing names every schema)."""
+    url, _ = split_url(url)
+    name = redact(url)
+    conn = connect(url, name)
+    try:
+        with mapped(name):
+            return queue_names(conn)
+    finally:
+        conn.close()
+
+
 def _recover(conn: psycopg.Connection, name: str, rows: list[dict[str, Any]], now: int,
-             ttl_ms: int, note: str, actor: str | None) -> None:
+             ttl_ms: int, note: str, actor: str | None, channel: str) -> None:
     """Inside a recovery, its rows locked: a done one's delivering attempt
     kept as an attempts row, an audit row each, each pending with a fresh
     budget, each line given its first."""
@@ -869,7 +890,7 @@ def _recover(conn: psycopg.Connection, name: str, rows: list[dict[str, Any]], no
     if keys:
         conn.execute(DEMOTE, {"keys": keys})
         conn.execute(PROMOTE, {"keys": keys})
-    conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+    conn.execute("SELECT pg_notify(%s, '')", (channel,))
 
 
 def _refuse_removal(name: str, statuses: list[str], cancel_live: bool) -> None:
@@ -888,7 +909,8 @@ def _refuse_removal(name: str, statuses: list[str], cancel_live: bool) -> None:
 
 def enqueue_in(conn: psycopg.Connection, events: Iterable[object],
                policy: RetryPolicy = DEFAULT_POLICY, *, now_ms: int | None = None,
-               not_before_ms: int | None = None, on_conflict: str = "raise") -> list:
+               not_before_ms: int | None = None, on_conflict: str = "raise",
+               queue: str | None = None) -> list:
     """The transactional outbox: enqueue on the service's own psycopg
     connection, inside its transaction, so the jobs commit or roll back with
     the service's rows. Per event True (new) or False (a duplicate); an event
@@ -904,7 +926,9 @@ def enqueue_in(conn: psycopg.Connection, events: Iterable[object],
     service's. The time is the server's clock (``now_ms`` overrides it); the
     dispatchers' wake-up is NOTIFY'd, delivered at the service's COMMIT.
     The database must hold the queue at this version (``PostgresStore(url,
-    create=True)`` makes or migrates it).
+    create=True)`` makes or migrates it); ``queue`` names a queue other than
+    the default one (``lease.queues``), its statements rewritten for its
+    schema on this connection's cursor alone.
     """
     if not isinstance(conn, psycopg.Connection):
         raise ValueError(f"conn must be a psycopg.Connection, got {type(conn).__name__}")
@@ -920,9 +944,10 @@ def enqueue_in(conn: psycopg.Connection, events: Iterable[object],
     if not isinstance(policy, RetryPolicy):
         raise ValueError(f"policy must be a RetryPolicy, got {type(policy).__name__}")
     check_on_conflict(on_conflict)
-    name = redact(conn.info.dsn)
+    where = Queue(queue)
+    name = redact(conn.info.dsn) + where.suffix
     with mapped(name), conn.transaction():  # a savepoint inside the service's transaction
-        cursor = conn.cursor(row_factory=tuple_row)  # the service's factory is not ours
+        cursor = where.cursor(conn, row_factory=tuple_row)  # the service's factory is not ours
         version = queue_version(cursor)  # type: ignore[arg-type]
         if version != SCHEMA_VERSION:
             raise NotAQueue(f"{name} holds no version {SCHEMA_VERSION} queue (version "
@@ -933,12 +958,13 @@ def enqueue_in(conn: psycopg.Connection, events: Iterable[object],
             now_ms = int(row[0])
         available_at = now_ms if not_before_ms is None \
             else check_not_before(not_before_ms, now_ms)
-        return judge_intake(_intake(cursor, events, available_at, policy, None, capture()),
-                            on_conflict)
+        return judge_intake(_intake(cursor, events, available_at, policy, None, capture(),
+                                    channel=where.channel), on_conflict)
 
 
 def _intake(conn: Any, events: Iterable[object], available_at: int, policy: RetryPolicy,
-            on_progress: Callable[[int], None] | None, trace: str | None = None) -> list:
+            on_progress: Callable[[int], None] | None, trace: str | None = None, *,
+            channel: str) -> list:
     """Inside a transaction (``conn`` a connection or a cursor): the events
     read, checked and inserted in chunks, never held whole; the wake-up.
     Every job keeps ``trace``, the context the intake ran in (lease.tracing)."""
@@ -958,7 +984,7 @@ def _intake(conn: Any, events: Iterable[object], available_at: int, policy: Retr
     if fan is not None:
         fan.save(conn)
     if any(result is True for result in results):
-        conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+        conn.execute("SELECT pg_notify(%s, '')", (channel,))
     return results
 
 

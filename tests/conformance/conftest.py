@@ -1,7 +1,11 @@
 """The conformance suite's fixtures: every test runs once per store.
 
 ``store`` is an empty queue of one kind (``kind``: "sqlite", "sqlite-wal" (a
-file in WAL mode), "postgresql"),
+file in WAL mode), "postgresql", "postgresql-named" (the named queue
+``orders`` of a database whose default queue holds live jobs of the ids the
+tests use: each test then also proves that a named queue never reads or
+changes its neighbour, checked after it), "sqlite-named" (the same beside a
+file)),
 ``make_store`` opens more stores on that same queue (other connections,
 other "hosts"), ``queues`` makes fresh empty queues of that kind (for
 Hypothesis, one per example). Every store is opened with an injected clock,
@@ -23,11 +27,19 @@ from hypothesis import settings
 
 from asyncworker.devtools.postgres_server import drop_database, fresh_database
 from lease.postgres import PostgresStore
+from lease.rules import MAX_PAGE
 from lease.sqlite import SQLiteStore
 from lease.store import Store
+from lease.stores import open_store
 from tests.support.queues import T0
 
-KINDS = ("sqlite", "sqlite-wal", "postgresql")
+KINDS = ("sqlite", "sqlite-wal", "postgresql", "postgresql-named", "sqlite-named")
+NAMED = "orders"  # the named kinds' queue
+# The ids the tests give their jobs, live in the named kinds' default queue.
+NEIGHBOUR_IDS = ("a", "b", "n", "x", "j", "k", "m", "old", "order:1", "order:2", "order:7",
+                 "k-1", "k-2", "d-1", "p-1", "snack-1", *(f"j{n}" for n in range(20)),
+                 *(f"m{n}" for n in range(20)))
+NEIGHBOUR_LEASED = 10  # of them leased, the others pending
 
 
 class ManualClock:
@@ -47,7 +59,31 @@ def open_kind(kind: str, location: str, clock: Callable[[], int], *,
         return SQLiteStore(location, create=create, clock=clock)
     if kind == "sqlite-wal":
         return SQLiteStore(location, create=create, clock=clock, journal="wal")
+    if kind == "sqlite-named":
+        return open_store(location, create=create, clock=clock, queue=NAMED)
+    if kind == "postgresql-named":
+        return PostgresStore(location, create=create, clock=clock, queue=NAMED)
     return PostgresStore(location, create=create, clock=clock)
+
+
+def _default_kind(kind: str) -> str:
+    return kind.removesuffix("-named")
+
+
+def _seed_neighbour(kind: str, location: str) -> None:
+    """The default queue at ``location``, with live jobs of the tests' ids."""
+    with contextlib.closing(open_kind(_default_kind(kind), location, ManualClock(T0))) as home:
+        home.enqueue_events([{"id": job_id, "body": {"queue": "default"}}
+                             for job_id in NEIGHBOUR_IDS], now_ms=T0)
+        home.claim_jobs("neighbour", 3_600_000, NEIGHBOUR_LEASED, now_ms=T0)
+
+
+def _neighbour(kind: str, location: str) -> tuple:
+    """What the default queue holds: its jobs, its figures (attempts, audits,
+    tallies) and its endpoints, read at one clock."""
+    with contextlib.closing(open_kind(_default_kind(kind), location, ManualClock(T0),
+                                      create=False)) as home:
+        return home.list_jobs(limit=MAX_PAGE), home.snapshot(), home.endpoints()
 
 
 @pytest.fixture(params=KINDS)
@@ -71,8 +107,13 @@ def location(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def make_store(kind: str, location: str, clock: ManualClock) -> Iterator[Callable[..., Store]]:
     """Open another store on this test's queue (the first one creates it);
-    every store is closed after the test."""
+    every store is closed after the test. A named kind's neighbour, the
+    default queue, is made first and checked unchanged after the test."""
     opened: list[Store] = []
+    neighbour = None
+    if kind.endswith("-named"):
+        _seed_neighbour(kind, location)
+        neighbour = _neighbour(kind, location)
 
     def make(*, clock: Callable[[], int] = clock) -> Store:
         store = open_kind(kind, location, clock)
@@ -82,6 +123,8 @@ def make_store(kind: str, location: str, clock: ManualClock) -> Iterator[Callabl
     yield make
     for store in opened:
         store.close()
+    if neighbour is not None:
+        assert _neighbour(kind, location) == neighbour, "the default queue changed"
 
 
 @pytest.fixture
@@ -102,6 +145,8 @@ class Queues:
         if self.kind.startswith("sqlite"):
             folder = tempfile.mkdtemp(prefix="conformance-")
             try:
+                if self.kind.endswith("-named"):
+                    _seed_neighbour(self.kind, f"{folder}/q.db")
                 with contextlib.closing(open_kind(self.kind, f"{folder}/q.db", clock)) as store:
                     yield store
             finally:
@@ -113,6 +158,8 @@ class Queues:
         server = self._request.getfixturevalue("postgres_server")
         url = fresh_database(server.url)
         try:
+            if self.kind.endswith("-named"):
+                _seed_neighbour(self.kind, url)
             with contextlib.closing(open_kind(self.kind, url, clock)) as store:
                 yield store
         finally:
@@ -123,7 +170,9 @@ class Queues:
         fresh database, so fewer of them keep the suite quick."""
         # a WAL file runs the same SQL as a rollback-journal file: fewer examples
         # prove its commits and reads keep the rules
-        examples = {"sqlite": sqlite_examples, "sqlite-wal": max(5, sqlite_examples // 3)
+        examples = {"sqlite": sqlite_examples, "sqlite-wal": max(5, sqlite_examples // 3),
+                    "sqlite-named": max(5, sqlite_examples // 3),
+                    "postgresql-named": max(3, postgresql_examples // 3),
                     }.get(self.kind, postgresql_examples)
         return settings(max_examples=examples, deadline=None, **more)  # type: ignore[arg-type]
 
