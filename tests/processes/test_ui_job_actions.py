@@ -138,3 +138,11 @@ async def test_no_change_without_the_csrf_token_or_in_read_only_mode(target: str
                                                         "note": "n"})
         assert answer.status == 403
     assert status_of(target, "waiting") == ("pending", None, 0)
+
+
+async def test_a_job_page_shows_its_priority(target: str) -> None:
+    with open_store(target) as store:
+        store.enqueue_events([{"id": "urgent", "body": {"n": 1}, "priority": 7}])
+    async with page(target) as client:
+        text = await (await client.get("/job", params={"id": "urgent"})).text()
+    assert '<td id="priority">7</td>' in text
