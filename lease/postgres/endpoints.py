@@ -110,7 +110,7 @@ from lease.worker import Busy, Conflict
 # How many batches of endpoints one claim takes from the rotation at most
 # (as the SQLite driver): endpoints at their cap or in a backoff cannot make
 # a claim read them all.
-MAX_BATCHES = 4
+MAX_BATCHES = 6
 
 
 def columns(rows: list[tuple]) -> list[list]:
@@ -271,7 +271,7 @@ def pick_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], lim
                     now: int) -> Pick:
     """Inside a claim, after its quarantine: the endpoints with work take
     turns (the least recently served first), each one's deliveries within
-    its allowance and its equal share, one of each in turn (the SQLite
+    its allowance and its share of the claim, one of each in turn (the SQLite
     driver's pick_deliveries, with the rows of the endpoints locked)."""
     args: dict[str, Any] = {
         "now": now, "all": served == ALL, "names": [] if served == ALL else list(served),
@@ -285,6 +285,8 @@ def pick_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], lim
         conn.execute(ORDERED_READS)
         first = conn.cursor(row_factory=dict_row).execute(ROTATION, args)
     for n in range(MAX_BATCHES):
+        if n:
+            args["limit"] = rotation_batch(limit - sum(len(rows) for rows in found.values()), n)
         batch = sorted(first.fetchall() if n == 0 else dicts(conn, ROTATION, args),
                        key=lambda row: (row["served_at"], row["name"]))
         if not batch:

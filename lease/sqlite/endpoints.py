@@ -72,9 +72,10 @@ from lease.sqlite.statements import (
 )
 from lease.worker import Conflict, select_rows, select_tuples
 
-# How many batches of endpoints one claim takes from the rotation at most:
-# endpoints at their cap or in a backoff cannot make a claim read them all.
-MAX_BATCHES = 4
+# How many batches of endpoints one claim takes from the rotation at most
+# (lease.endpoints.rotation_batch doubles each): endpoints at their cap or in
+# a backoff cannot make a claim read them all.
+MAX_BATCHES = 6
 
 # ------------------------------------------------------------------ intake
 
@@ -152,21 +153,22 @@ def pick_deliveries(con: sqlite3.Connection, served: str | tuple[str, ...], now_
                     limit: int) -> list[dict[str, Any]]:
     """Inside the claim's transaction: the deliveries to lease, the endpoints
     with work taking turns (the least recently served first), each one's
-    within its allowance and its equal share. Every endpoint examined goes to
+    within its allowance and its share of the claim
+    (a turn: lease.endpoints.rotation_batch). Every endpoint examined goes to
     the back of the rotation, one with nothing left out of it, and a rate
     endpoint's bucket is spent by what it leases. A few statements, whatever
     the number of endpoints: one a batch of the rotation, one a round of
     equal shares, one read of the rows picked, one write of the endpoints."""
     only, names = _served_filter(served)
     sql = ROTATION.format(only=only)
-    batch_size = rotation_batch(limit)
     found: dict[str, list[int]] = {}
     order: list[str] = []
     buckets: dict[str, float] = {}
     probes: set[str] = set()
     leasing: set[str] = set()  # the endpoints with a live lease: they have work
     after: dict[str, Any] = {"served": -1, "name": ""}
-    for _ in range(MAX_BATCHES):
+    for n in range(MAX_BATCHES):
+        batch_size = rotation_batch(limit - sum(map(len, found.values())), n)
         # dicts made straight from tuples: a sqlite3.Row reads a column by a
         # search of its names, and a claim reads a dozen of each endpoint's
         endpoints = [dict(zip(ROTATION_NAMES, row, strict=True)) for row in select_tuples(

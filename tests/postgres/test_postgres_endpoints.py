@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
-from lease.endpoints import Endpoint, EndpointError
+from lease.endpoints import TURN, Endpoint, EndpointError
 from lease.postgres import SCHEMA_VERSION, PostgresStore, enqueue_in
 from lease.postgres.schema import MIGRATIONS
 from lease.postgres.statements import DUE_OF, ORDERED_READS
@@ -427,11 +428,12 @@ def test_a_claim_reads_each_endpoints_due_deliveries_from_the_start_of_its_range
     before = jobs_index_rows_read(admin)
     claimer = make_store()
     leased = claimer.claim_jobs("w", LEASE_MS, 64, now_ms=T0 + 1, endpoints="*").leased
-    assert len({job.endpoint for job in leased}) == len(leased) == 64  # one of each
+    taken = Counter(job.endpoint for job in leased)  # a turn of each, in the rotation's order
+    assert len(leased) == 64 and set(taken.values()) == {TURN} and len(taken) == 64 // TURN
     claimer.close()
     wait_until(lambda: jobs_index_rows_read(admin) > before,
                "the claim's index reads in the statistics")
-    # each endpoint's first due row, then the 64 leased, not each endpoint's
+    # each endpoint's first due rows, then the 64 leased, not each endpoint's
     # ten fetched by bitmap and sorted
     assert jobs_index_rows_read(admin) - before <= 3 * 64
 

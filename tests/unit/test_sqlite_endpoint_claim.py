@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lease.endpoints import Endpoint
+from lease.endpoints import TURN, Endpoint
 from lease.policy import RetryPolicy
 from lease.records import Attempt
 from lease.sqlite import SQLiteStore
@@ -70,7 +70,7 @@ def claims_statements(store: SQLiteStore, claims: int = 3) -> list[int]:
                          ids=["plain", "rate", "cap"])
 def test_a_claim_runs_as_many_statements_with_500_endpoints_as_with_one(tmp_path, fields):
     one = queue(tmp_path / "one.db", 1, 4 * LIMIT, **fields)
-    many = queue(tmp_path / "many.db", 500, 4, **fields)
+    many = queue(tmp_path / "many.db", 500, TURN, **fields)
     try:
         counts = claims_statements(one)
         assert claims_statements(many) == counts
@@ -79,6 +79,24 @@ def test_a_claim_runs_as_many_statements_with_500_endpoints_as_with_one(tmp_path
         assert counts == [11 if "rate" in fields else 10] * 3
     finally:
         one.close()
+        many.close()
+
+
+def test_endpoints_with_less_than_a_turn_each_cost_one_more_look_whatever_their_number(
+        tmp_path):
+    """Half a turn each: the claim's first look at the rotation fills half of
+    it, a second look (the rotation and the shares: two statements) the
+    rest, with 100 endpoints as with 500 (three claims do not go round
+    either rotation)."""
+    one = queue(tmp_path / "one.db", 1, 4 * LIMIT)
+    few = queue(tmp_path / "few.db", 100, TURN // 2)
+    many = queue(tmp_path / "many.db", 500, TURN // 2)
+    try:
+        counts = claims_statements(one)
+        assert claims_statements(few) == claims_statements(many) == [n + 2 for n in counts]
+    finally:
+        one.close()
+        few.close()
         many.close()
 
 
