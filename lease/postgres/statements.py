@@ -107,23 +107,38 @@ WHERE j.seq = u.seq AND {_STILL_LEASED}"""
 # every item (a finish of 64 beside 400 leases took 9 ms). The rows are locked
 # by the finish already (its FOR UPDATE by id); the marker is checked again
 # on the row the UPDATE writes.
+# A done job's delivering attempt is written on its row by the same UPDATE
+# (one new row version, not two: on PostgreSQL every UPDATE of a job writes
+# an entry in each of its indexes). Its done_after is the newest attempts row
+# before this finish wrote any: every earlier attempt of the job is older (its
+# row is locked), every later one newer; an attempts row of the same job
+# earlier in the same finish moves it on (RECORD_DONE).
 FINISH_IF_STILL_LEASED = f"""WITH fenced AS MATERIALIZED (SELECT u.* FROM unnest(%(seq)s::bigint[],
   %(status)s::text[], %(reason)s::text[], %(available_at)s::bigint[], %(qty)s::bigint[],
-  %(owner)s::text[], %(token)s::bigint[], %(attempt)s::bigint[], %(lease_until)s::bigint[])
-  AS u(seq, status, reason, available_at, qty, owner, token, attempt, lease_until)
+  %(owner)s::text[], %(token)s::bigint[], %(attempt)s::bigint[], %(lease_until)s::bigint[],
+  %(started_ms)s::bigint[], %(latency_ms)s::bigint[], %(http_status)s::bigint[])
+  AS u(seq, status, reason, available_at, qty, owner, token, attempt, lease_until,
+       started_ms, latency_ms, http_status)
   CROSS JOIN LATERAL (SELECT * FROM lease.jobs j WHERE j.seq = u.seq LIMIT 1) j
-  WHERE {_STILL_LEASED})
+  WHERE {_STILL_LEASED}),
+newest AS (SELECT COALESCE(max(seq), 0) AS seq FROM lease.attempts)
 UPDATE lease.jobs j SET status = u.status, reason = u.reason,
-  available_at = u.available_at, owner = NULL, lease_until = NULL
-FROM fenced u
+  available_at = u.available_at, owner = NULL, lease_until = NULL,
+  done_by = CASE WHEN u.status = 'done' THEN u.owner ELSE j.done_by END,
+  done_started_ms = CASE WHEN u.status = 'done' THEN u.started_ms ELSE j.done_started_ms END,
+  done_latency_ms = CASE WHEN u.status = 'done' THEN u.latency_ms ELSE j.done_latency_ms END,
+  done_http_status = CASE WHEN u.status = 'done' THEN u.http_status
+    ELSE j.done_http_status END,
+  done_after = CASE WHEN u.status = 'done' THEN newest.seq ELSE j.done_after END
+FROM fenced u, newest
 WHERE j.seq = u.seq AND j.owner = u.owner AND j.token = u.token AND j.attempts = u.attempt
   AND j.lease_until = u.lease_until
 RETURNING j.seq"""
 
-RECORD_DONE = """UPDATE lease.jobs j SET done_by = u.owner, done_started_ms = u.started_ms,
-  done_latency_ms = u.latency_ms, done_http_status = u.http_status, done_after = u.after
-FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[])
-  AS u(seq, owner, started_ms, latency_ms, http_status, after)
+# A done job's done_after, moved on to the attempts row written just before its
+# delivering attempt in the same finish (an attempt of the same job, rare).
+RECORD_DONE = """UPDATE lease.jobs j SET done_after = u.after
+FROM unnest(%s::bigint[], %s::bigint[]) AS u(seq, after)
 WHERE j.seq = u.seq"""
 
 RECORD_ATTEMPTS = """INSERT INTO lease.attempts (id, token, attempt, owner, started_ms,

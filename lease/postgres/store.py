@@ -1064,7 +1064,7 @@ def _finish_marked(conn: psycopg.Connection, items: list, now: int) -> list:
     rows = _lock(conn, f"{MARKED}, ordering_key", ids)
     verdicts: list = []
     writes: list[tuple] = []
-    for ticket, outcome, delay_ms, _ in items:
+    for ticket, outcome, delay_ms, seen in items:
         if outcome is None:
             continue
         row = rows.get(ticket["id"])
@@ -1073,11 +1073,16 @@ def _finish_marked(conn: psycopg.Connection, items: list, now: int) -> list:
             verdicts.append(False)
             continue
         status, reason, available_at = judged
-        writes.append((row["seq"], status, reason, available_at, *_marker(ticket).values()))
+        # a done job's delivering attempt goes on its row in the same UPDATE
+        evidence = (seen.started_ms, seen.latency_ms, seen.http_status) \
+            if status == "done" else (None, None, None)
+        writes.append((row["seq"], status, reason, available_at, *_marker(ticket).values(),
+                       *evidence))
         verdicts.append((status, reason, row["seq"]))
     if not writes:
         return verdicts
-    names = ("seq", "status", "reason", "available_at", *_marker(items[0][0]))
+    names = ("seq", "status", "reason", "available_at", *_marker(items[0][0]),
+             "started_ms", "latency_ms", "http_status")
     written = {seq for (seq,) in conn.execute(
         FINISH_IF_STILL_LEASED, {"now": now, **dict(zip(names, _columns(writes), strict=True))})}
     # a line whose first was delivered: the next one goes
@@ -1091,30 +1096,29 @@ def _finish_marked(conn: psycopg.Connection, items: list, now: int) -> list:
 def _record_attempts(conn: psycopg.Connection, items: list, results: list, seqs: list,
                      now: int) -> None:
     """Inside the finish: each attempt's evidence, as lease.sqlite records it.
-    The attempt that made a job done goes on the job's row, ``done_after``
-    naming the attempts row written just before it; every other attempt (a
-    retry, a refusal, a stale finish, evidence only) is an attempts row."""
+    The attempt that made a job done is on the job's row already (the finish's
+    UPDATE wrote it, ``done_after`` naming the newest attempts row before this
+    finish); every other attempt (a retry, a refusal, a stale finish, evidence
+    only) is an attempts row. A done job with an attempts row of its own
+    earlier in this finish gets ``done_after`` moved on to the row written just
+    before its delivering attempt."""
     rows: list[tuple] = []
-    done: list[tuple] = []
+    moved: list[tuple[int, int]] = []  # (seq of the done job, index of the row before it)
+    earlier: set[str] = set()  # the ids with an attempts row so far in this finish
     for (ticket, outcome, _, seen), result, seq in zip(items, results, seqs, strict=True):
         if result is not False and result[0] == "done":
-            done.append((len(rows), seq, ticket["owner"], seen.started_ms, seen.latency_ms,
-                         seen.http_status))
+            if ticket["id"] in earlier:
+                moved.append((seq, len(rows) - 1))
             continue
         status, reason = ("stale", None) if result is False else result
+        earlier.add(ticket["id"])
         rows.append((ticket["id"], ticket["token"], ticket["attempt"], ticket["owner"],
                      seen.started_ms, now, outcome or "none", status, reason,
                      seen.http_status, _text(seen.error), seen.latency_ms))
-    before = 0
-    if done:
-        row = conn.execute("SELECT COALESCE(max(seq), 0) FROM lease.attempts").fetchone()
-        before = row[0] if row else 0
     written = sorted(seq for (seq,) in conn.execute(RECORD_ATTEMPTS, _columns(rows))) \
         if rows else []
-    if done:
-        conn.execute(RECORD_DONE, _columns([
-            (seq, owner, started, latency, status, written[k - 1] if k else before)
-            for k, seq, owner, started, latency, status in done]))
+    if moved:
+        conn.execute(RECORD_DONE, _columns([(seq, written[k]) for seq, k in moved]))
     stale = sum(1 for result in results if result is False)
     if stale:
         conn.execute(TALLY, ("stale_finishes", stale))

@@ -501,6 +501,34 @@ def test_the_history_is_in_the_order_of_writing(store):
         ("d1", "stale"), ("d2", "done"), ("d1", "stale")]
 
 
+def test_the_history_is_in_the_order_of_one_finish_s_items(store):
+    """One finish: evidence of job h, another job's retry, h delivered, h again
+    (stale): h's delivering attempt sits between its own attempts of that
+    finish, wherever the other job's row falls."""
+    enqueue(store, body_event("h"), body_event("other"))
+    h = claim_one(store, "d1", T0, 30_000)
+    other = claim_one(store, "d1", T0, 30_000)
+    assert {h["id"], other["id"]} == {"h", "other"}
+    if h["id"] != "h":
+        h, other = other, h
+    assert store.finish_jobs([
+        (h, None, 0, Attempt(T0 + 1, 5, 200, "BadAck: not JSON")),
+        (other, "retry", 1000, Attempt(T0 + 2, 5, 503, "receiver answered 503")),
+        (h, "ok", 0, Attempt(T0 + 3, 6, 200)),
+        (h, "ok", 0, Attempt(T0 + 4, 7, 200)),
+    ], now_ms=T0 + 10) == [("leased", None), ("pending", "retry"), ("done", None), False]
+    assert [(a["started_ms"], a["result"]) for a in history(store, "h")["attempts"]] == [
+        (T0 + 1, "leased"), (T0 + 3, "done"), (T0 + 4, "stale")]
+    # the delivering attempt first in its finish, another job's row before it
+    again = claim_one(store, "d2", T0 + 2000, 30_000)
+    assert again["id"] == "other"
+    assert store.finish_jobs([(again, "ok", 0, Attempt(T0 + 2001, 4, 200)),
+                              (again, "retry", 0, Attempt(T0 + 2002, 4, 200))],
+                             now_ms=T0 + 2010) == [("done", None), False]
+    assert [(a["started_ms"], a["result"]) for a in history(store, "other")["attempts"]] == [
+        (T0 + 2, "pending"), (T0 + 2001, "done"), (T0 + 2002, "stale")]
+
+
 def test_a_stale_finish_is_refused_recorded_and_counted(store):
     store.enqueue_events([body_event("e1")], now_ms=T0)
     old = claim_one(store, "d1", T0, 100)

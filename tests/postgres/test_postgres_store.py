@@ -648,7 +648,8 @@ def test_a_finish_finds_its_rows_by_key_however_many_leases_are_live(
         "status": ["done"] * 10, "reason": [None] * 10, "available_at": [T0 + 1] * 10,
         **{field: [ticket[key] for ticket in mine] for field, key in (
             ("qty", "qty"), ("owner", "owner"), ("token", "token"), ("attempt", "attempt"),
-            ("lease_until", "lease_until"))}})
+            ("lease_until", "lease_until"))},
+        "started_ms": [T0] * 10, "latency_ms": [1] * 10, "http_status": [200] * 10})
     assert top["Actual Rows"] == 10  # each finished
     # each row by its key: never a scan of the 1,010 live leases, per item
     scans = [n for n in nodes(top) if n.get("Relation Name") == "jobs"
