@@ -70,8 +70,9 @@ from lease.postgres.statements import (
     ADD_ENDPOINT,
     AUDIT_ENDPOINT,
     AUTO_DISABLE,
-    CIRCUITS,
+    CIRCUIT_ROW,
     CONTENTS,
+    DELIVERIES_OF,
     DUE_OF,
     ENDPOINT_AUDIT,
     ENDPOINT_COLUMNS,
@@ -80,7 +81,6 @@ from lease.postgres.statements import (
     ENDPOINT_RETRIED,
     ENDPOINT_STATS,
     ENDPOINTS_FOR_INTAKE,
-    ENDPOINTS_OF,
     ENDPOINTS_OF_IDS,
     HALF_OPEN,
     HAS_WORK,
@@ -413,29 +413,43 @@ def circuit_of(row: Any) -> Circuit:
     return Circuit(*_CIRCUIT_OF(row))
 
 
-def lock_circuits(conn: psycopg.Connection, items: list,
-                  now: int) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-    """Inside a finish, before its keys and rows are locked: the endpoint of
-    each delivery among the items (by id), and the rows of the endpoints
-    whose breaker the items' signals may change, locked in name order. A
-    healthy endpoint's successes change nothing: its row is not locked."""
+def read_deliveries(conn: psycopg.Connection, items: list) -> psycopg.Cursor[Any] | None:
+    """Inside a finish, its first read (sent, not waited for): each delivery
+    among the items, with its marker and its endpoint's breaker (not locked)."""
     ids = sorted({ticket["id"] for ticket, outcome, _, _ in items if outcome is not None})
-    found = conn.execute(ENDPOINTS_OF, (ids,)).fetchall() if ids else []
-    endpoints_of: dict[str, str] = {job_id: name for job_id, name, _, _, _ in found}
+    return conn.execute(DELIVERIES_OF, (ids,)) if ids else None
+
+
+def lock_circuits(conn: psycopg.Connection, items: list, now: int,
+                  found: psycopg.Cursor[Any] | None,
+                  ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """Inside a finish, before its keys and rows are locked: the endpoint of
+    each delivery among the items (by id, from ``read_deliveries``), and the
+    rows of the endpoints whose breaker the items' signals may change, locked
+    in name order. A healthy endpoint's successes change nothing: its row is
+    not locked."""
+    rows = found.fetchall() if found is not None else []
+    endpoints_of: dict[str, str] = {job_id: name for job_id, name, *_ in rows}
     if not endpoints_of:
         return {}, {}
     # a ticket whose job is leased to it no longer (by this read) finishes
     # stale: its signal moves nothing, and locks nothing
-    leased = {(job_id, token, owner) for job_id, _, status, token, owner in found
+    leased = {(job_id, token, owner) for job_id, _, status, token, owner, *_ in rows
               if status == "leased"}
     live = [item for item in items if (item[0]["id"], item[0]["token"], item[0]["owner"])
             in leased]
     signals = _signals(live, None, endpoints_of)
+    # an endpoint removed since its delivery was claimed has no breaker: no row
+    circuits = {row[5]: dict(zip(CIRCUIT_ROW, row[5:], strict=True))
+                for row in rows if row[5] is not None}
     moving = []
-    for row in dicts(conn, CIRCUITS, (sorted({name for name, _, _ in signals}),)):
-        mine = [signal for signal in signals if signal[0] == row["name"]]
+    for name in sorted({name for name, _, _ in signals}):
+        row = circuits.get(name)
+        if row is None:
+            continue
+        mine = [signal for signal in signals if signal[0] == name]
         if row["circuit"] != "closed" or _stepped(row, mine, now) != circuit_of(row):
-            moving.append(row["name"])
+            moving.append(name)
     if not moving:
         return endpoints_of, {}
     return endpoints_of, {row["name"]: row for row in dicts(conn, LOCK_CIRCUITS, (moving,))}

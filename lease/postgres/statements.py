@@ -378,13 +378,18 @@ WHERE name = %(name)s AND circuit = 'open'"""
 # An endpoint's circuit, as a finish judges it: unlocked first (a healthy
 # endpoint's successes write nothing, and lock nothing), then locked in name
 # order before the finish's keys and rows when its signals change it.
-CIRCUITS = f"""SELECT name, enabled, disable_after_ms, {_CIRCUIT} FROM lease.endpoints
+# An endpoint's breaker as a finish reads it: CIRCUITS's columns, CIRCUITS's order.
+CIRCUIT_ROW = ("name", "enabled", "disable_after_ms", *CIRCUIT_COLUMNS)
+CIRCUITS = f"""SELECT {', '.join(CIRCUIT_ROW)} FROM lease.endpoints
 WHERE name = ANY(%s::text[]) ORDER BY name"""
 LOCK_CIRCUITS = CIRCUITS + " FOR NO KEY UPDATE"
-# a finish's deliveries, with their markers: a finish that is stale already
-# (its job no longer leased by its ticket) moves no breaker, and locks nothing
-ENDPOINTS_OF = """SELECT id, endpoint, status, token, owner FROM lease.jobs
-WHERE id = ANY(%s::text[]) AND endpoint IS NOT NULL"""
+# a finish's deliveries, with their markers and their endpoints' breakers (a
+# NULL name: the endpoint is gone): a finish that is stale already (its job no
+# longer leased by its ticket) moves no breaker, and locks nothing
+DELIVERIES_OF = f"""SELECT j.id, j.endpoint, j.status, j.token, j.owner,
+  {', '.join('e.' + column for column in CIRCUIT_ROW)}
+FROM lease.jobs j LEFT JOIN lease.endpoints e ON e.name = j.endpoint
+WHERE j.id = ANY(%s::text[]) AND j.endpoint IS NOT NULL"""
 WRITE_CIRCUIT = f"""UPDATE lease.endpoints SET
   {', '.join(f'{column} = %({column})s' for column in CIRCUIT_COLUMNS)}
 WHERE name = %(name)s"""

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import psycopg_pool
 from psycopg import pq
-from psycopg.rows import tuple_row
+from psycopg.rows import dict_row, tuple_row
 
 from lease.breaker import check_release
 from lease.endpoints import (
@@ -51,6 +51,7 @@ from lease.postgres.endpoints import (
     pick_deliveries,
     read_audit,
     read_configs,
+    read_deliveries,
     read_endpoints,
     read_stats,
     update,
@@ -272,14 +273,16 @@ class PostgresStore:
                 conn.execute("SET TRANSACTION READ ONLY")
             yield conn
 
-    def _now_in(self, conn: psycopg.Connection, now_ms: int | None) -> int:
+    def _now_in(self, conn: psycopg.Connection, now_ms: int | None,
+                read: psycopg.Cursor[Any] | None = None) -> int:
         """The time the transaction judges by: the caller's, the injected clock's,
-        or the server's, read as the transaction's first statement."""
+        or the server's, read as the transaction's first statement (``read``:
+        that statement sent already)."""
         if now_ms is not None:
             return now_ms
         if self._clock is not None:
             return check_now(self._clock(), "clock value")
-        row = conn.execute(NOW).fetchone()
+        row = (read or conn.execute(NOW)).fetchone()
         assert row is not None  # a SELECT of one value returns one row
         return int(row[0])
 
@@ -420,11 +423,14 @@ class PostgresStore:
             check_now(now_ms)
         check_fault(fault)
         with self._tx() as conn:
-            now = self._now_in(conn, now_ms)
+            # the time and the items' deliveries with their breakers, in one round trip
+            with conn.pipeline():
+                clock = conn.execute(NOW) if now_ms is None and self._clock is None else None
+                found = read_deliveries(conn, items) if self._endpoints else None
+            now = self._now_in(conn, now_ms, clock)
             # the breakers' rows first (the order of every lock here), then
             # the keys and the rows of the jobs
-            endpoints_of, circuits = lock_circuits(conn, items, now) if self._endpoints \
-                else ({}, {})
+            endpoints_of, circuits = lock_circuits(conn, items, now, found)
             judged = iter(_finish_marked(conn, items, now))
             verdicts = [next(judged) if outcome is not None else None
                         for _, outcome, _, _ in items]
@@ -471,9 +477,8 @@ class PostgresStore:
             now = self._now_in(conn, now_ms)
             if self._endpoints:  # their endpoints' rows first (lease.postgres.endpoints)
                 lock_endpoints_of(conn, sorted(set(job_ids)))
-            conn.execute(LOCK_KEYS_OF, (sorted(set(job_ids)),))
-            rows = _lock(conn, "seq, id, status, reason, token, ordering_key"
-                         + (", endpoint" if self._endpoints else ""), job_ids)
+            rows = _lock_keys_and_rows(conn, "seq, id, status, reason, token, ordering_key"
+                                       + (", endpoint" if self._endpoints else ""), job_ids)
             results, audits, releases = redrive_decisions(rows, job_ids)
             keys = sorted({row["ordering_key"] for row in rows.values()
                            if row["ordering_key"] is not None})
@@ -511,8 +516,8 @@ class PostgresStore:
         check_fault(fault)
         with self._tx() as conn:
             now = self._now_in(conn, now_ms)
-            conn.execute(LOCK_KEYS_OF, (sorted(set(job_ids)),))
-            rows = _lock(conn, "seq, id, status, reason, token, ordering_key", job_ids)
+            rows = _lock_keys_and_rows(conn, "seq, id, status, reason, token, ordering_key",
+                                       job_ids)
             results, audits = cancel_decisions(rows, job_ids)
             self._cancel_audited(conn, rows, audits, now, note, actor, fault)
         if audits:
@@ -775,8 +780,8 @@ class PostgresStore:
                 " ('pending', 'leased') ORDER BY seq", (name,))]
             cancelled = 0
             if live:  # their keys, then their rows (a claim may have leased one since)
-                conn.execute(LOCK_KEYS_OF, (sorted(set(live)),))
-                rows = _lock(conn, "seq, id, status, reason, token, ordering_key", live)
+                rows = _lock_keys_and_rows(conn, "seq, id, status, reason, token, ordering_key",
+                                           live)
                 live = [job_id for job_id in live if rows[job_id]["status"] in
                         ("pending", "leased")]
                 _refuse_removal(name, [rows[job_id]["status"] for job_id in live],
@@ -1050,6 +1055,21 @@ def _lock(conn: psycopg.Connection, columns: str, job_ids: list) -> dict[str, di
     return {row["id"]: row for row in locked}
 
 
+def _lock_keys_and_rows(conn: psycopg.Connection, columns: str,
+                        job_ids: list) -> dict[str, dict[str, Any]]:
+    """The keys of these jobs' lines (advisory locks), then their rows as
+    ``_lock``: two statements in one round trip, run in that order."""
+    unique = sorted(set(job_ids))
+    if not unique:
+        return {}
+    with conn.pipeline():
+        conn.execute(LOCK_KEYS_OF, (unique,))
+        locked = conn.cursor(row_factory=dict_row).execute(
+            f"SELECT {columns} FROM lease.jobs WHERE id = ANY(%s::text[])"
+            " ORDER BY seq FOR UPDATE", (unique,))
+    return {row["id"]: row for row in locked.fetchall()}
+
+
 def _finish_marked(conn: psycopg.Connection, items: list, now: int) -> list:
     """Inside the finish: each finishing item judged by the rules on its locked
     row, in order (a job finished earlier in the list is no longer leased for a
@@ -1059,9 +1079,8 @@ def _finish_marked(conn: psycopg.Connection, items: list, now: int) -> list:
     Every item's row is locked, an evidence-only item's too: a job's attempts
     are then written one transaction after another, in the order of their seqs.
     """
-    ids = [ticket["id"] for ticket, _, _, _ in items]
-    conn.execute(LOCK_KEYS_OF, (sorted(set(ids)),))
-    rows = _lock(conn, f"{MARKED}, ordering_key", ids)
+    rows = _lock_keys_and_rows(conn, f"{MARKED}, ordering_key",
+                               [ticket["id"] for ticket, _, _, _ in items])
     verdicts: list = []
     writes: list[tuple] = []
     for ticket, outcome, delay_ms, seen in items:
