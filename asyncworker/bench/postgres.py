@@ -94,27 +94,40 @@ def scenario_commit(url: str, n: int) -> dict:
 def _workers(params: list[dict]) -> Iterator[Callable[[], list[dict]]]:
     """Worker processes (``worker_main``), one per params, each ready (its
     connections made) when this yields; what it yields starts them all
-    together and returns their results. Any still running at the end is killed."""
-    workers = [subprocess.Popen(
-        [sys.executable, "-m", "asyncworker.bench.postgres", "worker", json.dumps(p)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for p in params]
+    together and returns their results. Any still running at the end is killed.
 
-    def go() -> list[dict]:
-        for worker in workers:
-            assert worker.stdin is not None
-            worker.stdin.write("go\n")
-            worker.stdin.flush()
-        return [json.loads(worker.communicate(timeout=CHILD_TIMEOUT_S)[0]) for worker in workers]
+    A worker's result (a dispatcher's latencies: 150 KB and more) goes to a
+    file of its own, not through its stdout: a pipe the parent is not reading
+    yet fills at 64 KB, and a signal that interrupts the worker's blocked write
+    there ends the write short (seen: 65,536 bytes of 156,935 arrived)."""
+    with _temporary_folder() as folder:
+        results = [folder / f"worker-{k}.json" for k in range(len(params))]
+        workers = [subprocess.Popen(
+            [sys.executable, "-m", "asyncworker.bench.postgres", "worker",
+             json.dumps({**p, "result_path": str(path)})],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for p, path in zip(params, results, strict=True)]
 
-    try:
-        for worker in workers:
-            assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
-        yield go
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
+        def go() -> list[dict]:
+            for worker in workers:
+                assert worker.stdin is not None
+                worker.stdin.write("go\n")
+                worker.stdin.flush()
+            for worker in workers:
+                worker.communicate(timeout=CHILD_TIMEOUT_S)
+                if worker.returncode != 0:
+                    raise RuntimeError(f"a worker exited with {worker.returncode}")
+            return [json.loads(path.read_text()) for path in results]
+
+        try:
+            for worker in workers:
+                assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
+            yield go
+        finally:
+            for worker in workers:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait()
 
 
 def scenario_dispatch(url: str, n: int, processes: int, receiver: bool = False) -> dict:
@@ -152,7 +165,8 @@ def worker_main(params: dict) -> None:
         "ours": _ours_consume, "pgqueuer": _pgqueuer_consume,
         "procrastinate": _procrastinate_consume}
     consume = consumers[params.pop("system")]
-    print(json.dumps(eventloop.run(consume(**params))))
+    result_path = Path(params.pop("result_path"))
+    result_path.write_text(json.dumps(eventloop.run(consume(**params))))
 
 
 async def _ready_then_go() -> float:
