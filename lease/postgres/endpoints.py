@@ -65,7 +65,7 @@ from lease.endpoints import (
     shares,
 )
 from lease.policy import Intake, RetryPolicy
-from lease.postgres.reads import dicts
+from lease.postgres.reads import by_key, dicts
 from lease.postgres.statements import (
     ADD_ENDPOINT,
     AUDIT_ENDPOINT,
@@ -146,6 +146,10 @@ class Fanout:
                  ).append(name)
         return cls(every, by_type)
 
+    def size(self) -> int:
+        """How many endpoints an event may go to at most."""
+        return len(self.every) + max(map(len, self.by_type.values()), default=0)
+
     def subscribers(self, event_type: str | None) -> list[str]:
         """The endpoints an event of this type goes to, by name: one look-up
         an event, however many endpoints (lease.endpoints.subscribes)."""
@@ -205,9 +209,9 @@ def fan_out(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
         conn.execute(LOCK_KEYS, (lines,))
     kept = {message: (qty, digest, key_of_line(line, endpoint), kind)
             for message, qty, digest, line, endpoint, kind
-            in conn.execute(MESSAGES, (sorted({intake.id for intake in chunk}),))}
-    taken = {job_id for job_id, *_ in conn.execute(
-        CONTENTS, (sorted({d for _, _, ids in plans for d in ids}),))}
+            in by_key(conn, MESSAGES, sorted({intake.id for intake in chunk}))}
+    taken = {job_id for job_id, *_ in by_key(
+        conn, CONTENTS, sorted({d for _, _, ids in plans for d in ids}))}
     results: list = []
     rows: list[tuple] = []
     for intake, names, ids in plans:

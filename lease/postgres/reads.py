@@ -8,13 +8,26 @@ import psycopg
 from psycopg.rows import dict_row
 
 from lease.endpoints import key_of_line
-from lease.postgres.statements import BLOCKED_JOBS, BLOCKED_KEYS, FILTERS, KEY_OR_LINES
+from lease.postgres.statements import (
+    BLOCKED_JOBS,
+    BLOCKED_KEYS,
+    BY_KEY_FROM,
+    FILTERS,
+    KEY_OR_LINES,
+)
 from lease.rules import (
     DAY_MS,
     STATUSES,
     list_filters,
     queue_depth,
 )
+
+
+def by_key(conn: Any, sql: str, ids: list[str]) -> Any:
+    """A lookup of these ids by key (``conn`` a connection or a cursor): one
+    of more than BY_KEY_FROM planned for its own array, not prepared
+    (statements.BY_KEY_FROM says why)."""
+    return conn.execute(sql, (ids,), prepare=False if len(ids) > BY_KEY_FROM else None)
 
 
 def dicts(conn: psycopg.Connection, sql: str, args: Any = ()) -> list[dict[str, Any]]:

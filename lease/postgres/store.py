@@ -59,6 +59,7 @@ from lease.postgres.endpoints import (
 from lease.postgres.listener import Listener
 from lease.postgres.queues import Queue, queue_names
 from lease.postgres.reads import (
+    by_key,
     dicts,
     job_filter,
     job_rows,
@@ -88,6 +89,8 @@ from lease.postgres.statements import (
     AUDIT_CANCELS,
     AUDIT_REDRIVES,
     BLOCKED_HEADS,
+    BY_KEY_FROM,
+    BY_KEY_ONLY,
     CANCEL,
     CONTENTS,
     DEAD,
@@ -114,6 +117,7 @@ from lease.postgres.statements import (
     RECOVER,
     RECOVERABLE,
     RELEASE,
+    SEQSCAN_AGAIN,
     TALLY,
 )
 from lease.queues import split_url
@@ -967,6 +971,12 @@ def enqueue_in(conn: psycopg.Connection, events: Iterable[object],
                                     channel=where.channel), on_conflict)
 
 
+def _lookups(chunk: list[Intake], fan: Fanout | None) -> int:
+    """At most how many ids a chunk's lookup reads: its events, or for a
+    fan-out its events times the endpoints."""
+    return len(chunk) * (1 if fan is None else max(1, fan.size()))
+
+
 def _intake(conn: Any, events: Iterable[object], available_at: int, policy: RetryPolicy,
             on_progress: Callable[[int], None] | None, trace: str | None = None, *,
             channel: str) -> list:
@@ -976,10 +986,13 @@ def _intake(conn: Any, events: Iterable[object], available_at: int, policy: Retr
     stream = iter(events)
     results: list = []
     fan = Fanout.of(conn)  # the endpoints, locked; None: none, each event one job
+    seqscan: str | None = None  # the setting before this intake turned it off
     while True:
         chunk = [check_product_event(event) for event in itertools.islice(stream, INTAKE_CHUNK)]
         if not chunk:
             break
+        if seqscan is None and _lookups(chunk, fan) > BY_KEY_FROM:
+            seqscan = conn.execute(BY_KEY_ONLY).fetchone()[0]
         written = _insert(conn, chunk, available_at, policy, trace) if fan is None \
             else fan_out(conn, chunk, available_at, policy, fan, trace)
         for result in written:
@@ -990,6 +1003,8 @@ def _intake(conn: Any, events: Iterable[object], available_at: int, policy: Retr
         fan.save(conn)
     if any(result is True for result in results):
         conn.execute("SELECT pg_notify(%s, '')", (channel,))
+    if seqscan is not None:
+        conn.execute(SEQSCAN_AGAIN, (seqscan,))
     return results
 
 
@@ -1035,7 +1050,7 @@ def _contents(conn: Any, ids: list[str]) -> dict[str, tuple]:
     if not ids:
         return {}
     return {job_id: (qty, digest, key_of_line(line, endpoint), kind)
-            for job_id, qty, digest, line, kind, endpoint in conn.execute(CONTENTS, (ids,))}
+            for job_id, qty, digest, line, kind, endpoint in by_key(conn, CONTENTS, ids)}
 
 
 def _marker(ticket: dict) -> dict[str, Any]:

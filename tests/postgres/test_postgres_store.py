@@ -18,8 +18,9 @@ import psycopg
 import pytest
 
 from asyncworker.devtools.postgres_server import database_of, free_port
+from lease.endpoints import Endpoint
 from lease.policy import PRODUCT, RetryPolicy
-from lease.postgres import CHANNEL, SCHEMA_VERSION, PostgresStore, redact
+from lease.postgres import CHANNEL, SCHEMA_VERSION, PostgresStore, enqueue_in, redact
 from lease.postgres.schema import MIGRATIONS, PRIORITY_SINCE
 from lease.postgres.statements import FINISH_IF_STILL_LEASED, PICK_AND_LEASE, QUARANTINE
 from lease.records import Attempt, Busy, Claimed, NotAQueue, StoreError
@@ -656,6 +657,47 @@ def test_a_finish_finds_its_rows_by_key_however_many_leases_are_live(
              and n["Node Type"] != "ModifyTable"]
     assert scans and all(n.get("Index Name") == "jobs_pkey" and n["Actual Rows"] <= 1
                          for n in scans), scans
+
+
+def scans(conn: psycopg.Connection) -> tuple[int, int]:
+    """The sequential scans of lease.jobs this backend counted, and the rows
+    they read (pg_stat_xact_user_tables: its counts not yet reported)."""
+    row = conn.execute("SELECT seq_scan, seq_tup_read FROM pg_stat_xact_user_tables"
+                       " WHERE relid = 'lease.jobs'::regclass", prepare=False).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+@pytest.mark.parametrize("endpoints", [0, 5])
+def test_a_big_intake_finds_its_ids_by_key_whatever_its_statistics_and_plans(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection,
+        endpoints: int) -> None:
+    """Statistics of a queue of 20 jobs, every statement prepared at once and
+    planned generically, the lookups' plans made by an intake of one event:
+    then an intake of 1,500 events (a fan-out to 5 endpoints:
+    7,500 deliveries) in three chunks looks its ids up through the indexes,
+    never a scan of the table (each row compared with every id: rows x ids),
+    and leaves the service's setting as it found it."""
+    store = make_store()
+    for n in range(endpoints):
+        store.add_endpoint(Endpoint(f"ep{n}", "http://127.0.0.1:9/hook"))
+    store.enqueue_events([ev(f"old{n}") for n in range(20)], now_ms=T0)
+    admin.execute("ANALYZE lease.jobs")
+    with psycopg.connect(admin.info.dsn) as conn:
+        conn.prepare_threshold = 0
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.commit()
+        with conn.transaction():  # the lookups' plans made, and kept, by a small intake
+            assert enqueue_in(conn, [ev("first")], now_ms=T0) == [True]
+        with conn.transaction():
+            before = scans(conn)  # the backend's counts not yet reported, the small intake's
+            assert enqueue_in(conn, [ev(f"new{n}") for n in range(1500)], now_ms=T0) \
+                == [True] * 1500
+            after = scans(conn)
+            setting = conn.execute("SHOW enable_seqscan").fetchone()
+    assert after == before
+    assert setting == ("on",)
+    assert store.counts()["pending"] == 1521 * max(1, endpoints)  # one delivery an endpoint
 
 
 # ------------------------------------------------------------------ wake-ups
