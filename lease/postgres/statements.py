@@ -391,14 +391,13 @@ HALF_OPEN = f"""UPDATE lease.endpoints SET circuit = 'half-open', circuit_since_
   saved = saved + (SELECT count(*) FROM lease.jobs
     WHERE endpoint = %(name)s AND {DUE_LINE} AND available_at <= %(now)s)
 WHERE name = %(name)s AND circuit = 'open'"""
-# An endpoint's circuit, as a finish judges it: unlocked first (a healthy
-# endpoint's successes write nothing, and lock nothing), then locked in name
-# order before the finish's keys and rows when its signals change it.
-# An endpoint's breaker as a finish reads it: CIRCUITS's columns, CIRCUITS's order.
+# An endpoint's circuit, as a finish judges it: read unlocked first, beside
+# its deliveries (DELIVERIES_OF: a healthy endpoint's successes write nothing,
+# and lock nothing), then locked in name order before the finish's keys and
+# rows when its signals change it. Both read the columns of CIRCUIT_ROW.
 CIRCUIT_ROW = ("name", "enabled", "disable_after_ms", *CIRCUIT_COLUMNS)
-CIRCUITS = f"""SELECT {', '.join(CIRCUIT_ROW)} FROM lease.endpoints
-WHERE name = ANY(%s::text[]) ORDER BY name"""
-LOCK_CIRCUITS = CIRCUITS + " FOR NO KEY UPDATE"
+LOCK_CIRCUITS = f"""SELECT {', '.join(CIRCUIT_ROW)} FROM lease.endpoints
+WHERE name = ANY(%s::text[]) ORDER BY name FOR NO KEY UPDATE"""
 # a finish's deliveries, with their markers and their endpoints' breakers (a
 # NULL name: the endpoint is gone): a finish that is stale already (its job no
 # longer leased by its ticket) moves no breaker, and locks nothing

@@ -1059,14 +1059,17 @@ def _marker(ticket: dict) -> dict[str, Any]:
             "attempt": ticket["attempt"], "lease_until": ticket["lease_until"]}
 
 
+# Rows by id, locked in seq order (two writers never deadlock).
+_LOCK_ROWS = "SELECT {columns} FROM lease.jobs WHERE id = ANY(%s::text[]) ORDER BY seq FOR UPDATE"
+
+
 def _lock(conn: psycopg.Connection, columns: str, job_ids: list) -> dict[str, dict[str, Any]]:
     """The rows of these ids by id, locked in seq order (two writers never
     deadlock)."""
     unique = sorted(set(job_ids))
     if not unique:
         return {}
-    locked = dicts(conn, f"SELECT {columns} FROM lease.jobs WHERE id = ANY(%s::text[])"
-                    " ORDER BY seq FOR UPDATE", (unique,))
+    locked = dicts(conn, _LOCK_ROWS.format(columns=columns), (unique,))
     return {row["id"]: row for row in locked}
 
 
@@ -1080,8 +1083,7 @@ def _lock_keys_and_rows(conn: psycopg.Connection, columns: str,
     with conn.pipeline():
         conn.execute(LOCK_KEYS_OF, (unique,))
         locked = conn.cursor(row_factory=dict_row).execute(
-            f"SELECT {columns} FROM lease.jobs WHERE id = ANY(%s::text[])"
-            " ORDER BY seq FOR UPDATE", (unique,))
+            _LOCK_ROWS.format(columns=columns), (unique,))
     return {row["id"]: row for row in locked.fetchall()}
 
 

@@ -165,25 +165,16 @@ def lose_the_answer() -> None:
     raise Busy("PostgreSQL queue: connection lost: server closed the connection unexpectedly")
 
 
-def inbox_figures(inbox: Path) -> tuple[dict[str, int], int, int]:
-    """(id -> qty applied, the effect's stock, deliveries seen) of the inbox."""
+def inbox_figures(inbox: Path) -> tuple[dict[str, int], int, dict[str, int]]:
+    """(id -> qty applied, the effect's stock, id -> requests seen) of the inbox."""
     con = sqlite3.connect(inbox)
     try:
         applied = dict(con.execute("SELECT id, qty FROM inbox").fetchall())
         stock = con.execute("SELECT stock FROM effect").fetchone()[0]
-        seen = con.execute("SELECT COALESCE(SUM(seen), 0) FROM inbox").fetchone()[0]
+        seen = dict(con.execute("SELECT id, seen FROM inbox").fetchall())
     finally:
         con.close()
     return applied, stock, seen
-
-
-def inbox_seen(inbox: Path) -> dict[str, int]:
-    """id -> the requests of it the inbox saw."""
-    con = sqlite3.connect(inbox)
-    try:
-        return dict(con.execute("SELECT id, seen FROM inbox").fetchall())
-    finally:
-        con.close()
 
 
 def assert_all_done_once(url: str, inbox: Path, orders: dict[str, int]) -> list[dict]:
@@ -438,7 +429,7 @@ async def test_a_server_stalled_longer_than_a_lease_records_nothing_after_it(
         acked_then_stale = {job_id for job_id in orders if any(
             a["outcome"] == "ok" and a["result"] == "stale"
             for a in store.job_history(job_id)["attempts"])}
-    seen = inbox_seen(inbox)
+    _, _, seen = inbox_figures(inbox)
     assert all(seen[job_id] >= 2 for job_id in acked_then_stale), acked_then_stale
     assert sum(seen.values()) >= len(orders) + len(acked_then_stale)
 
