@@ -48,6 +48,7 @@ __all__ = [
     "EndpointError",
     "allowance",
     "check_endpoint_name",
+    "counts_leases",
     "check_event_type",
     "check_served",
     "delivery_id",
@@ -56,6 +57,7 @@ __all__ = [
     "SPREAD",
     "TURN",
     "shares",
+    "turns",
     "refill",
     "subscribes",
 ]
@@ -281,6 +283,16 @@ def allowance(endpoint: Mapping[str, Any], live: int, tokens: float | None,
     return room if breaker_room is None else min(room, breaker_room)
 
 
+def counts_leases(endpoint: Mapping[str, Any], breaker_room: int | None) -> bool:
+    """Whether an endpoint's allowance depends on its live leases
+    (``allowance``): under a cap, or while its breaker lets a probe out
+    (``breaker_room`` 1 with none live). An endpoint with neither leases
+    as much whatever it has in flight, so a claim need not read its leases:
+    the ones run out are taken with its due deliveries."""
+    return endpoint["max_in_flight"] is not None or (
+        breaker_room is not None and breaker_room > 0)
+
+
 def shares(rooms: dict[str, int], limit: int) -> dict[str, int]:
     """How many deliveries to read of each endpoint a claim serves, in turn:
     an equal share of ``limit`` (rounded up), never more than its room."""
@@ -289,6 +301,30 @@ def shares(rooms: dict[str, int], limit: int) -> dict[str, int]:
         return {}
     share = -(-limit // len(open_))
     return {name: min(rooms[name], share) for name in open_}
+
+
+def turns(share: dict[str, int], limit: int) -> dict[str, int]:
+    """How many of each endpoint's ``share`` ``round_robin`` keeps when each
+    has its share to give (one of each in turn, in the shares' order, up to
+    ``limit``): what a claim that leases the rows as it reads them takes of
+    each endpoint, the endpoints that fall short of it left to a next round."""
+    counts = dict.fromkeys(share, 0)
+    left, layer = limit, 0
+    while left > 0:
+        open_ = [name for name, n in share.items() if n > layer]
+        if not open_:
+            break
+        # whole layers at once, as many as every open endpoint fills
+        depth = min(min(share[name] for name in open_) - layer, left // len(open_))
+        if depth == 0:  # the last layer, cut short by the limit
+            for name in open_[:left]:
+                counts[name] += 1
+            break
+        for name in open_:
+            counts[name] += depth
+        left -= depth * len(open_)
+        layer += depth
+    return counts
 
 
 def round_robin(found: dict[str, list[Any]], order: list[str], limit: int) -> list[Any]:

@@ -32,7 +32,7 @@ then job rows (by seq).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -56,13 +56,14 @@ from lease.endpoints import (
     EndpointError,
     allowance,
     changed_fields,
+    counts_leases,
     delivery_id,
     key_of_line,
     line_key,
     refill,
     rotation_batch,
-    round_robin,
     shares,
+    turns,
 )
 from lease.policy import Intake, RetryPolicy
 from lease.postgres.reads import by_key, dicts
@@ -73,7 +74,6 @@ from lease.postgres.statements import (
     CIRCUIT_ROW,
     CONTENTS,
     DELIVERIES_OF,
-    DUE_OF,
     ENDPOINT_AUDIT,
     ENDPOINT_COLUMNS,
     ENDPOINT_DEAD,
@@ -86,8 +86,7 @@ from lease.postgres.statements import (
     HAS_WORK,
     IDLE_ENDPOINTS,
     INSERT_NEW,
-    LEASE_PICKED,
-    LEASES_OF,
+    LIVE_OF,
     LOCK_CIRCUITS,
     LOCK_KEY_SHARE,
     LOCK_KEYS,
@@ -100,6 +99,7 @@ from lease.postgres.statements import (
     RELEASE_WAITING,
     ROTATION,
     SPEND_TOKENS,
+    TAKE_DUE,
     UPDATE_ENDPOINT,
     WRITE_CIRCUIT,
 )
@@ -258,131 +258,120 @@ def judge(intake: Intake, qty: int, digest: str | None, key: str | None,
 
 
 @dataclass
-class Pick:
-    """What a claim's pick decided: the seqs to lease in rotation order, the
-    endpoints it examined (locked till it commits), each rate endpoint's
-    bucket level now, the endpoints whose lease would be the probe, and
-    the ones it found work of (none of them is idle)."""
+class Claim:
+    """One claim of deliveries as it goes: its arguments, the endpoints it
+    examined in rotation order (locked till it commits), each rate
+    endpoint's bucket level now, the endpoints whose lease would be the
+    probe, and the rows leased so far."""
 
-    seqs: list[int]
-    order: list[str]
-    buckets: dict[str, float]
-    probes: set[str]
-    busy: set[str]
+    owner: str
+    lease_ms: int
+    limit: int
+    now: int
+    order: list[str] = field(default_factory=list)
+    buckets: dict[str, float] = field(default_factory=dict)
+    probes: set[str] = field(default_factory=set)
+    leased: list[tuple] = field(default_factory=list)
 
 
-def pick_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], limit: int,
-                    now: int) -> Pick:
+def claim_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], claim: Claim,
+                     judged: Callable[[], None]) -> list[Leased]:
     """Inside a claim, after its quarantine: the endpoints with work take
-    turns (the least recently served first), each one's deliveries within
-    its allowance and its share of the claim, one of each in turn (the SQLite
-    driver's pick_deliveries, with the rows of the endpoints locked)."""
+    turns (the least recently served first), each one's deliveries leased
+    within its allowance and its share of the claim (the SQLite driver's
+    pick_deliveries, with the rows of the endpoints locked); each rate
+    endpoint's bucket spent by what it leased, a probe's circuit half-open;
+    the endpoints examined (the rotation sent each to its back) with nothing
+    pending or leased out of it. ``judged`` is called once the first batch's
+    endpoints are judged, before anything is leased."""
     args: dict[str, Any] = {
-        "now": now, "all": served == ALL, "names": [] if served == ALL else list(served),
-        "limit": rotation_batch(limit), "served": -(2**63), "name": "", "seen": []}
-    found: dict[str, list[int]] = {}
-    order: list[str] = []
-    buckets: dict[str, float] = {}
-    probes: set[str] = set()
+        "now": claim.now, "all": served == ALL, "names": [] if served == ALL else list(served),
+        "limit": rotation_batch(claim.limit), "served": -(2**63), "name": "", "seen": []}
     # in the round trip of the first batch (the setting ends with the claim)
     with conn.pipeline():
         conn.execute(ORDERED_READS)
         first = conn.cursor(row_factory=dict_row).execute(ROTATION, args)
     for n in range(MAX_BATCHES):
         if n:
-            args["limit"] = rotation_batch(limit - sum(len(rows) for rows in found.values()), n)
+            args["limit"] = rotation_batch(claim.limit - len(claim.leased), n)
         batch = sorted(first.fetchall() if n == 0 else dicts(conn, ROTATION, args),
                        key=lambda row: (row["served_at"], row["name"]))
         if not batch:
             break
         args["served"], args["name"] = batch[-1]["served_at"], batch[-1]["name"]
         args["seen"] = args["seen"] + [row["name"] for row in batch]
-        rooms = _rooms(conn, batch, now, buckets, probes, found)
-        order += [row["name"] for row in batch]
-        _fill(conn, rooms, found, limit - sum(len(rows) for rows in found.values()), now)
-        if sum(len(rows) for rows in found.values()) >= limit or len(batch) < args["limit"]:
+        claim.order += [row["name"] for row in batch]
+        rooms = _rooms(conn, batch, claim)
+        if n == 0:
+            judged()
+        _take(conn, rooms, claim)
+        if len(claim.leased) >= claim.limit or len(batch) < args["limit"]:
             break
-    return Pick(round_robin(found, order, limit), order, buckets, probes,
-                {name for name, seqs in found.items() if seqs})
-
-
-def _rooms(conn: psycopg.Connection, batch: list[dict[str, Any]], now: int,
-           buckets: dict[str, float], probes: set[str],
-           found: dict[str, list[int]]) -> dict[str, int]:
-    """Each endpoint's allowance for this claim (lease.endpoints.allowance) by
-    its live leases, its bucket and its breaker, less its leases run out,
-    which go in ``found`` first."""
-    leases: dict[str, list[tuple[int, int, bool]]] = {}
-    for name, seq, until, ready in conn.execute(
-            LEASES_OF, {"names": [row["name"] for row in batch], "now": now}):
-        leases.setdefault(name, []).append((seq, until, ready))
-    rooms = {}
-    for row in batch:
-        name = row["name"]
-        mine = leases.get(name, [])
-        live = sum(1 for _, until, _ in mine if until > now)
-        tokens = None
-        if row["rate"] is not None:
-            tokens = refill(row["tokens"], row["refilled_ms"], now, row["rate"], row["burst"])
-            buckets[name] = tokens
-        room, probe = claim_room(circuit_of(row), live, now)
-        if probe:
-            probes.add(name)
-        room = allowance(row, live, tokens, room)
-        found[name] = [seq for seq, until, ready in mine if until <= now and ready][:room]
-        rooms[name] = room - len(found[name])
-    return rooms
-
-
-def _fill(conn: psycopg.Connection, rooms: dict[str, int], found: dict[str, list[int]],
-          wanted: int, now: int) -> None:
-    """Read each endpoint's due deliveries in equal shares of ``wanted``, and
-    again from those that had more, until it is filled or none has any left
-    (one statement a round, every endpoint's index range in it)."""
-    read = dict.fromkeys(rooms, 0)
-    while wanted > 0 and rooms:
-        share = shares(rooms, wanted)
-        names = list(share)  # in the rooms' order: the rotation's
-        got: dict[str, list[int]] = {name: [] for name in names}
-        for name, seq in conn.execute(DUE_OF, {
-                "names": names, "lims": [share[name] for name in names],
-                "offs": [read[name] for name in names], "now": now}):
-            got[name].append(seq)
-        for name in names:
-            found[name] += got[name]
-            read[name] += len(got[name])
-            wanted -= len(got[name])
-            rooms[name] = 0 if len(got[name]) < share[name] else rooms[name] - len(got[name])
-        rooms = {name: room for name, room in rooms.items() if room > 0}
-
-
-def lease_deliveries(conn: psycopg.Connection, pick: Pick, owner: str, lease_ms: int,
-                     now: int) -> list[Leased]:
-    """The picked deliveries leased (those another transaction holds
-    skipped), the higher priority first, then in seq order, as the SQLite
-    driver returns them; each rate
-    endpoint's bucket spent by what it leased, a probe's circuit half-open;
-    the endpoints examined (the pick sent each to the back of the rotation)
-    with nothing pending or leased out of it."""
-    # One round trip for the lease and the look for idle endpoints, which
-    # passes over the ones the pick found work of: not idle, and the costliest
-    # to look at (the index range of a busy endpoint starts with the entries
-    # its last claims left dead).
-    idle_names = sorted(name for name in pick.order if name not in pick.busy)
-    with conn.pipeline():
-        picked = conn.execute(LEASE_PICKED, {"seqs": pick.seqs, "now": now, "owner": owner,
-                                             "lease_ms": lease_ms}) if pick.seqs else None
-        idle = conn.execute(IDLE_ENDPOINTS, (idle_names,)) if idle_names else None
-    leased = picked.fetchall() if picked is not None else []
-    _spend(conn, pick.buckets, leased, now)
-    for name in sorted(pick.probes & {row[8] for row in leased}):
-        conn.execute(HALF_OPEN, {"now": now, "name": name})
-    _clear(conn, [name for (name,) in idle] if idle is not None else [])
-    return [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
+    _after_lease(conn, claim)
+    return [Leased({"id": job_id, "qty": qty, "owner": claim.owner, "token": token,
                     "attempt": attempt, "lease_until": until}, body, digest, endpoint, message,
                    trace)
             for _, job_id, qty, token, attempt, until, body, digest, endpoint, message, trace, _
-            in sorted(leased, key=claim_rank)]
+            in sorted(claim.leased, key=claim_rank)]
+
+
+def _rooms(conn: psycopg.Connection, batch: list[dict[str, Any]], claim: Claim) -> dict[str, int]:
+    """Each endpoint's allowance for this claim (lease.endpoints.allowance) by
+    its bucket, its breaker and, when they count (``counts_leases``), its live
+    leases, counted here."""
+    now = claim.now
+    counted = [row["name"] for row in batch
+               if counts_leases(row, claim_room(circuit_of(row), 0, now)[0])]
+    live: dict[str, int] = dict(conn.execute(LIVE_OF, {"names": counted, "now": now}).fetchall()
+                                ) if counted else {}
+    rooms: dict[str, int] = {}
+    for row in batch:
+        name = row["name"]
+        tokens = None
+        if row["rate"] is not None:
+            tokens = refill(row["tokens"], row["refilled_ms"], now, row["rate"], row["burst"])
+            claim.buckets[name] = tokens
+        room, probe = claim_room(circuit_of(row), live.get(name, 0), now)
+        if probe:
+            claim.probes.add(name)
+        rooms[name] = allowance(row, live.get(name, 0), tokens, room)
+    return rooms
+
+
+def _take(conn: psycopg.Connection, rooms: dict[str, int], claim: Claim) -> None:
+    """Lease each endpoint's first deliveries (its leases run out, then its
+    due ones) in equal shares of what the claim still wants, one of each in
+    turn, and again of those that had more, until it is filled or none has
+    any left (one statement a round, every endpoint's index ranges in it)."""
+    wanted = claim.limit - len(claim.leased)
+    rooms = {name: room for name, room in rooms.items() if room > 0}
+    while wanted > 0 and rooms:
+        share = turns(shares(rooms, wanted), wanted)
+        names = [name for name, n in share.items() if n]  # in the rotation's order
+        leased = conn.execute(TAKE_DUE, {
+            "names": names, "lims": [share[name] for name in names], "now": claim.now,
+            "owner": claim.owner, "lease_ms": claim.lease_ms}).fetchall()
+        claim.leased += leased
+        wanted -= len(leased)
+        got = dict.fromkeys(names, 0)
+        for row in leased:
+            got[row[8]] += 1
+        for name in names:
+            rooms[name] = 0 if got[name] < share[name] else rooms[name] - got[name]
+        rooms = {name: room for name, room in rooms.items() if room > 0}
+
+
+def _after_lease(conn: psycopg.Connection, claim: Claim) -> None:
+    """Each rate endpoint's bucket spent, each probe's circuit half-open, and
+    the endpoints examined with nothing pending or leased out of the
+    rotation (passing over the ones it leased from: not idle)."""
+    busy = {row[8] for row in claim.leased}
+    _spend(conn, claim.buckets, claim.leased, claim.now)
+    for name in sorted(claim.probes & busy):
+        conn.execute(HALF_OPEN, {"now": claim.now, "name": name})
+    idle_names = sorted(name for name in claim.order if name not in busy)
+    if idle_names:
+        _clear(conn, [name for (name,) in conn.execute(IDLE_ENDPOINTS, (idle_names,))])
 
 
 def _clear(conn: psycopg.Connection, idle: list[str]) -> None:

@@ -316,8 +316,11 @@ ORDER BY name FOR KEY SHARE"""
 # NO KEY UPDATE SKIP LOCKED: claims at once on many hosts serve disjoint
 # endpoints, none waits for another, and each endpoint's cap, bucket and
 # breaker are judged under its row's lock. Then per endpoint one index range
-# of its leases and one of its due deliveries: a backlog an endpoint may not
-# send now is never read. The readiness the pick states (a row the
+# of its live leases, when its allowance counts them (a cap, a probe), in a
+# statement after the lock (one begun before it could miss the leases of a
+# claim that committed in between), and one of its due deliveries, read and
+# leased in one statement: a backlog an endpoint may not send now is never
+# read. The readiness the pick states (a row the
 # quarantine skipped, held by another transaction, may be at its budget or
 # past its deadline) is checked on each row read, and again at the lease.
 DUE_LINE = "endpoint IS NOT NULL AND status = 'pending' AND held = 0"
@@ -345,22 +348,12 @@ ROTATION = f"""WITH batch AS (SELECT ctid AS at, {_ROTATION_COLUMNS} FROM lease.
 UPDATE lease.endpoints e SET served_at = %(now)s FROM batch
 WHERE e.ctid = batch.at
 RETURNING {", ".join(f"batch.{c.strip()}" for c in _ROTATION_COLUMNS.split(","))}"""
-# Each endpoint's leases, by lease end: the live ones counted, the ones run
-# out (still ready) taken first.
-LEASES_OF = f"""SELECT endpoint, seq, lease_until, {_READY_NOW} AS ready FROM lease.jobs
-WHERE status = 'leased' AND endpoint = ANY(%(names)s::text[])
-ORDER BY endpoint, lease_until, seq"""
-# Each endpoint's next due deliveries: ``lim`` of them after the first
-# ``off``, the higher priority first, then in the order they became due
-# (jobs_endpoint_due's order: one index scan, which passes over the rows of
-# a higher priority not due yet).
-DUE_OF = f"""SELECT u.name, d.seq FROM unnest(%(names)s::text[], %(lims)s::bigint[],
-  %(offs)s::bigint[]) WITH ORDINALITY AS u(name, lim, off, ord)
-CROSS JOIN LATERAL (SELECT seq, priority, available_at FROM lease.jobs
-  WHERE endpoint = u.name AND {DUE_LINE} AND available_at <= %(now)s
-    AND {_READY_NOW}
-  ORDER BY priority DESC, available_at, seq LIMIT u.lim OFFSET u.off) d
-ORDER BY u.ord, d.priority DESC, d.available_at, d.seq"""
+# The live leases of the endpoints whose allowance counts them (jobs_in_flight's
+# range of each, from its lease end now).
+LIVE_OF = """SELECT endpoint, count(*) FROM lease.jobs
+WHERE status = 'leased' AND endpoint = ANY(%(names)s::text[]) AND endpoint IS NOT NULL
+  AND lease_until > %(now)s
+GROUP BY endpoint"""
 # An endpoint with nothing pending or leased leaves the rotation (until its
 # next delivery: an intake, a redrive, a recovery puts it back). The claim
 # holds the endpoint's row FOR NO KEY UPDATE already; it clears has_work only
@@ -437,15 +430,33 @@ RECOVER = """UPDATE lease.jobs SET status = 'pending', attempts = 0, available_a
   held = CASE WHEN ordering_key IS NOT NULL THEN 1 ELSE 0 END
 WHERE seq = ANY(%s::bigint[])"""
 
-# The picked deliveries leased as the pick leases (lease_ticket), each row
-# locked and its readiness checked again: one another transaction holds (a
-# stale finish, an operator's change) is skipped, and the claim leases fewer.
+# The deliveries a round of a claim takes, leased in the statement that
+# picks them (lease_ticket's lease), as the plain queue's PICK_AND_LEASE:
+# each endpoint's ``lim`` first ones: its leases run out (still ready) by
+# lease end, then its due deliveries, the higher priority first, then in the
+# order they became due (jobs_in_flight's and jobs_endpoint_due's orders: one
+# index scan each, stopped at ``lim``, which passes over the rows of a higher
+# priority not due yet). Each row is locked and its readiness checked again: one another
+# transaction holds (a stale finish, an operator's change) is skipped, and
+# the round leases fewer.
 _READY = """status IN ('pending', 'leased') AND held = 0
     AND ((status = 'pending' AND available_at <= %(now)s)
       OR (status = 'leased' AND lease_until <= %(now)s))
     AND attempts < max_attempts AND deadline > %(now)s"""
-LEASE_PICKED = f"""WITH picked AS (SELECT seq FROM lease.jobs
-  WHERE seq = ANY(%(seqs)s::bigint[]) AND endpoint IS NOT NULL AND {_READY}
+TAKE_DUE = f"""WITH due AS (SELECT d.seq FROM unnest(%(names)s::text[], %(lims)s::bigint[])
+  AS u(name, lim)
+CROSS JOIN LATERAL (SELECT x.seq FROM (
+  (SELECT seq, 0 AS part, lease_until AS until, 0 AS priority, 0::bigint AS available_at
+   FROM lease.jobs WHERE endpoint = u.name AND status = 'leased'
+     AND endpoint IS NOT NULL AND lease_until <= %(now)s AND {_READY_NOW}
+   ORDER BY lease_until, seq LIMIT u.lim)
+  UNION ALL
+  (SELECT seq, 1, 0, priority, available_at FROM lease.jobs
+   WHERE endpoint = u.name AND {DUE_LINE} AND available_at <= %(now)s AND {_READY_NOW}
+   ORDER BY priority DESC, available_at, seq LIMIT u.lim)) x
+  ORDER BY x.part, x.until, x.priority DESC, x.available_at, x.seq LIMIT u.lim) d),
+picked AS (SELECT seq FROM lease.jobs
+  WHERE seq IN (SELECT seq FROM due) AND endpoint IS NOT NULL AND {_READY}
   FOR UPDATE SKIP LOCKED)
 UPDATE lease.jobs j SET status = 'leased', attempts = j.attempts + 1, token = j.token + 1,
   owner = %(owner)s, lease_until = LEAST(%(now)s + %(lease_ms)s, j.deadline), reason = NULL

@@ -37,18 +37,18 @@ from lease.policy import (
 )
 from lease.postgres import console
 from lease.postgres.endpoints import (
+    Claim,
     Fanout,
     add,
     audit,
+    claim_deliveries,
     fan_out,
     has_work,
     judge,
     judge_circuits,
-    lease_deliveries,
     lock_circuits,
     lock_endpoints_of,
     locked,
-    pick_deliveries,
     read_audit,
     read_configs,
     read_deliveries,
@@ -339,7 +339,7 @@ class PostgresStore:
                    endpoints: str | tuple[str, ...] | None = None) -> Claimed:
         """The queue's own jobs (``endpoints`` None), or deliveries to the
         served endpoints, fairly, within their caps and buckets
-        (``lease.postgres.endpoints.pick_deliveries``)."""
+        (``lease.postgres.endpoints.claim_deliveries``)."""
         check_identifier("owner", owner)
         served = check_served(endpoints)
         if now_ms is not None:
@@ -364,7 +364,6 @@ class PostgresStore:
                 picked = conn.execute(PICK_AND_LEASE, args) if served is None else None
             for reason, cursor in moves:
                 moved[reason] += cursor.rowcount
-            chosen = None if served is None else pick_deliveries(conn, served, limit, now)
             if picked is not None:
                 leased = [Leased({"id": job_id, "qty": qty, "owner": owner, "token": token,
                                   "attempt": attempt, "lease_until": until}, body, digest,
@@ -372,9 +371,9 @@ class PostgresStore:
                           for _, job_id, qty, token, attempt, until, body, digest, trace, _
                           in sorted(picked, key=claim_rank)]
             else:
-                assert chosen is not None
-                self._before_lease()
-                leased = lease_deliveries(conn, chosen, owner, lease_ms, now)
+                assert served is not None
+                leased = claim_deliveries(conn, served, Claim(owner, lease_ms, limit, now),
+                                          self._before_lease)
             console.worker_claimed(conn, owner, now, len(leased))
             if leased:
                 call_fault(fault, "after-claim")
@@ -390,8 +389,8 @@ class PostgresStore:
         ends one, to prove the pick's own rule."""
 
     def _before_lease(self) -> None:
-        """Inside a claim of deliveries, its endpoints judged (the limited
-        ones locked), before its lease: nothing. A test's subclass waits here,
+        """Inside a claim of deliveries, its first endpoints judged (the
+        limited ones locked), before anything is leased: nothing. A test's subclass waits here,
         to prove that another claim of those endpoints waits for this one."""
 
     def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: int | None = None,

@@ -17,7 +17,7 @@ import pytest
 from lease.endpoints import TURN, Endpoint, EndpointError
 from lease.postgres import SCHEMA_VERSION, PostgresStore, enqueue_in
 from lease.postgres.schema import MIGRATIONS
-from lease.postgres.statements import DUE_OF, ORDERED_READS
+from lease.postgres.statements import ORDERED_READS, TAKE_DUE
 from lease.records import Attempt, Conflict, Leased, StoreError
 from tests.support.queues import T0
 from tests.support.waiting import WAIT_S, wait_until
@@ -321,8 +321,8 @@ def test_one_probe_at_a_time_across_connections_claiming_at_once(
 
 
 class PausedClaims(PostgresStore):
-    """A store whose claims of deliveries stop, their endpoints judged and
-    locked, until the test lets them go."""
+    """A store whose claims of deliveries stop, their first endpoints judged
+    and locked, nothing leased yet, until the test lets them go."""
 
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
@@ -334,6 +334,39 @@ class PausedClaims(PostgresStore):
         assert self.go.wait(WAIT_S), "the test never let the claim go"
 
 
+def test_a_claim_passes_over_an_endpoint_another_claim_is_judging_without_waiting(
+        postgres_url: str, make_store: Callable[..., PostgresStore],
+        admin: psycopg.Connection) -> None:
+    """A claim holds its endpoints' rows from their judgement to its
+    commit; another claim meanwhile passes over them (it does not wait, and
+    does not count the leases the first has not written yet), so the cap
+    holds whoever claims."""
+    cap = 2
+    first = make_store()
+    first.add_endpoint(endpoint("A", max_in_flight=cap), now_ms=T0)
+    first.add_endpoint(endpoint("B"), now_ms=T0)
+    first.enqueue_events([{"id": f"m{n}", "qty": 1} for n in range(10)], now_ms=T0)
+    paused = PausedClaims(postgres_url)
+    try:
+        held: list[Leased] = []
+        claim = threading.Thread(target=lambda: held.extend(paused.claim_jobs(
+            "paused", LEASE_MS, 5, now_ms=T0, endpoints=("A",)).leased))
+        claim.start()
+        try:
+            assert paused.judged.wait(WAIT_S), "the paused claim never judged its endpoints"
+            other = first.claim_jobs("other", LEASE_MS, 5, now_ms=T0, endpoints="*").leased
+            # A is passed over (B's share is the whole claim) and no claim waited
+            assert {job.endpoint for job in other} == {"B"} and len(other) == 5
+            assert lock_waiters(admin) == 0
+        finally:
+            paused.go.set()
+            claim.join(WAIT_S)
+        assert not claim.is_alive()
+        assert [job.endpoint for job in held] == ["A"] * cap == ["A"] * live_leases(admin, "A")
+    finally:
+        paused.close()
+
+
 def lock_waiters(admin: psycopg.Connection) -> int:
     row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                         " AND wait_event_type = 'Lock'").fetchone()
@@ -341,9 +374,11 @@ def lock_waiters(admin: psycopg.Connection) -> int:
     return int(row[0])
 
 
-def plan(admin: psycopg.Connection, statement: str, args: Any) -> dict:
-    """EXPLAIN ANALYZE of a statement, run and rolled back."""
+def plan(admin: psycopg.Connection, statement: str, args: Any, settings: str = "") -> dict:
+    """EXPLAIN ANALYZE of a statement, run and rolled back (after ``settings``)."""
     with admin.transaction(force_rollback=True):
+        if settings:
+            admin.execute(settings)
         row = admin.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}",
                             args).fetchone()
     assert row is not None
@@ -361,28 +396,34 @@ def test_each_endpoint_s_due_deliveries_are_read_in_priority_order_up_to_its_sha
         make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
     """Thousands due per endpoint, of many priorities: the claim's read of
     each endpoint's share scans jobs_endpoint_due in the order it takes the
-    rows and stops at the share, nothing of the backlog sorted."""
+    rows and stops at the share, nothing of the backlog sorted; its leases
+    run out are read the same way, in jobs_in_flight's order."""
     store = make_store()
     names = ["e0", "e1", "e2"]
     for name in names:
         store.add_endpoint(endpoint(name, types=(name,)), now_ms=T0)
     store.enqueue_events([{"id": f"m{n}", "qty": 1, "type": names[n % 3],
                            "priority": n % 201 - 100} for n in range(6000)], now_ms=T0)
+    # two leases of e0 run out: the first of its share, whatever their priority
+    run_out = store.claim_jobs("gone", 1, 2, now_ms=T0, endpoints=("e0",)).leased
     admin.execute("ANALYZE lease.jobs")
+    args = {"names": names, "lims": [5, 5, 5], "now": T0 + 10, "owner": "w",
+            "lease_ms": LEASE_MS}
+    top = plan(admin, TAKE_DUE, args, settings=ORDERED_READS)
+    scans = [n for n in nodes(top) if n.get("Index Name") == "jobs_endpoint_due"]
+    assert [(scan["Actual Loops"], scan["Actual Rows"] <= 5) for scan in scans] == [(3, True)]
+    [late] = [n for n in nodes(top) if n.get("Index Name") == "jobs_in_flight"]
+    assert late["Actual Rows"] <= 1, late  # two rows over three loops
     with admin.transaction(force_rollback=True):
         admin.execute(ORDERED_READS)
-        row = admin.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {DUE_OF}", {
-            "names": names, "lims": [5, 5, 5], "offs": [0, 0, 0], "now": T0}).fetchone()
-        got = admin.execute(DUE_OF, {"names": names, "lims": [5, 5, 5], "offs": [0, 0, 0],
-                                     "now": T0}).fetchall()
-    assert row is not None
-    top = (row[0] if isinstance(row[0], list) else json.loads(row[0]))[0]["Plan"]
-    [scan] = [n for n in nodes(top) if n.get("Index Name") == "jobs_endpoint_due"]
-    assert scan["Actual Loops"] == 3 and scan["Actual Rows"] <= 5, scan  # rows per loop
+        got = admin.execute(TAKE_DUE, args).fetchall()
     priorities = dict(admin.execute("SELECT seq, priority FROM lease.jobs").fetchall())
-    # each endpoint's top level (e0 has 98, e1 99, e2 100: 201 levels over 3 endpoints)
-    assert [(name, priorities[seq]) for name, seq in got] == [
-        *[("e0", 98)] * 5, *[("e1", 99)] * 5, *[("e2", 100)] * 5]
+    # each endpoint's top level (e0 has 98, e1 99, e2 100: 201 levels over 3
+    # endpoints), e0's leases run out first
+    assert sorted((row[8], priorities[row[0]]) for row in got
+                  if row[1] not in ids(run_out)) == sorted(
+        [*[("e0", 98)] * 3, *[("e1", 99)] * 5, *[("e2", 100)] * 5])
+    assert {row[1] for row in got} >= set(ids(run_out))
 
 
 # the partial indexes of live rows (none holds a done row)
