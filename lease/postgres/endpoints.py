@@ -274,27 +274,43 @@ class Claim:
     leased: list[tuple] = field(default_factory=list)
 
 
-def claim_deliveries(conn: psycopg.Connection, served: str | tuple[str, ...], claim: Claim,
-                     judged: Callable[[], None]) -> list[Leased]:
-    """Inside a claim, after its quarantine: the endpoints with work take
-    turns (the least recently served first), each one's deliveries leased
-    within its allowance and its share of the claim (the SQLite driver's
-    pick_deliveries, with the rows of the endpoints locked); each rate
-    endpoint's bucket spent by what it leased, a probe's circuit half-open;
-    the endpoints examined (the rotation sent each to its back) with nothing
-    pending or leased out of it. ``judged`` is called once the first batch's
-    endpoints are judged, before anything is leased."""
+@dataclass
+class Rotation:
+    """A claim's look at the rotation: its arguments, moved on at each batch,
+    and the first batch's cursor (sent in the claim's first round trip)."""
+
+    args: dict[str, Any]
+    first: psycopg.Cursor[dict[str, Any]]
+
+
+def send_rotation(conn: psycopg.Connection, served: str | tuple[str, ...],
+                  claim: Claim) -> Rotation:
+    """Inside a claim's pipeline, after its quarantine: the first batch of
+    the rotation asked for, not waited for, with the setting of the claim's
+    ordered reads (it ends with the claim): the claim makes no round trip of
+    its own to start."""
     args: dict[str, Any] = {
         "now": claim.now, "all": served == ALL, "names": [] if served == ALL else list(served),
         "limit": rotation_batch(claim.limit), "served": -(2**63), "name": "", "seen": []}
-    # in the round trip of the first batch (the setting ends with the claim)
-    with conn.pipeline():
-        conn.execute(ORDERED_READS)
-        first = conn.cursor(row_factory=dict_row).execute(ROTATION, args)
+    conn.execute(ORDERED_READS)
+    return Rotation(args, conn.cursor(row_factory=dict_row).execute(ROTATION, args))
+
+
+def claim_deliveries(conn: psycopg.Connection, rotation: Rotation, claim: Claim,
+                     judged: Callable[[], None]) -> list[Leased]:
+    """Inside a claim, after its quarantine and ``send_rotation``: the
+    endpoints with work take turns (the least recently served first), each
+    one's deliveries leased within its allowance and its share of the claim
+    (the SQLite driver's pick_deliveries, with the rows of the endpoints
+    locked); each rate endpoint's bucket spent by what it leased, a probe's
+    circuit half-open; the endpoints examined (the rotation sent each to its
+    back) with nothing pending or leased out of it. ``judged`` is called once
+    the first batch's endpoints are judged, before anything is leased."""
+    args = rotation.args
     for n in range(MAX_BATCHES):
         if n:
             args["limit"] = rotation_batch(claim.limit - len(claim.leased), n)
-        batch = sorted(first.fetchall() if n == 0 else dicts(conn, ROTATION, args),
+        batch = sorted(rotation.first.fetchall() if n == 0 else dicts(conn, ROTATION, args),
                        key=lambda row: (row["served_at"], row["name"]))
         if not batch:
             break

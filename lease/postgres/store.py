@@ -54,6 +54,7 @@ from lease.postgres.endpoints import (
     read_deliveries,
     read_endpoints,
     read_stats,
+    send_rotation,
     update,
 )
 from lease.postgres.listener import Listener
@@ -354,14 +355,19 @@ class PostgresStore:
                 console.worker_claimed(conn, owner, now, 0)
                 return Claimed([], moved, now)
             args = {"now": now, "limit": limit, "owner": owner, "lease_ms": lease_ms}
-            # The quarantine first, as on SQLite; then a claim of deliveries
-            # takes its endpoints from the rotation (SKIP LOCKED: it never
-            # waits for a lock, so it is in no cycle of locks).
+            # The quarantine first, as on SQLite; then the pick, or for a
+            # claim of deliveries its first look at the rotation (SKIP LOCKED:
+            # it never waits for a lock, so it is in no cycle of locks), in
+            # the same round trip.
+            claim = Claim(owner, lease_ms, limit, now)
             with conn.pipeline() as pipeline:
                 moves = [(reason, conn.execute(statement, args))
                          for reason, statement in QUARANTINE]
                 self._before_pick(pipeline)
-                picked = conn.execute(PICK_AND_LEASE, args) if served is None else None
+                if served is None:
+                    picked = conn.execute(PICK_AND_LEASE, args)
+                else:
+                    picked, rotation = None, send_rotation(conn, served, claim)
             for reason, cursor in moves:
                 moved[reason] += cursor.rowcount
             if picked is not None:
@@ -371,9 +377,7 @@ class PostgresStore:
                           for _, job_id, qty, token, attempt, until, body, digest, trace, _
                           in sorted(picked, key=claim_rank)]
             else:
-                assert served is not None
-                leased = claim_deliveries(conn, served, Claim(owner, lease_ms, limit, now),
-                                          self._before_lease)
+                leased = claim_deliveries(conn, rotation, claim, self._before_lease)
             console.worker_claimed(conn, owner, now, len(leased))
             if leased:
                 call_fault(fault, "after-claim")
