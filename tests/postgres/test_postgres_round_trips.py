@@ -50,19 +50,20 @@ def trips(proxy: RoundTrips, call: Callable[[], Claimed | None]) -> tuple[int, C
     return proxy.count - before, result
 
 
-def finish(store: PostgresStore, claimed: Claimed) -> None:
-    results = store.finish_jobs([(job.ticket, "ok", 0, Attempt(claimed.now_ms, 1))
-                                 for job in claimed.leased])
-    assert results == [("done", None)] * len(claimed.leased)
+def finish(store: PostgresStore, claimed: Claimed, outcome: str = "ok") -> None:
+    results = store.finish_jobs([(job.ticket, outcome, 0, Attempt(
+        claimed.now_ms, 1, 503 if outcome == "retry" else 200)) for job in claimed.leased])
+    assert results == [("done" if outcome == "ok" else "pending",
+                        None if outcome == "ok" else "retry")] * len(claimed.leased)
 
 
-def cycle(store: PostgresStore, proxy: RoundTrips,
-          endpoints: str | None) -> tuple[int, int]:
+def cycle(store: PostgresStore, proxy: RoundTrips, endpoints: str | None,
+          outcome: str = "ok") -> tuple[int, int]:
     """The round trips of one claim of 8 and of its finish."""
     claim_trips, claimed = trips(proxy, lambda: store.claim_jobs(
         "w", LEASE_MS, 8, endpoints=endpoints))
     assert claimed is not None and len(claimed.leased) == 8
-    finish_trips, _ = trips(proxy, lambda: finish(store, claimed))
+    finish_trips, _ = trips(proxy, lambda: finish(store, claimed, outcome))
     return claim_trips, finish_trips
 
 
@@ -82,3 +83,21 @@ def test_a_claim_of_deliveries_waits_once_more_than_a_plain_claim_and_its_finish
     # picks and leases the endpoint's share
     assert deliveries[0] == plain[0] + 1
     assert deliveries[1] == plain[1]
+
+
+def test_a_finish_of_retries_waits_as_often_as_a_finish_of_jobs_done(
+        counted: tuple[PostgresStore, RoundTrips]) -> None:
+    """A retry writes an attempts row, and a delivery's failures step its
+    endpoint's circuit (written, maybe opened and audited): writes whose
+    results nothing reads, sent in the round trip of the finish's rollup. A
+    circuit that moves is locked first, in a round trip of its own (the lock
+    order: endpoint rows, then keys, then job rows)."""
+    store, proxy = counted
+    for _ in range(WARM_CYCLES):
+        cycle(store, proxy, None)
+        cycle(store, proxy, "*")
+    done = cycle(store, proxy, None)[1]
+    assert done >= 2
+    assert cycle(store, proxy, None, "retry")[1] == done
+    assert cycle(store, proxy, "*", "retry")[1] == done + 1
+    assert store.endpoint_stats()[0]["retried"] == 8  # the failures were written
