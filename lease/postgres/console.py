@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 
+from lease.postgres.statements import WORKER_ROW
 from lease.rules import (
     BUCKET_COLUMNS,
     MINUTE_COLUMNS,
@@ -71,14 +72,10 @@ def queue_audit(conn: psycopg.Connection) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------ the dispatchers at work
 
-# The claim's record of itself (lease.rules, "the dispatchers at work"): a
-# claim that leased nothing writes only when the row's last claim is a beat old.
-WORKER_CLAIMED = """INSERT INTO lease.workers (owner, last_claim_ms, last_claimed)
-VALUES (%(owner)s, %(now)s, %(n)s)
-ON CONFLICT (owner) DO UPDATE SET last_claim_ms = excluded.last_claim_ms,
-  last_claimed = excluded.last_claimed
-WHERE excluded.last_claimed > 0 OR lease.workers.last_claim_ms IS NULL
-  OR lease.workers.last_claim_ms <= excluded.last_claim_ms - %(beat)s"""
+# The claim's record of itself, when no statement of the claim leased
+# (statements.WORKER_ROW: the pick and each round of a claim of deliveries
+# write it as they lease).
+WORKER_CLAIMED = WORKER_ROW.format(claimed="%(n)s")
 REGISTER = """INSERT INTO lease.workers (owner, host, pid, started_ms) VALUES (%s, %s, %s, %s)
 ON CONFLICT (owner) DO UPDATE SET host = excluded.host, pid = excluded.pid,
   started_ms = excluded.started_ms"""

@@ -104,7 +104,7 @@ from lease.postgres.statements import (
     WRITE_CIRCUIT,
 )
 from lease.records import Attempt, Leased
-from lease.rules import CIRCUIT_COLUMNS, claim_rank, conflict
+from lease.rules import CIRCUIT_COLUMNS, WORKER_BEAT_MS, claim_rank, conflict
 from lease.worker import Busy, Conflict
 
 # How many batches of endpoints one claim takes from the rotation at most
@@ -262,7 +262,8 @@ class Claim:
     """One claim of deliveries as it goes: its arguments, the endpoints it
     examined in rotation order (locked till it commits), each rate
     endpoint's bucket level now, the endpoints whose lease would be the
-    probe, and the rows leased so far."""
+    probe, the rows leased so far, and the rounds that leased (each one
+    records the claim on its owner's row, statements.WORKER_ROW)."""
 
     owner: str
     lease_ms: int
@@ -272,6 +273,7 @@ class Claim:
     buckets: dict[str, float] = field(default_factory=dict)
     probes: set[str] = field(default_factory=set)
     leased: list[tuple] = field(default_factory=list)
+    rounds: int = 0
 
 
 @dataclass
@@ -366,7 +368,9 @@ def _take(conn: psycopg.Connection, rooms: dict[str, int], claim: Claim) -> None
         names = [name for name, n in share.items() if n]  # in the rotation's order
         leased = conn.execute(TAKE_DUE, {
             "names": names, "lims": [share[name] for name in names], "now": claim.now,
-            "owner": claim.owner, "lease_ms": claim.lease_ms}).fetchall()
+            "owner": claim.owner, "lease_ms": claim.lease_ms, "before": len(claim.leased),
+            "beat": WORKER_BEAT_MS}).fetchall()
+        claim.rounds += 1
         claim.leased += leased
         wanted -= len(leased)
         got = dict.fromkeys(names, 0)

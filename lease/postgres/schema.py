@@ -169,7 +169,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         """CREATE TABLE lease.queue_audit (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   at_ms bigint NOT NULL, action text NOT NULL, note text NOT NULL, actor text)""",
         # A dispatcher at work: host and pid from its registration, the last
-        # claim from each claim that names it (one UPSERT a claim).
+        # claim from each claim that names it (one UPSERT a claim, in the
+        # statement that leases).
         """CREATE TABLE lease.workers (owner text PRIMARY KEY, host text, pid bigint,
   started_ms bigint, last_claim_ms bigint, last_claimed bigint NOT NULL DEFAULT 0)""",
     ),

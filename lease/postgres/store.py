@@ -125,6 +125,7 @@ from lease.queues import split_url
 from lease.records import MAX_ERROR_CHARS, Claimed, Leased, check_on_conflict, judge_intake
 from lease.rules import (
     STATUSES,
+    WORKER_BEAT_MS,
     cancel_decisions,
     check_finish_item,
     check_ids,
@@ -354,7 +355,8 @@ class PostgresStore:
             if paused:  # leases nothing, changes no job (lease.rules, "pause")
                 console.worker_claimed(conn, owner, now, 0)
                 return Claimed([], moved, now)
-            args = {"now": now, "limit": limit, "owner": owner, "lease_ms": lease_ms}
+            args = {"now": now, "limit": limit, "owner": owner, "lease_ms": lease_ms,
+                    "beat": WORKER_BEAT_MS}
             # The quarantine first, as on SQLite; then the pick, or for a
             # claim of deliveries its first look at the rotation (SKIP LOCKED:
             # it never waits for a lock, so it is in no cycle of locks), in
@@ -378,7 +380,8 @@ class PostgresStore:
                           in sorted(picked, key=claim_rank)]
             else:
                 leased = claim_deliveries(conn, rotation, claim, self._before_lease)
-            console.worker_claimed(conn, owner, now, len(leased))
+                if not claim.rounds:  # no statement leased, none recorded the claim
+                    console.worker_claimed(conn, owner, now, 0)
             if leased:
                 call_fault(fault, "after-claim")
         if leased:

@@ -19,6 +19,7 @@ from lease.postgres import SCHEMA_VERSION, PostgresStore, enqueue_in
 from lease.postgres.schema import MIGRATIONS
 from lease.postgres.statements import ORDERED_READS, TAKE_DUE
 from lease.records import Attempt, Conflict, Leased, StoreError
+from lease.rules import WORKER_BEAT_MS
 from tests.support.queues import T0
 from tests.support.waiting import WAIT_S, wait_until
 
@@ -408,7 +409,7 @@ def test_each_endpoint_s_due_deliveries_are_read_in_priority_order_up_to_its_sha
     run_out = store.claim_jobs("gone", 1, 2, now_ms=T0, endpoints=("e0",)).leased
     admin.execute("ANALYZE lease.jobs")
     args = {"names": names, "lims": [5, 5, 5], "now": T0 + 10, "owner": "w",
-            "lease_ms": LEASE_MS}
+            "lease_ms": LEASE_MS, "before": 0, "beat": WORKER_BEAT_MS}
     top = plan(admin, TAKE_DUE, args, settings=ORDERED_READS)
     scans = [n for n in nodes(top) if n.get("Index Name") == "jobs_endpoint_due"]
     assert [(scan["Actual Loops"], scan["Actual Rows"] <= 5) for scan in scans] == [(3, True)]

@@ -25,6 +25,7 @@ from lease.postgres.schema import MIGRATIONS, PRIORITY_SINCE
 from lease.postgres.statements import FINISH_IF_STILL_LEASED, PICK_AND_LEASE, QUARANTINE
 from lease.records import Attempt, Busy, Claimed, NotAQueue, StoreError
 from lease.retrying import PATIENT
+from lease.rules import WORKER_BEAT_MS
 from lease.stores import open_store
 from tests.support.queues import T0
 from tests.support.waiting import WAIT_S, wait_until
@@ -583,7 +584,8 @@ def nodes(node: dict) -> Iterator[dict]:
 def test_the_claim_reads_the_partial_indexes_however_many_jobs_are_done(
         make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
     store = make_store()
-    args = {"now": T0 + 10, "limit": 10, "owner": "w", "lease_ms": 1000}
+    args = {"now": T0 + 10, "limit": 10, "owner": "w", "lease_ms": 1000,
+            "beat": WORKER_BEAT_MS}
     store.enqueue_events([ev(f"live{n}") for n in range(20)], now_ms=T0)
     small = plan(admin, PICK_AND_LEASE, args)
     admin.execute("""INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,
@@ -614,7 +616,7 @@ def test_the_claim_takes_its_batch_in_priority_order_by_one_index_scan(
                          now_ms=T0)
     admin.execute("ANALYZE lease.jobs")
     top = plan(admin, PICK_AND_LEASE, {"now": T0 + 10, "limit": 10, "owner": "w",
-                                       "lease_ms": 1000})
+                                       "lease_ms": 1000, "beat": WORKER_BEAT_MS})
     [pick] = [n for n in nodes(top) if n.get("Subplan Name") == "CTE picked"]
     assert pick["Actual Rows"] == 10
     assert "jobs_ready" in {n.get("Index Name") for n in nodes(pick)}
