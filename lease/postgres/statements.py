@@ -38,14 +38,6 @@ UPDATE lease.jobs j SET status = 'dead', reason = 'exhausted', owner = NULL, lea
 FROM doomed WHERE j.seq = doomed.seq"""),
 )
 
-# lease.worker.PICK, locked in a CTE: the planner cannot update more rows
-# than the limit; a new lease as lease.worker.lease_ticket makes it. On SQLite
-# the quarantine and the pick run under one write lock, so no row at its
-# budget or past its deadline is left for the pick. Here the quarantine skips
-# a row another transaction holds (a stale finish, an extension), and that
-# one may commit before the pick, a statement with a snapshot of its own: the
-# pick says the rule itself, and such a row waits for the next claim's
-# quarantine instead of a lease as attempt max + 1 or one ending at once.
 # The claim's record of itself (lease.rules, "the dispatchers at work"),
 # written by the statement that leases, so that it costs a claim no round
 # trip of its own: ``{claimed}``, what the claim leased. A claim that leased
@@ -56,6 +48,16 @@ ON CONFLICT (owner) DO UPDATE SET last_claim_ms = excluded.last_claim_ms,
   last_claimed = excluded.last_claimed
 WHERE excluded.last_claimed > 0 OR lease.workers.last_claim_ms IS NULL
   OR lease.workers.last_claim_ms <= excluded.last_claim_ms - %(beat)s"""
+
+# lease.worker.PICK, locked in a CTE: the planner cannot update more rows
+# than the limit; a new lease as lease.worker.lease_ticket makes it. On SQLite
+# the quarantine and the pick run under one write lock, so no row at its
+# budget or past its deadline is left for the pick. Here the quarantine skips
+# a row another transaction holds (a stale finish, an extension), and that
+# one may commit before the pick, a statement with a snapshot of its own: the
+# pick says the rule itself, and such a row waits for the next claim's
+# quarantine instead of a lease as attempt max + 1 or one ending at once.
+# The same statement records the claim on its owner's row (WORKER_ROW).
 PICK_AND_LEASE = f"""WITH picked AS (SELECT seq FROM lease.jobs
   WHERE status IN ('pending', 'leased') AND held = 0 AND endpoint IS NULL
     AND ((status = 'pending' AND available_at <= %(now)s)
@@ -449,9 +451,10 @@ WHERE seq = ANY(%s::bigint[])"""
 # lease end, then its due deliveries, the higher priority first, then in the
 # order they became due (jobs_in_flight's and jobs_endpoint_due's orders: one
 # index scan each, stopped at ``lim``, which passes over the rows of a higher
-# priority not due yet). Each row is locked and its readiness checked again: one another
-# transaction holds (a stale finish, an operator's change) is skipped, and
-# the round leases fewer.
+# priority not due yet). Each row is locked and its readiness checked again:
+# one another transaction holds (a stale finish, an operator's change) is
+# skipped, and the round leases fewer. The round records the claim on its
+# owner's row (WORKER_ROW: ``before``, what the claim's earlier rounds leased).
 _READY = """status IN ('pending', 'leased') AND held = 0
     AND ((status = 'pending' AND available_at <= %(now)s)
       OR (status = 'leased' AND lease_until <= %(now)s))
