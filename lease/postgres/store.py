@@ -397,8 +397,9 @@ class PostgresStore:
 
     def _before_lease(self) -> None:
         """Inside a claim of deliveries, its first endpoints judged (the
-        limited ones locked), before anything is leased: nothing. A test's subclass waits here,
-        to prove that another claim of those endpoints waits for this one."""
+        limited ones locked), before anything is leased: nothing. A test's
+        subclass waits here, to prove that another claim of those endpoints
+        waits for this one."""
 
     def extend_lease(self, ticket: dict, lease_ms: int, *, now_ms: int | None = None,
                      fault: Fault = None) -> dict | bool:

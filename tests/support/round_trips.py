@@ -12,6 +12,7 @@ import contextlib
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from types import TracebackType
 
 # The frontend messages a client waits after (PostgreSQL protocol 3).
@@ -42,19 +43,27 @@ class RoundTrips:
         self.close()
 
     def close(self) -> None:
-        self._listener.close()
-        with self._lock:
-            sockets = list(self._sockets)
-        for sock in sockets:
+        """Every socket shut (a shutdown, not a close alone, wakes the thread
+        blocked in accept), then every thread joined."""
+        for sock in [self._listener, *self._sockets_now()]:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
-        for thread in self._threads:
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
             thread.join(timeout=10)
+            if thread.is_alive():
+                raise RuntimeError(f"the proxy's thread {thread.name} did not end")
 
-    def _start(self, target: object, *args: object) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
-        self._threads.append(thread)
+    def _sockets_now(self) -> list[socket.socket]:
+        with self._lock:
+            return list(self._sockets)
+
+    def _start(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        with self._lock:
+            self._threads.append(thread)
         thread.start()
 
     def _accept(self) -> None:
