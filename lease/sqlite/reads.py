@@ -20,6 +20,7 @@ from lease.endpoints import Endpoint, check_endpoint_name, key_of_line
 from lease.policy import PRODUCT, check_ordering_key
 from lease.rules import DAY_MS, STATUSES, list_filters, queue_depth
 from lease.sqlite import endpoints
+from lease.sqlite.statements import DUE_LINE, IN_FLIGHT, REST_LINE
 from lease.worker import (
     NotAQueue,
     check_identifier,
@@ -159,9 +160,11 @@ def is_idle(con: sqlite3.Connection) -> bool:
 # endpoints it serves (a disabled endpoint's wait for an operator).
 IDLE_OWN = ("SELECT NOT EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_own"
             " WHERE endpoint IS NULL AND status IN ('pending', 'leased') AND held = 0)")
-IDLE_SERVED = """SELECT NOT EXISTS (SELECT 1 FROM endpoints e
-  WHERE e.enabled = 1 {only} AND EXISTS (SELECT 1 FROM jobs j INDEXED BY jobs_by_endpoint
-    WHERE j.endpoint = e.name AND j.status IN ('pending', 'leased') AND j.held = 0))"""
+IDLE_SERVED = f"""SELECT NOT EXISTS (SELECT 1 FROM endpoints e
+  WHERE e.enabled = 1 {{only}} AND (EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_endpoint_due
+    WHERE endpoint = e.name AND {DUE_LINE})
+  OR EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_in_flight
+    WHERE endpoint = e.name AND {IN_FLIGHT} AND held = 0)))"""
 
 
 def is_idle_for(con: sqlite3.Connection, served: str | tuple[str, ...] | None) -> bool:
@@ -531,18 +534,33 @@ def endpoint_audit(con: sqlite3.Connection, name: str | None) -> list[dict[str, 
 
 # Per endpoint: its deliveries by status, its retries, its last failed attempt
 # and its last delivery (a done job's available_at is when it finished).
-_BY_ENDPOINT = ("SELECT endpoint, status, COUNT(*) FROM jobs INDEXED BY jobs_by_endpoint"
-                " WHERE endpoint IS NOT NULL GROUP BY endpoint, status")
+# Each status from the index that holds it (pending from two: the due, and
+# the held behind a line): every count is an index range, no row is read.
+_BY_ENDPOINT = f"""SELECT endpoint, 'pending', COUNT(*) FROM jobs INDEXED BY jobs_endpoint_due
+  WHERE {DUE_LINE} GROUP BY endpoint
+UNION ALL SELECT endpoint, 'leased', COUNT(*) FROM jobs INDEXED BY jobs_in_flight
+  WHERE {IN_FLIGHT} GROUP BY endpoint
+UNION ALL SELECT endpoint, status, COUNT(*) FROM jobs INDEXED BY {{rest}}
+  WHERE {REST_LINE} GROUP BY endpoint, status"""
 _RETRIED = ("SELECT j.endpoint, COUNT(*) FROM attempts a JOIN jobs j ON j.id = a.id"
             " WHERE j.endpoint IS NOT NULL AND a.outcome = 'retry' GROUP BY j.endpoint")
 _LAST_ERROR = ("SELECT j.endpoint, MAX(a.seq), a.error, a.http_status, a.ended_ms"
                " FROM attempts a JOIN jobs j ON j.id = a.id WHERE j.endpoint IS NOT NULL"
                " AND (a.error IS NOT NULL OR a.http_status NOT BETWEEN 200 AND 299)"
                " GROUP BY j.endpoint")
-_DEAD_BY_REASON = ("SELECT endpoint, reason, COUNT(*) FROM jobs INDEXED BY jobs_by_endpoint"
-                   " WHERE endpoint IS NOT NULL AND status = 'dead' GROUP BY endpoint, reason")
-_LAST_SUCCESS = ("SELECT endpoint, MAX(available_at) FROM jobs INDEXED BY jobs_by_endpoint"
-                 " WHERE endpoint IS NOT NULL AND status = 'done' GROUP BY endpoint")
+_DEAD_BY_REASON = ("SELECT endpoint, reason, COUNT(*) FROM jobs INDEXED BY {rest}"
+                   f" WHERE {REST_LINE} AND status = 'dead' GROUP BY endpoint, reason")
+_LAST_SUCCESS = ("SELECT endpoint, MAX(available_at) FROM jobs INDEXED BY {rest}"
+                 f" WHERE {REST_LINE} AND status = 'done' GROUP BY endpoint")
+
+
+def _rest_index(con: sqlite3.Connection) -> str:
+    """The index of an endpoint's held and finished deliveries: a file not
+    migrated yet (opened to read only) has version 8's index of them all,
+    which the same terms read."""
+    found = con.execute("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'index'"
+                        " AND name = 'jobs_endpoint_rest')").fetchone()[0]
+    return "jobs_endpoint_rest" if found else "jobs_by_endpoint"
 
 
 def endpoint_stats(con: sqlite3.Connection) -> list[dict[str, Any]]:
@@ -552,15 +570,17 @@ def endpoint_stats(con: sqlite3.Connection) -> list[dict[str, Any]]:
     con.execute("BEGIN")
     try:
         found = endpoints.public_endpoints(con)
+        rest = _rest_index(con)
         by_status: dict[str, dict[str, int]] = {}
-        for name, status, n in con.execute(_BY_ENDPOINT):
-            by_status.setdefault(name, {})[status] = n
+        for name, status, n in con.execute(_BY_ENDPOINT.format(rest=rest)):
+            counts = by_status.setdefault(name, {})
+            counts[status] = counts.get(status, 0) + n
         retried = dict(con.execute(_RETRIED).fetchall())
         errors = {name: {"error": error, "http_status": status, "at_ms": at}
                   for name, _, error, status, at in con.execute(_LAST_ERROR)}
-        success = dict(con.execute(_LAST_SUCCESS).fetchall())
+        success = dict(con.execute(_LAST_SUCCESS.format(rest=rest)).fetchall())
         dead: dict[str, dict[str, int]] = {}
-        for name, reason, n in con.execute(_DEAD_BY_REASON):
+        for name, reason, n in con.execute(_DEAD_BY_REASON.format(rest=rest)):
             dead.setdefault(name, {})[reason] = n
     finally:
         con.execute("COMMIT")

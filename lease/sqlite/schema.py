@@ -7,7 +7,7 @@ import sqlite3
 
 from lease.rules import TABLES
 from lease.sqlite.reads import BODIES_SINCE
-from lease.sqlite.statements import DUE_LINE, LINE, OWN_READY
+from lease.sqlite.statements import DUE_LINE, LINE, OWN_READY, REST_LINE
 from lease.worker import (
     CONTRACT_SCHEMA,
     NotAQueue,
@@ -21,11 +21,12 @@ from lease.worker import (
     open_queue,
 )
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 ENDPOINTS_SINCE = 5  # the version that knows endpoints (lease.endpoints)
 CONSOLE_SINCE = 6  # the version with the pause, its audit and the workers (lease.rules)
 ROLLUP_SINCE = 7  # the version with the per-minute rollup of the finishes (lease.rules)
 PRIORITY_SINCE = 8  # the version with each job's priority (lease.policy.check_priority)
+REST_SINCE = 9  # the version whose lease of a delivery leaves its per-endpoint index alone
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -172,6 +173,27 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         f"CREATE INDEX jobs_own ON jobs(priority DESC, seq) WHERE {OWN_READY}",
         "DROP INDEX jobs_endpoint_due",
         "CREATE INDEX jobs_endpoint_due ON jobs(endpoint, priority DESC, available_at, seq)"
+        f" WHERE {DUE_LINE}",
+    ),
+    REST_SINCE: (
+        # jobs_by_endpoint (endpoint, status) held every delivery, so each
+        # lease and each finish moved its entry from one status to another:
+        # two B-tree writes a row, and pages to journal and sync at each
+        # commit. jobs_endpoint_rest holds only what neither claim index holds
+        # (the held behind their line's first, the done, the dead): a lease
+        # leaves it alone, a finish adds the entry once. The stats count the
+        # three indexes. A new name: an older dispatcher's reads of the old
+        # one (INDEXED BY) fail whole, as errors, and change nothing.
+        "DROP INDEX jobs_by_endpoint",
+        f"CREATE INDEX jobs_endpoint_rest ON jobs(endpoint, status) WHERE {REST_LINE}",
+        # seq is the rowid, which every index entry ends with already: the
+        # claim's two indexes keep their order without it, in smaller entries
+        # (fewer pages to rebalance as a claim empties the front of each).
+        # Same names: an older dispatcher's pick (INDEXED BY) still runs.
+        "DROP INDEX jobs_own",
+        f"CREATE INDEX jobs_own ON jobs(priority DESC) WHERE {OWN_READY}",
+        "DROP INDEX jobs_endpoint_due",
+        f"CREATE INDEX jobs_endpoint_due ON jobs(endpoint, priority DESC, available_at)"
         f" WHERE {DUE_LINE}",
     ),
 }

@@ -51,6 +51,13 @@ WHERE ordering_key = ? AND held = 0 AND {LINE}"""
 # intake) is passed over in the scan, as it always was.
 OWN_READY = "endpoint IS NULL AND status IN ('pending', 'leased') AND held = 0"
 DUE_LINE = "endpoint IS NOT NULL AND status = 'pending' AND held = 0"
+# A delivery that neither jobs_endpoint_due nor jobs_in_flight holds: held
+# behind its line's first, done or dead (jobs_endpoint_rest). A read by that
+# index repeats these terms word for word: SQLite uses a partial index only
+# for a WHERE that contains its own.
+REST_LINE = "endpoint IS NOT NULL AND status <> 'leased' AND (status <> 'pending' OR held <> 0)"
+# An endpoint's leases (jobs_in_flight's terms).
+IN_FLIGHT = "status = 'leased' AND endpoint IS NOT NULL"
 _DUE = ("((status = 'pending' AND available_at <= :now)"
         " OR (status = 'leased' AND lease_until <= :now))")
 # the payload last (batch.read), the priority for the claim's order (batch.claim_order)
@@ -128,8 +135,12 @@ _PROBED = "{probe} AND endpoints.circuit = 'open'"
 _ROTATED_SET = f"""served_at = ?1,
   tokens = coalesce({{tokens}}, endpoints.tokens),
   refilled_ms = CASE WHEN {{tokens}} IS NULL THEN endpoints.refilled_ms ELSE ?1 END,
-  has_work = CASE WHEN {{idle}} AND NOT EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_by_endpoint
-      WHERE jobs.endpoint = endpoints.name AND jobs.status IN ('pending', 'leased'))
+  has_work = CASE WHEN {{idle}} AND NOT EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_endpoint_due
+      WHERE jobs.endpoint = endpoints.name AND {DUE_LINE})
+    AND NOT EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_in_flight
+      WHERE jobs.endpoint = endpoints.name AND {IN_FLIGHT})
+    AND NOT EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_endpoint_rest
+      WHERE jobs.endpoint = endpoints.name AND {REST_LINE} AND status = 'pending')
     THEN 0 ELSE endpoints.has_work END,
   circuit = CASE WHEN {_PROBED} THEN 'half-open' ELSE endpoints.circuit END,
   circuit_since_ms = CASE WHEN {_PROBED} THEN ?1 ELSE endpoints.circuit_since_ms END,
@@ -157,9 +168,9 @@ AUTO_DISABLE = "UPDATE endpoints SET enabled = 0, disabled_why = ? WHERE name = 
 # Recovery: an endpoint's deliveries finished (done or dead) since a time, sent
 # again with a fresh budget; a done one's delivering attempt moves to the
 # attempts rows first, so its history keeps it.
-RECOVERABLE = """SELECT seq, id, status, token, ordering_key, attempts, done_by, done_started_ms,
-  done_latency_ms, done_http_status, available_at FROM jobs INDEXED BY jobs_by_endpoint
-WHERE endpoint = :name AND status IN ('done', 'dead') AND available_at >= :since
+RECOVERABLE = f"""SELECT seq, id, status, token, ordering_key, attempts, done_by, done_started_ms,
+  done_latency_ms, done_http_status, available_at FROM jobs INDEXED BY jobs_endpoint_rest
+WHERE endpoint = :name AND {REST_LINE} AND status IN ('done', 'dead') AND available_at >= :since
 ORDER BY seq LIMIT :limit"""
 RECOVER = ("UPDATE jobs SET status = 'pending', attempts = 0, available_at = ?, deadline = ?,"
     " owner = NULL, lease_until = NULL, reason = NULL, done_by = NULL, done_started_ms = NULL,"
@@ -193,8 +204,15 @@ RESET_BUCKET = "UPDATE endpoints SET tokens = ?, refilled_ms = ? WHERE name = ?"
 DELETE_ENDPOINT = "DELETE FROM endpoints WHERE name = ?"
 AUDIT_ENDPOINT = ("INSERT INTO endpoint_audit (endpoint, at_ms, action, fields, note, actor)"
                   " VALUES (?, ?, ?, ?, ?, ?)")
-LIVE_DELIVERIES = ("SELECT id, status FROM jobs INDEXED BY jobs_by_endpoint"
-                   " WHERE endpoint = ? AND status IN ('pending', 'leased') ORDER BY seq")
+# An endpoint's deliveries still to be sent: its pending (due, or held behind
+# a line) and its leased, each from the index that holds them.
+LIVE_DELIVERIES = f"""SELECT id, status FROM (
+  SELECT seq, id, status FROM jobs INDEXED BY jobs_endpoint_due WHERE endpoint = ?1 AND {DUE_LINE}
+  UNION ALL SELECT seq, id, status FROM jobs INDEXED BY jobs_in_flight
+    WHERE endpoint = ?1 AND {IN_FLIGHT}
+  UNION ALL SELECT seq, id, status FROM jobs INDEXED BY jobs_endpoint_rest
+    WHERE endpoint = ?1 AND {REST_LINE} AND status = 'pending')
+ORDER BY seq"""
 
 
 # Whether any key has a line at all: one probe of jobs_line. With none, no

@@ -346,14 +346,14 @@ def test_a_version_7_file_gains_priorities_its_jobs_at_0(tmp_path):
     older = worker.open_queue(path)  # open across the migration, as a running process's
     try:
         with SQLiteStore(path) as migrated:
-            assert migrated.schema_version() == store.SCHEMA_VERSION == schema.PRIORITY_SINCE
+            assert migrated.schema_version() == store.SCHEMA_VERSION
             assert [(r["id"], r["priority"]) for r in migrated.list_jobs()] == [
                 ("own", 0), ("m@e1", 0)]
             indexes = dict(migrated.connection.execute(
                 "SELECT name, sql FROM sqlite_master WHERE name IN"
                 " ('jobs_own', 'jobs_endpoint_due')").fetchall())
-            assert "(priority DESC, seq)" in indexes["jobs_own"]
-            assert "(endpoint, priority DESC, available_at, seq)" in indexes["jobs_endpoint_due"]
+            assert "(priority DESC)" in indexes["jobs_own"]  # then the rowid: seq
+            assert "(endpoint, priority DESC, available_at)" in indexes["jobs_endpoint_due"]
             # an older dispatcher's pick still runs (the index kept its name)
             assert older.execute(V7_PICK, {"now": T0, "limit": 10}).fetchall() == [(1, "own")]
             assert migrated.enqueue_events([{"id": "urgent", "qty": 1, "priority": 3}],
@@ -363,3 +363,101 @@ def test_a_version_7_file_gains_priorities_its_jobs_at_0(tmp_path):
             assert schema.migrate(migrated.connection) == store.SCHEMA_VERSION  # once only
     finally:
         older.close()
+
+
+def version_8_file(path: Path) -> None:
+    """A queue as version 8 left it, with an endpoint's deliveries in every
+    state: two done, one dead, one leased, one held behind its line's first,
+    two due. Written through today's API, then given version 8's indexes
+    back (the tables did not change)."""
+    from lease.endpoints import Endpoint
+    from lease.records import Attempt
+    from lease.sqlite.statements import DUE_LINE, OWN_READY
+
+    with SQLiteStore(path, create=True) as queue:
+        queue.add_endpoint(Endpoint("e1", "http://127.0.0.1:9/hook"))
+        queue.enqueue_events([{"id": f"m{i}", "qty": 1} for i in range(5)]
+                             + [{"id": "k1", "qty": 1, "key": "k"},
+                                {"id": "k2", "qty": 1, "key": "k"}], now_ms=T0)
+        leased = queue.claim_jobs("w", 60_000, 4, now_ms=T0, endpoints="*").leased
+        assert [job.ticket["id"] for job in leased] == ["m0@e1", "m1@e1", "m2@e1", "m3@e1"]
+        queue.finish_jobs([(leased[0].ticket, "ok", 0, Attempt(T0, 1, 200)),
+                           (leased[1].ticket, "ok", 0, Attempt(T0, 1, 200)),
+                           (leased[2].ticket, "permanent", 0, Attempt(T0, 1, 410, "gone"))],
+                          now_ms=T0 + 1)
+        con = queue.connection
+        with worker.immediate(con):
+            con.execute("DROP INDEX jobs_endpoint_rest")
+            con.execute("CREATE INDEX jobs_by_endpoint ON jobs(endpoint, status)"
+                        " WHERE endpoint IS NOT NULL")
+            con.execute("DROP INDEX jobs_own")
+            con.execute(f"CREATE INDEX jobs_own ON jobs(priority DESC, seq) WHERE {OWN_READY}")
+            con.execute("DROP INDEX jobs_endpoint_due")
+            con.execute("CREATE INDEX jobs_endpoint_due ON jobs(endpoint, priority DESC,"
+                        f" available_at, seq) WHERE {DUE_LINE}")
+            con.execute(f"PRAGMA user_version = {schema.REST_SINCE - 1}")
+
+
+def test_a_version_8_file_counts_its_deliveries_from_the_claim_indexes_and_the_rest(tmp_path):
+    path = tmp_path / "v8.db"
+    version_8_file(path)
+    with SQLiteStore(path, read_only=True) as looking:  # read as it is
+        assert looking.schema_version() == schema.REST_SINCE - 1
+        before = looking.endpoint_stats()
+    older = worker.open_queue(path)  # open across the migration, as a running process's
+    try:
+        with SQLiteStore(path) as migrated:
+            assert migrated.schema_version() == store.SCHEMA_VERSION
+            names = {row[0] for row in migrated.connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index'")}
+            assert "jobs_endpoint_rest" in names and "jobs_by_endpoint" not in names
+            after = migrated.endpoint_stats()
+            assert after == before
+            assert {k: after[0][k] for k in ("ready", "in_flight", "done", "dead")} == {
+                "ready": 3, "in_flight": 1, "done": 2, "dead": 1}  # ready: 2 due, 1 held
+            # an older dispatcher's read of the old index fails whole, as an error
+            with pytest.raises(sqlite3.OperationalError, match="no such index"):
+                older.execute("SELECT COUNT(*) FROM jobs INDEXED BY jobs_by_endpoint"
+                              " WHERE endpoint IS NOT NULL").fetchone()
+            # the recovery reads the finished by the new index
+            assert migrated.recover_endpoint("e1", T0, 60_000, "back", now_ms=T0 + 5) == [
+                "m0@e1", "m1@e1", "m2@e1"]
+            assert migrated.endpoint_stats()[0]["ready"] == 6
+            assert schema.migrate(migrated.connection) == store.SCHEMA_VERSION  # once only
+    finally:
+        older.close()
+
+
+def _index_pages(con: sqlite3.Connection, path: Path, name: str) -> dict[int, bytes]:
+    """The bytes of every page of one index in the file, by page number
+    (dbstat says which pages are the index's)."""
+    numbers = [row[0] for row in con.execute("SELECT pageno FROM dbstat WHERE name = ?",
+                                             (name,))]
+    assert numbers, name
+    size = con.execute("PRAGMA page_size").fetchone()[0]
+    data = path.read_bytes()
+    return {n: data[(n - 1) * size:n * size] for n in numbers}
+
+
+def test_a_lease_of_deliveries_leaves_the_endpoint_rest_index_untouched(tmp_path):
+    """The index of an endpoint's held and finished deliveries keeps its
+    bytes through a claim of 64 deliveries (the index of every delivery by
+    status it replaced rewrote two entries for each), and a finish adds to it."""
+    from lease.endpoints import Endpoint
+    from lease.records import Attempt
+
+    path = tmp_path / "q.db"
+    with SQLiteStore(path, create=True) as queue:
+        queue.add_endpoint(Endpoint("e1", "http://127.0.0.1:9/hook"))
+        queue.enqueue_events([{"id": f"m{i}", "qty": 1} for i in range(500)], now_ms=T0)
+        first = queue.claim_jobs("w", 60_000, 64, now_ms=T0, endpoints="*").leased
+        queue.finish_jobs([(job.ticket, "ok", 0, Attempt(T0, 1, 200)) for job in first],
+                          now_ms=T0 + 1)
+        before = _index_pages(queue.connection, path, "jobs_endpoint_rest")
+        leased = queue.claim_jobs("w", 60_000, 64, now_ms=T0 + 2, endpoints="*").leased
+        assert len(leased) == 64
+        assert _index_pages(queue.connection, path, "jobs_endpoint_rest") == before
+        queue.finish_jobs([(job.ticket, "ok", 0, Attempt(T0, 1, 200)) for job in leased],
+                          now_ms=T0 + 3)
+        assert _index_pages(queue.connection, path, "jobs_endpoint_rest") != before
+        assert queue.endpoint_stats()[0]["done"] == 128
