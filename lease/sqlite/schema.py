@@ -186,6 +186,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # one (INDEXED BY) fail whole, as errors, and change nothing.
         "DROP INDEX jobs_by_endpoint",
         f"CREATE INDEX jobs_endpoint_rest ON jobs(endpoint, status) WHERE {REST_LINE}",
+        # An endpoint's deliveries in seq order, whatever their status: the
+        # operator's pages of one endpoint. Its terms name no column a lease
+        # or a finish changes, so neither writes it; an intake writes it
+        # where it wrote jobs_by_endpoint.
+        "CREATE INDEX jobs_of_endpoint ON jobs(endpoint) WHERE endpoint IS NOT NULL",
         # seq is the rowid, which every index entry ends with already: the
         # claim's two indexes keep their order without it, in smaller entries
         # (fewer pages to rebalance as a claim empties the front of each).

@@ -388,6 +388,7 @@ def version_8_file(path: Path) -> None:
         con = queue.connection
         with worker.immediate(con):
             con.execute("DROP INDEX jobs_endpoint_rest")
+            con.execute("DROP INDEX jobs_of_endpoint")
             con.execute("CREATE INDEX jobs_by_endpoint ON jobs(endpoint, status)"
                         " WHERE endpoint IS NOT NULL")
             con.execute("DROP INDEX jobs_own")
@@ -410,7 +411,8 @@ def test_a_version_8_file_counts_its_deliveries_from_the_claim_indexes_and_the_r
             assert migrated.schema_version() == store.SCHEMA_VERSION
             names = {row[0] for row in migrated.connection.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'index'")}
-            assert "jobs_endpoint_rest" in names and "jobs_by_endpoint" not in names
+            assert {"jobs_endpoint_rest", "jobs_of_endpoint"} <= names
+            assert "jobs_by_endpoint" not in names
             after = migrated.endpoint_stats()
             assert after == before
             assert {k: after[0][k] for k in ("ready", "in_flight", "done", "dead")} == {
@@ -461,3 +463,34 @@ def test_a_lease_of_deliveries_leaves_the_endpoint_rest_index_untouched(tmp_path
                           now_ms=T0 + 3)
         assert _index_pages(queue.connection, path, "jobs_endpoint_rest") != before
         assert queue.endpoint_stats()[0]["done"] == 128
+
+
+@pytest.mark.parametrize("status, index", [
+    (None, "jobs_of_endpoint"), ("pending", "jobs_of_endpoint"), ("leased", "jobs_in_flight"),
+    ("done", "jobs_endpoint_rest"), ("dead", "jobs_endpoint_rest"),
+    ("dead_jobs", "jobs_endpoint_rest")])
+def test_a_page_of_one_endpoints_deliveries_reads_an_index_of_that_endpoint(tmp_path, status,
+                                                                           index):
+    """The operator's pages of one endpoint (list_jobs, dead_jobs) read an
+    index range of that endpoint, never every delivery of the queue: the
+    statement run, as traced, planned again."""
+    from lease.endpoints import Endpoint
+
+    with SQLiteStore(tmp_path / "q.db", create=True) as queue:
+        queue.add_endpoint(Endpoint("e1", "http://127.0.0.1:9/hook"))
+        queue.enqueue_events([{"id": f"m{i}", "qty": 1} for i in range(5)], now_ms=T0)
+        run: list[str] = []
+        queue.connection.set_trace_callback(run.append)
+        if status == "dead_jobs":
+            queue.dead_jobs(endpoint="e1")
+        else:
+            queue.list_jobs(endpoint="e1", status=status)
+        queue.connection.set_trace_callback(None)
+        [page] = [sql for sql in run if "ORDER BY" in sql]
+        plan = " | ".join(str(row[3]) for row in queue.connection.execute(
+            "EXPLAIN QUERY PLAN " + page))
+    assert f"USING INDEX {index} (endpoint=?)" in plan or \
+        f"SEARCH j USING INDEX {index} (endpoint=? AND status=?)" in plan, plan
+    assert "SCAN j" not in plan, plan
+    if status == "leased":  # the leases' seqs first, then each row by its rowid
+        assert "LIST SUBQUERY" in plan and "rowid=?" in plan, plan
