@@ -102,6 +102,8 @@ from lease.postgres.statements import (
     TAKE_DUE,
     UPDATE_ENDPOINT,
     WRITE_CIRCUIT,
+    array_text,
+    unnest_columns,
 )
 from lease.records import Attempt, Leased
 from lease.rules import CIRCUIT_COLUMNS, WORKER_BEAT_MS, claim_rank, conflict
@@ -111,11 +113,6 @@ from lease.worker import Busy, Conflict
 # (as the SQLite driver): endpoints at their cap or in a backoff cannot make
 # a claim read them all.
 MAX_BATCHES = 6
-
-
-def columns(rows: list[tuple]) -> list[list]:
-    """Rows as columns, for a statement over unnest(...)."""
-    return [list(column) for column in zip(*rows, strict=True)]
 
 
 # ------------------------------------------------------------------ intake
@@ -234,7 +231,7 @@ def fan_out(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
     if rows:
         inserted = conn.execute(INSERT_NEW, (
             policy.max_attempts, available_at, available_at + policy.ttl_ms, trace,
-            *columns(rows))).fetchall()
+            *unnest_columns(rows))).fetchall()
         if len(inserted) != len(rows):
             # a job of the queue's own written by an intake that began before
             # the first endpoint was added: judged again from the start
@@ -412,7 +409,7 @@ def _spend(conn: psycopg.Connection, buckets: dict[str, float], leased: list,
     rows = sorted((name, buckets[name] - k, now) for name, k in spent.items()
                   if name in buckets)
     if rows:
-        conn.execute(SPEND_TOKENS, columns(rows))
+        conn.execute(SPEND_TOKENS, unnest_columns(rows))
 
 
 # ------------------------------------------------------------------ the breaker
@@ -430,7 +427,7 @@ def read_deliveries(conn: psycopg.Connection, items: list) -> psycopg.Cursor[Any
     """Inside a finish, its first read (sent, not waited for): each delivery
     among the items, with its marker and its endpoint's breaker (not locked)."""
     ids = sorted({ticket["id"] for ticket, outcome, _, _ in items if outcome is not None})
-    return conn.execute(DELIVERIES_OF, (ids,)) if ids else None
+    return conn.execute(DELIVERIES_OF, (array_text(ids),)) if ids else None
 
 
 def lock_circuits(conn: psycopg.Connection, items: list, now: int,

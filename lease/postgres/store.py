@@ -120,6 +120,8 @@ from lease.postgres.statements import (
     RELEASE,
     SEQSCAN_AGAIN,
     TALLY,
+    array_text,
+    unnest_columns,
 )
 from lease.queues import split_url
 from lease.records import MAX_ERROR_CHARS, Claimed, Leased, check_on_conflict, judge_intake
@@ -163,11 +165,6 @@ def _text(error: str | None) -> str | None:
         return None
     capped = error[:MAX_ERROR_CHARS].replace("\x00", "\ufffd")
     return capped.encode("utf-8", "replace").decode("utf-8")
-
-
-def _columns(rows: list[tuple]) -> list[list]:
-    """Rows as columns, for a statement over unnest(...)."""
-    return [list(column) for column in zip(*rows, strict=True)]
 
 
 # ------------------------------------------------------------------ the store
@@ -502,7 +499,7 @@ class PostgresStore:
             audits = kept_audits(audits, results, job_ids)
             releases = [rows[job_id]["seq"] for job_id, _ in audits]
             if audits:
-                conn.execute(AUDIT_REDRIVES, (now, note, actor, *_columns(audits)))
+                conn.execute(AUDIT_REDRIVES, (now, note, actor, *unnest_columns(audits)))
                 call_fault(fault, "after-audit")
                 conn.execute(RELEASE, (now, now + ttl_ms, releases))
                 if self._endpoints:  # redriven deliveries: their endpoints in the rotation
@@ -551,7 +548,7 @@ class PostgresStore:
                         fault: Fault) -> None:
         if not audits:
             return
-        conn.execute(AUDIT_CANCELS, (now, note, actor, *_columns(
+        conn.execute(AUDIT_CANCELS, (now, note, actor, *unnest_columns(
             [(job_id, token, was) for _, job_id, token, was in audits])))
         call_fault(fault, "after-audit")
         conn.execute(CANCEL, (now, [seq for seq, _, _, _ in audits]))
@@ -897,11 +894,11 @@ def _recover(conn: psycopg.Connection, name: str, rows: list[dict[str, Any]], no
     budget, each line given its first."""
     done = [row for row in rows if row["status"] == "done" and row["done_by"] is not None]
     if done:
-        conn.execute(RECORD_ATTEMPTS, _columns([
+        conn.execute(RECORD_ATTEMPTS, unnest_columns([
             (row["id"], row["token"], row["attempts"], row["done_by"], row["done_started_ms"],
              row["available_at"], "ok", "done", None, row["done_http_status"], None,
              row["done_latency_ms"]) for row in done]))
-    conn.execute(AUDIT_REDRIVES, (now, note, actor, *_columns(
+    conn.execute(AUDIT_REDRIVES, (now, note, actor, *unnest_columns(
         [(row["id"], row["token"]) for row in rows])))
     conn.execute(RECOVER, (now, now + ttl_ms, [row["seq"] for row in rows]))
     has_work(conn, (name,))
@@ -1037,7 +1034,7 @@ def _insert(conn: Any, chunk: list[Intake], available_at: int, policy: RetryPoli
     if new:
         inserted = {job_id for (job_id,) in conn.execute(INSERT_NEW, (
             policy.max_attempts, available_at, available_at + policy.ttl_ms, trace,
-            *_columns([(i.id, i.qty, i.body, i.digest, i.key, None, None, i.type,
+            *unnest_columns([(i.id, i.qty, i.body, i.digest, i.key, None, None, i.type,
                         i.priority) for i in new.values()])))}
         # another intake committed one of these ids meanwhile: judge by its row
         kept.update(_contents(conn, [job_id for job_id in new if job_id not in inserted]))
@@ -1090,10 +1087,11 @@ def _lock_keys_and_rows(conn: psycopg.Connection, columns: str,
     unique = sorted(set(job_ids))
     if not unique:
         return {}
+    ids = array_text(unique)
     with conn.pipeline():
-        conn.execute(LOCK_KEYS_OF, (unique,))
+        conn.execute(LOCK_KEYS_OF, (ids,))
         locked = conn.cursor(row_factory=dict_row).execute(
-            _LOCK_ROWS.format(columns=columns), (unique,))
+            _LOCK_ROWS.format(columns=columns), (ids,))
     return {row["id"]: row for row in locked.fetchall()}
 
 
@@ -1129,8 +1127,8 @@ def _finish_marked(conn: psycopg.Connection, items: list, now: int) -> list:
         return verdicts
     names = ("seq", "status", "reason", "available_at", *_marker(items[0][0]),
              "started_ms", "latency_ms", "http_status")
-    written = {seq for (seq,) in conn.execute(
-        FINISH_IF_STILL_LEASED, {"now": now, **dict(zip(names, _columns(writes), strict=True))})}
+    arrays = dict(zip(names, unnest_columns(writes), strict=True))
+    written = {seq for (seq,) in conn.execute(FINISH_IF_STILL_LEASED, {"now": now, **arrays})}
     # a line whose first was delivered: the next one goes
     lines = sorted({row["ordering_key"] for row in rows.values() if row["status"] == "done"
                     and row["seq"] in written and row["ordering_key"] is not None})
@@ -1161,11 +1159,11 @@ def _record_attempts(conn: psycopg.Connection, items: list, results: list, seqs:
         rows.append((ticket["id"], ticket["token"], ticket["attempt"], ticket["owner"],
                      seen.started_ms, now, outcome or "none", status, reason,
                      seen.http_status, _text(seen.error), seen.latency_ms))
-    recorded = conn.execute(RECORD_ATTEMPTS, _columns(rows)) if rows else None
+    recorded = conn.execute(RECORD_ATTEMPTS, unnest_columns(rows)) if rows else None
     if moved:  # the one write that waits for the seqs of the rows just written
         assert recorded is not None  # a move names a row written before it
         written = sorted(seq for (seq,) in recorded)
-        conn.execute(RECORD_DONE, _columns([(seq, written[k]) for seq, k in moved]))
+        conn.execute(RECORD_DONE, unnest_columns([(seq, written[k]) for seq, k in moved]))
     stale = sum(1 for result in results if result is False)
     if stale:
         conn.execute(TALLY, ("stale_finishes", stale))

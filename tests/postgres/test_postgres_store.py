@@ -16,13 +16,15 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from asyncworker.devtools.postgres_server import database_of, free_port
 from lease.endpoints import Endpoint
 from lease.policy import PRODUCT, RetryPolicy
 from lease.postgres import CHANNEL, SCHEMA_VERSION, PostgresStore, enqueue_in, redact
 from lease.postgres.schema import MIGRATIONS, PRIORITY_SINCE
-from lease.postgres.statements import FINISH_IF_STILL_LEASED, PICK_AND_LEASE, QUARANTINE
+from lease.postgres.statements import FINISH_IF_STILL_LEASED, PICK_AND_LEASE, QUARANTINE, array_text
 from lease.records import Attempt, Busy, Claimed, NotAQueue, StoreError
 from lease.retrying import PATIENT
 from lease.rules import WORKER_BEAT_MS
@@ -890,3 +892,33 @@ def test_an_attempts_error_text_postgresql_cannot_hold_is_kept_readable(
     history = store.job_history("a")
     assert history is not None
     assert history["attempts"][0]["error"] == "Boom: a\ufffdb ? c"
+
+
+# Text with what an array's text must escape or quote: quotes, backslashes,
+# braces, commas, blanks, the word NULL, and any other character PostgreSQL
+# text can hold (not NUL, no lone surrogate: neither is UTF-8).
+_ELEMENT_TEXT = st.text(alphabet=st.one_of(
+    st.sampled_from('"\\{},  NULLnull\t\n'),
+    st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",))), max_size=12)
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.one_of(st.none(), _ELEMENT_TEXT), max_size=70),
+       ints=st.lists(st.one_of(st.none(), st.integers(-2**63, 2**63 - 1)), max_size=70))
+def test_an_array_sent_as_text_reads_back_as_the_list_it_was(
+        admin: psycopg.Connection, texts: list, ints: list) -> None:
+    """The columns of every unnest(...) statement go as their array's text
+    (array_text): the server reads back each element as it was, a text's
+    quotes and backslashes, the string 'NULL' and None apart."""
+    text, numbers = array_text(texts), array_text(ints)
+    assert isinstance(text, str) and isinstance(numbers, str)
+    assert admin.execute("SELECT %s::text[], %s::bigint[]", (text, numbers)).fetchone() == (
+        texts, ints)
+
+
+def test_an_array_of_anything_else_goes_as_the_list_it_is(admin: psycopg.Connection) -> None:
+    assert array_text([True, None]) == [True, None]
+    assert array_text([1, 2.5]) == [1, 2.5]
+    assert admin.execute("SELECT %s::float8[]", (array_text([1.5, None]),)).fetchone() == (
+        [1.5, None],)
