@@ -566,17 +566,21 @@ def array_text(values: Sequence[Any]) -> str | list:
     text element is quoted (only ``"`` and ``\\`` are escaped inside quotes),
     None is NULL. A column holding anything else (a bool, a float) goes as
     the list it is, to psycopg's dumper."""
+    kinds = set(map(type, values))
+    if kinds and kinds <= {int, type(None)}:  # a list's repr: digits, None and ", "
+        return "{" + repr(list(values))[1:-1].replace("None", "NULL") + "}"
+    if kinds == {str}:
+        whole = "".join(values)
+        if '"' not in whole and "\\" not in whole:
+            return '{"' + '","'.join(values) + '"}'
+    if not kinds <= {str, int, type(None)}:
+        return list(values)
     parts = []
     for value in values:
-        kind = type(value)
-        if kind is str:
-            if "\\" in value or '"' in value:
-                value = value.replace("\\", "\\\\").replace('"', '\\"')
-            parts.append(f'"{value}"')
-        elif kind is int:
-            parts.append(str(value))
-        elif value is None:
+        if value is None:
             parts.append("NULL")
+        elif type(value) is int:
+            parts.append(str(value))
         else:
-            return list(values)
+            parts.append('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"')
     return "{" + ",".join(parts) + "}"

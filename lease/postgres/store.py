@@ -374,7 +374,7 @@ class PostgresStore:
                                   "attempt": attempt, "lease_until": until}, body, digest,
                                  trace=trace)
                           for _, job_id, qty, token, attempt, until, body, digest, trace, _
-                          in sorted(picked, key=claim_rank)]
+                          in sorted(picked.fetchall(), key=claim_rank)]
             else:
                 leased = claim_deliveries(conn, rotation, claim, self._before_lease)
                 if not claim.rounds:  # no statement leased, none recorded the claim
@@ -1128,7 +1128,8 @@ def _finish_marked(conn: psycopg.Connection, items: list, now: int) -> list:
     names = ("seq", "status", "reason", "available_at", *_marker(items[0][0]),
              "started_ms", "latency_ms", "http_status")
     arrays = dict(zip(names, unnest_columns(writes), strict=True))
-    written = {seq for (seq,) in conn.execute(FINISH_IF_STILL_LEASED, {"now": now, **arrays})}
+    written = {seq for (seq,) in conn.execute(FINISH_IF_STILL_LEASED,
+                                              {"now": now, **arrays}).fetchall()}
     # a line whose first was delivered: the next one goes
     lines = sorted({row["ordering_key"] for row in rows.values() if row["status"] == "done"
                     and row["seq"] in written and row["ordering_key"] is not None})
