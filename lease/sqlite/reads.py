@@ -388,7 +388,7 @@ def dead_jobs(con: sqlite3.Connection, reason: str | None = None,
         check_identifier("endpoint", endpoint)
         if "endpoint" not in _columns(con, "jobs"):
             return []
-        sql += " AND endpoint = ?" + _index_terms("dead", endpoint)[0]
+        sql += f" AND endpoint = ? AND {REST_LINE}"  # the terms of its index (_index_terms)
         args.append(endpoint)
     sql += " ORDER BY seq"
     if limit is not None:
@@ -503,10 +503,10 @@ def _has_keys(con: sqlite3.Connection) -> bool:
     return "ordering_key" in _columns(con, "jobs")
 
 
-def _has_table(con: sqlite3.Connection, name: str) -> bool:
+def _has_table(con: sqlite3.Connection, name: str, kind: str = "table") -> bool:
     return bool(con.execute(
-        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?)",
-        (name,)).fetchone()[0])
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = ? AND name = ?)",
+        (kind, name)).fetchone()[0])
 
 
 def _dicts(con: sqlite3.Connection, sql: str, args: Any = ()) -> list[dict[str, Any]]:
@@ -576,9 +576,9 @@ def _rest_index(con: sqlite3.Connection) -> str:
     """The index of an endpoint's held and finished deliveries: a file not
     migrated yet (opened to read only) has version 8's index of them all,
     which the same terms read."""
-    found = con.execute("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'index'"
-                        " AND name = 'jobs_endpoint_rest')").fetchone()[0]
-    return "jobs_endpoint_rest" if found else "jobs_by_endpoint"
+    if _has_table(con, "jobs_endpoint_rest", kind="index"):
+        return "jobs_endpoint_rest"
+    return "jobs_by_endpoint"
 
 
 def endpoint_stats(con: sqlite3.Connection) -> list[dict[str, Any]]:
