@@ -233,6 +233,13 @@ def delivery_id(message_id: str, endpoint: str) -> str:
     return text
 
 
+def may_be_delivery(job_id: str) -> bool:
+    """Whether a job id may be a delivery's: every delivery's holds the '@'
+    of ``delivery_id``, so an id without one is the queue's own job (one
+    with one may be either: a job of its own may be named "a@b")."""
+    return "@" in job_id
+
+
 def line_key(key: str | None, endpoint: str) -> str | None:
     """The ordering line of a delivery: its key per endpoint. A space never
     appears in a key of its own, so a line of deliveries never meets a line

@@ -60,6 +60,7 @@ from lease.endpoints import (
     delivery_id,
     key_of_line,
     line_key,
+    may_be_delivery,
     refill,
     rotation_batch,
     shares,
@@ -425,8 +426,11 @@ def circuit_of(row: Any) -> Circuit:
 
 def read_deliveries(conn: psycopg.Connection, items: list) -> psycopg.Cursor[Any] | None:
     """Inside a finish, its first read (sent, not waited for): each delivery
-    among the items, with its marker and its endpoint's breaker (not locked)."""
-    ids = sorted({ticket["id"] for ticket, outcome, _, _ in items if outcome is not None})
+    among the items, with its marker and its endpoint's breaker (not locked).
+    Only the ids that may be a delivery's are looked for: a queue's own jobs
+    (most have no '@' in their ids) cost the finish no read."""
+    ids = sorted({ticket["id"] for ticket, outcome, _, _ in items
+                  if outcome is not None and may_be_delivery(ticket["id"])})
     return conn.execute(DELIVERIES_OF, (array_text(ids),)) if ids else None
 
 

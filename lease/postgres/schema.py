@@ -30,10 +30,11 @@ from lease.worker import (
     StoreError,
 )
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 CONSOLE_SINCE = 5  # the version with the pause, its audit and the workers (lease.rules)
 ROLLUP_SINCE = 6  # the version with the per-minute rollup of the finishes (lease.rules)
 PRIORITY_SINCE = 7  # the version with each job's priority (lease.policy.check_priority)
+DUE_SINCE = 8  # the version whose own pick reads its due jobs apart from its leases
 SECRET_TABLES = ("endpoints",)  # rows a server's error message must not show
 
 # CHANNEL is NOTIFY'd when work becomes available. MIGRATION_LOCK, the
@@ -59,7 +60,8 @@ NOW = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # NULL in the four new columns of jobs.
 TABLES = {1: {**TABLES_V1, "redrives": CONTRACT_COLUMNS["redrives"]}, 2: TABLES_V2,
           3: TABLES_V3, 4: TABLES_PG4, CONSOLE_SINCE: TABLES_PG5,
-          ROLLUP_SINCE: TABLES_PG6, PRIORITY_SINCE: TABLES_PG7}
+          ROLLUP_SINCE: TABLES_PG6, PRIORITY_SINCE: TABLES_PG7,
+          DUE_SINCE: TABLES_PG7}  # version 8 changed an index, no column
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -208,6 +210,21 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "DROP INDEX lease.jobs_endpoint_due",
         "CREATE INDEX jobs_endpoint_due ON lease.jobs (endpoint, priority DESC, available_at,"
         f" seq) WHERE {DUE_LINE}",
+    ),
+    DUE_SINCE: (
+        # The queue's own pending jobs apart from its leases, as an endpoint's
+        # due deliveries are: a pick read every live lease at the front of
+        # jobs_ready (the oldest seqs) before it came to a due job, a heap
+        # fetch each, and a lease or a finish wrote a new entry in it. The
+        # leases run out are read by jobs_leased_until.
+        "DROP INDEX lease.jobs_ready",
+        """CREATE INDEX jobs_own_due ON lease.jobs (priority DESC, seq)
+  WHERE status = 'pending' AND held = 0 AND endpoint IS NULL""",
+        # The jobs with an ordering key, by id: a finish locks the keys of its
+        # jobs' lines (LOCK_KEYS_OF) before their rows, and found them by the
+        # id of every job it finished, keyed or not, each id's every version
+        # (a lease and a finish each leave one in jobs_id_key).
+        "CREATE INDEX jobs_keyed ON lease.jobs (id) WHERE ordering_key IS NOT NULL",
     ),
 }
 

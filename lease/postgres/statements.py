@@ -61,13 +61,25 @@ WHERE excluded.last_claimed > 0 OR lease.workers.last_claim_ms IS NULL
 # pick says the rule itself, and such a row waits for the next claim's
 # quarantine instead of a lease as attempt max + 1 or one ending at once.
 # The same statement records the claim on its owner's row (WORKER_ROW).
-PICK_AND_LEASE = f"""WITH picked AS (SELECT seq FROM lease.jobs
-  WHERE status IN ('pending', 'leased') AND held = 0 AND endpoint IS NULL
-    AND ((status = 'pending' AND available_at <= %(now)s)
-      OR (status = 'leased' AND lease_until <= %(now)s))
+# The due jobs and the leases run out are read apart, each by its own index
+# (jobs_own_due, jobs_leased_until), each locked as it is read: one index of
+# both put every live lease (the oldest seqs) before the first due job, and
+# each claim read them all, a heap fetch each, to pass over them. The batch
+# is the first of both in the claim's order (each part holds at least its
+# share of it); a row locked and not taken (a run-out lease behind a batch
+# of due jobs) is another claim's at this one's commit.
+PICK_AND_LEASE = f"""WITH due AS (SELECT seq, priority FROM lease.jobs
+  WHERE status = 'pending' AND held = 0 AND endpoint IS NULL AND available_at <= %(now)s
     AND attempts < max_attempts AND deadline > %(now)s
   ORDER BY priority DESC, seq LIMIT %(limit)s
   FOR UPDATE SKIP LOCKED),
+run_out AS (SELECT seq, priority FROM lease.jobs
+  WHERE status = 'leased' AND lease_until <= %(now)s AND held = 0 AND endpoint IS NULL
+    AND attempts < max_attempts AND deadline > %(now)s
+  ORDER BY priority DESC, seq LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED),
+picked AS MATERIALIZED (SELECT seq FROM (SELECT * FROM due UNION ALL SELECT * FROM run_out)
+  AS ready ORDER BY priority DESC, seq LIMIT %(limit)s),
 leased AS (UPDATE lease.jobs j SET status = 'leased', attempts = j.attempts + 1,
   token = j.token + 1, owner = %(owner)s,
   lease_until = LEAST(%(now)s + %(lease_ms)s, j.deadline), reason = NULL
@@ -429,7 +441,9 @@ WHERE name = %s"""
 # later without an operator: its own jobs, or the deliveries of the enabled
 # endpoints it serves.
 IDLE_OWN = """SELECT NOT EXISTS (SELECT 1 FROM lease.jobs
-  WHERE endpoint IS NULL AND status IN ('pending', 'leased') AND held = 0)"""
+    WHERE endpoint IS NULL AND status = 'pending' AND held = 0)
+  AND NOT EXISTS (SELECT 1 FROM lease.jobs
+    WHERE endpoint IS NULL AND status = 'leased' AND held = 0)"""
 IDLE_SERVED = """SELECT NOT EXISTS (SELECT 1 FROM lease.endpoints e
   WHERE e.enabled AND (%(all)s OR e.name = ANY(%(names)s::text[]))
     AND EXISTS (SELECT 1 FROM lease.jobs j WHERE j.endpoint = e.name

@@ -126,7 +126,7 @@ def test_a_version_3_queue_migrates_and_its_jobs_keep_working(
         assert [job["id"] for job in looking.list_jobs(key="k")] == ["old"]
         assert looking.endpoints() == [] and looking.endpoint_stats() == []
     with PostgresStore(postgres_url) as store:
-        assert store.schema_version() == SCHEMA_VERSION == 7
+        assert store.schema_version() == SCHEMA_VERSION == 8
         [old] = store.list_jobs()
         assert (old["endpoint"], old["message"], old["event_type"], old["ordering_key"]) == (
             None, None, None, "k")
@@ -166,6 +166,27 @@ def test_an_own_claim_never_takes_a_delivery_nor_an_endpoint_claim_an_own_job(
         ("A", "m1", "m1"), ("B", "m1", "m1"), ("A", "m2", "m2")}
     assert store.claim_jobs("w", LEASE_MS, 10, now_ms=T0).leased == []
     assert store.claim_jobs("w", LEASE_MS, 10, now_ms=T0, endpoints=("B",)).leased == []
+
+
+def test_a_finish_steps_the_breaker_of_deliveries_only_whatever_the_ids(
+        make_store: Callable[..., PostgresStore]) -> None:
+    """A finish looks for deliveries among the ids that hold an '@' only
+    (every delivery's does): the queue's own jobs without one, and one with
+    one, fail beside a delivery, and the breaker counts the delivery's
+    failure alone."""
+    store = make_store()
+    assert store.enqueue_events([{"id": "plain", "qty": 1}, {"id": "a@A", "body": {}}],
+                                now_ms=T0) == [True, True]
+    store.add_endpoint(endpoint("A"), now_ms=T0)
+    assert store.enqueue_events([{"id": "m1", "qty": 1}], now_ms=T0) == [True]
+    own = store.claim_jobs("w", LEASE_MS, 10, now_ms=T0).leased
+    assert sorted(ids(own)) == ["a@A", "plain"]
+    [delivery] = store.claim_jobs("w", LEASE_MS, 10, now_ms=T0, endpoints="*").leased
+    failed = Attempt(T0, 3, 503)
+    assert store.finish_jobs([(job.ticket, "retry", 0, failed) for job in [*own, delivery]],
+                             now_ms=T0 + 1) == [("pending", "retry")] * 3
+    [state] = store.endpoints()
+    assert state["circuit"]["failures"] == 1
 
 
 def test_a_message_is_judged_whole_at_intake(make_store: Callable[..., PostgresStore]) -> None:

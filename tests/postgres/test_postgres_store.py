@@ -23,8 +23,14 @@ from asyncworker.devtools.postgres_server import database_of, free_port
 from lease.endpoints import Endpoint
 from lease.policy import PRODUCT, RetryPolicy
 from lease.postgres import CHANNEL, SCHEMA_VERSION, PostgresStore, enqueue_in, redact
-from lease.postgres.schema import MIGRATIONS, PRIORITY_SINCE
-from lease.postgres.statements import FINISH_IF_STILL_LEASED, PICK_AND_LEASE, QUARANTINE, array_text
+from lease.postgres.schema import DUE_SINCE, MIGRATIONS, PRIORITY_SINCE
+from lease.postgres.statements import (
+    FINISH_IF_STILL_LEASED,
+    LOCK_KEYS_OF,
+    PICK_AND_LEASE,
+    QUARANTINE,
+    array_text,
+)
 from lease.records import Attempt, Busy, Claimed, NotAQueue, StoreError
 from lease.retrying import PATIENT
 from lease.rules import WORKER_BEAT_MS
@@ -443,7 +449,7 @@ def test_a_version_4_queue_gains_the_console_and_trace_with_its_rows_kept(
         assert looking.schema_version() == 4
         assert looking.paused() is None and looking.queue_audit() == []
     with PostgresStore(postgres_url) as store:
-        assert store.schema_version() == SCHEMA_VERSION == 7
+        assert store.schema_version() == SCHEMA_VERSION
         assert admin.execute("SELECT id, trace FROM lease.jobs").fetchall() == [("old", None)]
         assert store.pause("hold", now_ms=T0) is True
         assert store.claim_jobs("w", 1000, 10, now_ms=T0).leased == []
@@ -461,12 +467,12 @@ def test_a_version_6_queue_gains_priorities_its_jobs_at_0(
         assert looking.schema_version() == PRIORITY_SINCE - 1
         assert "priority" not in looking.list_jobs()[0]
     with PostgresStore(postgres_url) as store:
-        assert store.schema_version() == SCHEMA_VERSION == PRIORITY_SINCE
+        assert store.schema_version() == SCHEMA_VERSION
         assert [(r["id"], r["priority"]) for r in store.list_jobs()] == [("old", 0)]
         indexes = dict(admin.execute(
             "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'lease'"
-            " AND indexname IN ('jobs_ready', 'jobs_endpoint_due')").fetchall())
-        assert "(priority DESC, seq)" in indexes["jobs_ready"]
+            " AND indexname IN ('jobs_own_due', 'jobs_endpoint_due')").fetchall())
+        assert "(priority DESC, seq)" in indexes["jobs_own_due"]
         assert "(endpoint, priority DESC, available_at, seq)" in indexes["jobs_endpoint_due"]
         assert store.enqueue_events([{"id": "urgent", "qty": 1, "priority": 3}],
                                     now_ms=T0) == [True]
@@ -474,6 +480,31 @@ def test_a_version_6_queue_gains_priorities_its_jobs_at_0(
         assert [j.ticket["id"] for j in claimed.leased] == ["urgent", "old"]
     with PostgresStore(postgres_url) as again:  # migrated once: nothing more to do
         assert again.schema_version() == SCHEMA_VERSION
+    assert migrations(admin) == ALL_VERSIONS
+
+
+def test_a_version_7_queue_claims_its_due_jobs_and_run_out_leases_by_their_indexes(
+        postgres_url: str, admin: psycopg.Connection) -> None:
+    with admin.transaction():
+        _old_queue(admin, DUE_SINCE - 1)
+        admin.execute("""INSERT INTO lease.jobs (id, qty, status, attempts, max_attempts, token,
+  available_at, deadline, owner, lease_until, priority, ordering_key) VALUES
+  ('due', 1, 'pending', 0, 3, 0, 5, %(end)s, NULL, NULL, 0, NULL),
+  ('urgent', 1, 'pending', 0, 3, 0, 5, %(end)s, NULL, NULL, 2, 'k'),
+  ('run-out', 1, 'leased', 1, 3, 1, 5, %(end)s, 'gone', %(t0)s, 0, NULL),
+  ('live', 1, 'leased', 1, 3, 1, 5, %(end)s, 'busy', %(later)s, 0, NULL)""",
+                      {"end": T0 + 600_000, "t0": T0, "later": T0 + 60_000})
+    with PostgresStore(postgres_url) as store:
+        assert store.schema_version() == SCHEMA_VERSION == DUE_SINCE
+        indexes = {name for (name,) in admin.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = 'lease'")}
+        assert {"jobs_own_due", "jobs_keyed"} <= indexes and "jobs_ready" not in indexes
+        claimed = store.claim_jobs("w", 1000, 10, now_ms=T0 + 1)
+        assert [job.ticket["id"] for job in claimed.leased] == ["urgent", "due", "run-out"]
+        assert store.finish_jobs([(job.ticket, "ok", 0, Attempt(T0 + 1))
+                                  for job in claimed.leased], now_ms=T0 + 2) == [
+            ("done", None)] * 3
+        assert [job["id"] for job in store.jobs_with_status("leased")] == ["live"]
     assert migrations(admin) == ALL_VERSIONS
 
 
@@ -488,7 +519,7 @@ def test_a_version_2_queue_migrates_to_ordered_keys_and_a_newer_one_is_refused(
         assert looking.schema_version() == 2
         assert "blocked_keys" not in looking.snapshot(now_ms=T0)  # read as it is
     with PostgresStore(postgres_url) as store:
-        assert store.schema_version() == SCHEMA_VERSION == 7
+        assert store.schema_version() == SCHEMA_VERSION == 8
         [old] = store.jobs_with_status("pending")
         assert (old["ordering_key"], old["held"]) == (None, 0)
         assert store.enqueue_events([{"id": "new", "qty": 1, "key": "k"}], now_ms=T0) == [True]
@@ -583,6 +614,12 @@ def nodes(node: dict) -> Iterator[dict]:
         yield from nodes(child)
 
 
+def ctes(top: dict, *names: str) -> list[dict]:
+    """The plan's nodes of these CTEs, in that order."""
+    found = {n["Subplan Name"]: n for n in nodes(top) if "Subplan Name" in n}
+    return [found[f"CTE {name}"] for name in names]
+
+
 def test_the_claim_reads_the_partial_indexes_however_many_jobs_are_done(
         make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
     store = make_store()
@@ -595,16 +632,21 @@ def test_the_claim_reads_the_partial_indexes_however_many_jobs_are_done(
   FROM generate_series(1, 100000) g""", (T0, T0 + 60_000))
     admin.execute("ANALYZE lease.jobs")
     big = plan(admin, PICK_AND_LEASE, args)
+    # the UPDATE finds its rows by their primary key; of a queue of 20 rows
+    # with no statistics yet, the planner may read the whole table instead
+    assert read_only_partial_indexes(big), [(n.get("Index Name"), n["Node Type"])
+                                            for n in nodes(big)]
     for top in (small, big):
-        assert read_only_partial_indexes(top), top
-        [pick] = [n for n in nodes(top) if n.get("Subplan Name") == "CTE picked"]
+        [pick] = ctes(top, "picked")
         assert pick["Actual Rows"] == 10
         # the pick reads a few pages of the live rows, not the 100,000 done ones
-        assert pick["Shared Hit Blocks"] + pick.get("Shared Read Blocks", 0) <= 50, pick
+        for part in ctes(top, "due", "run_out"):
+            assert read_only_partial_indexes(part), part
+            assert part["Shared Hit Blocks"] + part.get("Shared Read Blocks", 0) <= 50, part
     # with 20 live rows a sort of them all may cost less than the claim's order
-    # by jobs_ready (the priority's statistics know no physical order): a
+    # by jobs_own_due (the priority's statistics know no physical order): a
     # partial index of the live rows either way, never the done ones
-    assert {"jobs_ready", "jobs_live"} & {n.get("Index Name") for n in nodes(big)}
+    assert {"jobs_own_due", "jobs_live"} & {n.get("Index Name") for n in nodes(big)}
     for _, statement in QUARANTINE:
         assert read_only_partial_indexes(plan(admin, statement, args))
 
@@ -612,22 +654,45 @@ def test_the_claim_reads_the_partial_indexes_however_many_jobs_are_done(
 def test_the_claim_takes_its_batch_in_priority_order_by_one_index_scan(
         make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
     """Thousands ready, of three priorities: the pick reads its batch in the
-    order it takes it (jobs_ready), nothing sorted, a few pages read."""
+    order it takes it (jobs_own_due), nothing sorted, a few pages read; of
+    the leases run out (none) it reads nothing."""
     store = make_store()
     store.enqueue_events([{"id": f"j{n}", "qty": 1, "priority": n % 3} for n in range(3000)],
                          now_ms=T0)
     admin.execute("ANALYZE lease.jobs")
     top = plan(admin, PICK_AND_LEASE, {"now": T0 + 10, "limit": 10, "owner": "w",
                                        "lease_ms": 1000, "beat": WORKER_BEAT_MS})
-    [pick] = [n for n in nodes(top) if n.get("Subplan Name") == "CTE picked"]
-    assert pick["Actual Rows"] == 10
-    assert "jobs_ready" in {n.get("Index Name") for n in nodes(pick)}
-    assert not [n for n in nodes(pick) if n["Node Type"] == "Sort"], pick
-    assert pick["Shared Hit Blocks"] + pick.get("Shared Read Blocks", 0) <= 50, pick
+    pick, due, run_out = ctes(top, "picked", "due", "run_out")
+    assert pick["Actual Rows"] == due["Actual Rows"] == 10
+    assert "jobs_own_due" in {n.get("Index Name") for n in nodes(due)}
+    assert not [n for n in nodes(due) if n["Node Type"] == "Sort"], due
+    assert due["Shared Hit Blocks"] + due.get("Shared Read Blocks", 0) <= 50, due
+    assert run_out["Actual Rows"] == 0
+
+
+def test_the_claim_passes_over_no_live_lease(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
+    """512 live leases at the front of the queue (its oldest jobs): the pick
+    reads its 10 due jobs and no lease, neither from the due jobs' index nor
+    from the leases' (whose live ones end after the claim's time). A pick of
+    the due jobs and the leases run out by one index of both read every live
+    lease first, a heap fetch each, on every claim."""
+    store = make_store()
+    store.enqueue_events([ev(f"j{n}") for n in range(600)], now_ms=T0)
+    for _ in range(8):
+        assert len(store.claim_jobs("holder", LEASE_MS, 64, now_ms=T0).leased) == 64
+    admin.execute("VACUUM ANALYZE lease.jobs")
+    top = plan(admin, PICK_AND_LEASE, {"now": T0 + 10, "limit": 10, "owner": "w",
+                                       "lease_ms": 1000, "beat": WORKER_BEAT_MS})
+    due, run_out = ctes(top, "due", "run_out")
+    assert due["Actual Rows"] == 10 and run_out["Actual Rows"] == 0
+    passed_over = [n.get("Rows Removed by Filter", 0) + n.get("Rows Removed by Index Recheck", 0)
+                   for part in (due, run_out) for n in nodes(part)]
+    assert sum(passed_over) == 0, top
 
 
 PARTIAL = {"jobs_live", "jobs_live_deadline", "jobs_leased_until", "jobs_pending_spent",
-           "jobs_ready"}
+           "jobs_own_due"}
 
 
 def read_only_partial_indexes(top: dict) -> bool:
@@ -661,6 +726,27 @@ def test_a_finish_finds_its_rows_by_key_however_many_leases_are_live(
              and n["Node Type"] != "ModifyTable"]
     assert scans and all(n.get("Index Name") == "jobs_pkey" and n["Actual Rows"] <= 1
                          for n in scans), scans
+
+
+def test_a_finish_looks_for_the_keys_of_keyed_jobs_only(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
+    """The keys' locks of a finish of 200 jobs without a key (of 5,000) read
+    the index of the keyed jobs (empty but for one), not the 200 jobs' every
+    row version by id; a keyed job's key is found."""
+    store = make_store()
+    store.enqueue_events([{"id": "keyed", "qty": 1, "key": "k"}]
+                         + [ev(f"j{n}") for n in range(5000)], now_ms=T0)
+    claimed = store.claim_jobs("w", LEASE_MS, 201, now_ms=T0).leased
+    store.finish_jobs([(job.ticket, "retry", 0, Attempt(T0)) for job in claimed], now_ms=T0)
+    admin.execute("ANALYZE lease.jobs")
+    ids = [f"j{n}" for n in range(200)]
+    for wanted, found in ((ids, 0), ([*ids, "keyed"], 1)):
+        top = plan(admin, LOCK_KEYS_OF.replace("%s::text[]", "%(ids)s::text[]"),
+                   {"ids": array_text(sorted(wanted))})
+        read = [n for n in nodes(top) if "Index Name" in n or n.get("Relation Name") == "jobs"]
+        assert {n.get("Index Name") for n in read} == {"jobs_keyed"}, [
+            (n.get("Index Name"), n["Node Type"]) for n in nodes(top)]
+        assert read[0]["Actual Rows"] == found
 
 
 def scans(conn: psycopg.Connection) -> tuple[int, int]:
