@@ -1066,8 +1066,16 @@ def _marker(ticket: dict) -> dict[str, Any]:
             "attempt": ticket["attempt"], "lease_until": ticket["lease_until"]}
 
 
-# Rows by id, locked in seq order (two writers never deadlock).
-_LOCK_ROWS = "SELECT {columns} FROM lease.jobs WHERE id = ANY(%s::text[]) ORDER BY seq FOR UPDATE"
+# Rows by id, locked in seq order (two writers never deadlock). Each id is
+# looked up by its index in a look-up the planner cannot flatten (LIMIT 1), as
+# the finish's rows are (FINISH_IF_STILL_LEASED): with ``id = ANY(...)`` the
+# planner reads the whole table instead wherever it has fewer than a few
+# hundred thousand rows (a finish of 256 in a queue of 20,000: 2.7 ms against
+# 0.6). The statement's one snapshot sees the same rows either way.
+_LOCK_ROWS = """SELECT {columns} FROM lease.jobs WHERE seq = ANY(ARRAY(
+  SELECT f.seq FROM unnest(%s::text[]) AS u(id)
+  CROSS JOIN LATERAL (SELECT seq FROM lease.jobs j WHERE j.id = u.id LIMIT 1) f))
+ORDER BY seq FOR UPDATE"""
 
 
 def _lock(conn: psycopg.Connection, columns: str, job_ids: list) -> dict[str, dict[str, Any]]:
