@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from asyncworker.bench.measure import admin_connection as _admin
 from asyncworker.bench.measure import database, server_for
@@ -45,6 +45,8 @@ from lease.stores import is_postgres_url
 from lease.worker import StoreError
 
 __all__ = ["PEERS", "run_postgres_bench", "server_for"]
+
+T = TypeVar("T")
 
 POLICY = RetryPolicy(max_attempts=3, ttl_ms=3_600_000, lease_ms=30_000)
 CONCURRENCY = 64  # sends in flight per dispatcher process, and the peers' concurrency
@@ -176,6 +178,15 @@ async def _ready_then_go() -> float:
     return time.time()
 
 
+async def _timed(work: Callable[[], Coroutine[Any, Any, T]]) -> tuple[T, dict]:
+    """Ready, then on go ``work`` awaited: what it returned, and its start, its
+    end and the CPU this process spent on it."""
+    start = await _ready_then_go()
+    cpu = time.process_time()
+    value = await work()
+    return value, {"start": start, "end": time.time(), "cpu_s": time.process_time() - cpu}
+
+
 async def _ours_consume(url: str, owner: str, target: str) -> dict:
     from asyncworker.dispatcher import Dispatcher
 
@@ -187,10 +198,8 @@ async def _ours_consume(url: str, owner: str, target: str) -> dict:
     async with Dispatcher(url, owner, concurrency=CONCURRENCY, batch_size=BATCH,
                           threads=THREADS, policy=POLICY, poll_interval=0.01,
                           latencies=latencies, **options) as d:
-        start = await _ready_then_go()
-        stats = await d.run(until_idle=True)
-        end = time.time()
-    return {"start": start, "end": end, "ok": stats.ok,
+        stats, timed = await _timed(lambda: d.run(until_idle=True))
+    return {**timed, "ok": stats.ok,
             "commits": stats.claim_calls + stats.finish_batches + stats.extended,
             "latencies": [round(x * 1000, 3) for x in latencies], "rss_mb": _rss_mb()}
 
@@ -255,6 +264,8 @@ def scenario_end_to_end(url: str, n: int, system: str, processes: int) -> dict:
         raise RuntimeError(f"{system} consumed {consumed} of {n}: {results}")
     return {"rate": n / (max(r["end"] for r in results) - started),
             "enqueue_s": round(enqueued - started, 3),
+            "consume_s": round(max(r["end"] for r in results) - enqueued, 3),
+            "client_cpu_us": round(1e6 * sum(r["cpu_s"] for r in results) / n),
             "per_process": [round(r["ok"] / (r["end"] - r["start"])) for r in results],
             "rss_mb": max(r["rss_mb"] for r in results)}
 
@@ -327,13 +338,12 @@ async def _pgqueuer_consume(url: str) -> dict:
             nonlocal consumed
             consumed += 1
 
-        start = await _ready_then_go()
-        await manager.run(mode=QueueExecutionMode.drain, batch_size=PGQUEUER_BATCH,
-                          dequeue_timeout=timedelta(seconds=1))
-        end = time.time()
+        _, timed = await _timed(lambda: manager.run(
+            mode=QueueExecutionMode.drain, batch_size=PGQUEUER_BATCH,
+            dequeue_timeout=timedelta(seconds=1)))
     finally:
         await connection.close()
-    return {"start": start, "end": end, "ok": consumed, "rss_mb": _rss_mb()}
+    return {**timed, "ok": consumed, "rss_mb": _rss_mb()}
 
 
 def _procrastinate_app(url: str, pool_size: int) -> tuple[Any, list[int]]:
@@ -358,11 +368,9 @@ async def _procrastinate_consume(url: str) -> dict:
     as the concurrency, plus one), stopping when it finds no job."""
     app, consumed = _procrastinate_app(url, PROCRASTINATE_CONCURRENCY + 1)
     async with app.open_async():
-        start = await _ready_then_go()
-        await app.run_worker_async(concurrency=PROCRASTINATE_CONCURRENCY, wait=False,
-                                   install_signal_handlers=False)
-        end = time.time()
-    return {"start": start, "end": end, "ok": consumed[0], "rss_mb": _rss_mb()}
+        _, timed = await _timed(lambda: app.run_worker_async(
+            concurrency=PROCRASTINATE_CONCURRENCY, wait=False, install_signal_handlers=False))
+    return {**timed, "ok": consumed[0], "rss_mb": _rss_mb()}
 
 
 SCENARIOS: dict[str, Callable[..., dict]] = {
@@ -528,20 +536,66 @@ def _end_to_end_label(system: str, n: int, processes: int) -> str:
 def _end_to_end_rows(url: str, n: int, row: Callable[..., dict]) -> list[dict]:
     """Ours and every installed peer end to end, in one and in two processes;
     each process count's rows one after the other, so each comparison is
-    measured in the same minutes."""
+    measured in the same minutes. Each row says what its clients spent of
+    CPU a job while they consumed, and the server's CPU a job over the whole
+    scenario (its database made and dropped included) where the server runs
+    on this machine: on one machine the two share its cores."""
     installed = peers_installed()
     missing = [{"scenario": f"peer {peer}: not installed", "system": peer,
                 "note": "pip install '.[peers]'"} for peer in PEERS if peer not in installed]
     for processes in (1, 2):
         for system in ("ours", *installed):
+            before = server_cpu_s(url)
             result = run_child("end_to_end", {"url": url, "n": n, "system": system,
                                               "processes": processes})
+            after = server_cpu_s(url)
             per_process = result.pop("per_process")
+            server = None if before is None or after is None else \
+                round(1e6 * (after - before) / n)
             measured = row(_end_to_end_label(system, n, processes), result, None, "")
-            measured.update(system=system, processes=processes,
+            measured.update(system=system, processes=processes, server_cpu_us=server,
                             note=f"{SETTINGS[system]}; enqueue {result['enqueue_s']} s, "
-                                 f"per process {per_process} jobs/s")
+                                 f"per process {per_process} jobs/s; CPU a job: clients "
+                                 f"{result['client_cpu_us']} us, server "
+                                 + ("not on this machine" if server is None else f"{server} us"))
     return missing
+
+
+def server_cpu_s(url: str) -> float | None:
+    """The CPU seconds the server of ``url`` has spent so far: its postmaster's
+    own, its children's that ended (a backend ends with its connection) and
+    its children's alive; None for a server this machine's /proc does not
+    show (on another host, or a PID namespace apart)."""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    if host not in ("", "localhost", "127.0.0.1", "::1") and not host.startswith("/"):
+        return None
+    with _admin(url) as conn:
+        row = conn.execute("SELECT pid FROM pg_stat_activity"
+                           " WHERE backend_type = 'checkpointer'").fetchone()
+    try:
+        postmaster = _proc_stat(row[0])[1] if row else None
+        if postmaster is None:
+            return None
+        ticks = sum(_proc_stat(postmaster)[11:15])  # utime stime cutime cstime
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, IndexError):
+                    fields = _proc_stat(int(entry.name))
+                    if fields[1] == postmaster:
+                        ticks += fields[11] + fields[12]  # a live child: utime stime
+    except OSError:
+        return None
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: int) -> list[int]:
+    """/proc/PID/stat's numeric fields from the state on: [0] is the state
+    (0 here), [1] the parent's pid, [11..14] utime, stime, cutime, cstime."""
+    with open(f"/proc/{pid}/stat") as stat:
+        after_name = stat.read().rsplit(")", 1)[1].split()
+    return [0, *(int(field) for field in after_name[1:])]
 
 
 def server_cores(url: str, processes: int = 2) -> str:

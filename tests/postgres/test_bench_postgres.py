@@ -14,6 +14,7 @@ from asyncworker.bench.postgres import (
     peers_installed,
     run_postgres_bench,
     server_cores,
+    server_cpu_s,
     targets,
 )
 from asyncworker.devtools.postgres_server import Server, free_port
@@ -52,10 +53,26 @@ def test_the_postgres_bench_quick_prints_its_table_and_targets(postgres_server: 
     [header] = [line for line in text.splitlines() if line.startswith("PostgreSQL: ")]
     assert f"; the server {own_core}" in header and "load average" in header
     ends = [r for r in rows if "processes" in r]
+    for end in ends:  # the server runs here: its CPU a job is read, and the clients'
+        assert end["server_cpu_us"] > 0 and end["client_cpu_us"] > 0, end
+        assert f"CPU a job: clients {end['client_cpu_us']} us, server " \
+               f"{end['server_cpu_us']} us" in end["note"]
     assert sorted((r["system"], r["processes"]) for r in ends) == sorted(
         (system, k) for system in ("ours", *installed) for k in (1, 2))
     measured = [r for r in rows if "rate" in r]
     assert all(r["rate"] > 0 for r in measured)
+
+
+def test_the_servers_cpu_is_read_here_and_grows_with_its_work(postgres_server: Server):
+    from asyncworker.bench.measure import admin_connection
+
+    before = server_cpu_s(postgres_server.url)
+    assert before is not None and before > 0
+    with admin_connection(postgres_server.url) as conn:
+        conn.execute("SELECT count(*) FROM generate_series(1, 10000000)")
+    after = server_cpu_s(postgres_server.url)
+    assert after is not None and after - before > 0.2  # the backend's CPU, counted once
+    assert server_cpu_s(f"postgresql://bench@192.0.2.1:{free_port()}/db") is None
 
 
 def _end_to_end(system: str, processes: int, rate: float) -> dict:
