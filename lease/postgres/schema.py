@@ -215,8 +215,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # The queue's own pending jobs apart from its leases, as an endpoint's
         # due deliveries are: a pick read every live lease at the front of
         # jobs_ready (the oldest seqs) before it came to a due job, a heap
-        # fetch each, and a lease or a finish wrote a new entry in it. The
-        # leases run out are read by jobs_leased_until.
+        # fetch each, and every lease wrote a new entry in it (a leased row
+        # version met its terms). The leases run out are read by
+        # jobs_leased_until.
         "DROP INDEX lease.jobs_ready",
         """CREATE INDEX jobs_own_due ON lease.jobs (priority DESC, seq)
   WHERE status = 'pending' AND held = 0 AND endpoint IS NULL""",
