@@ -565,7 +565,8 @@ def server_cpu_s(url: str) -> float | None:
     """The CPU seconds the server of ``url`` has spent so far: its postmaster's
     own, its children's that ended (a backend ends with its connection) and
     its children's alive; None for a server this machine's /proc does not
-    show (on another host, or a PID namespace apart)."""
+    show (on another host, or in a PID namespace apart, where the pid the
+    server gives is no postgres process here)."""
     from urllib.parse import urlsplit
 
     host = urlsplit(url).hostname or ""
@@ -576,18 +577,37 @@ def server_cpu_s(url: str) -> float | None:
                            " WHERE backend_type = 'checkpointer'").fetchone()
     try:
         postmaster = _proc_stat(row[0])[1] if row else None
-        if postmaster is None:
+        # a pid of another PID namespace (a server in a container) names
+        # another process here, or none
+        if postmaster is None or not _is_postgres(row[0]) or not _is_postgres(postmaster):
             return None
-        ticks = sum(_proc_stat(postmaster)[11:15])  # utime stime cutime cstime
+        return _family_ticks(postmaster) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return None
+
+
+def _family_ticks(parent: int) -> int:
+    """A process's CPU ticks with its children's, ended and alive. A child
+    reaped while the children are read would be counted in neither (or,
+    read the other way round, twice): read again until the parent's count
+    of its ended children stayed the same."""
+    while True:
+        before = _proc_stat(parent)[11:15]  # utime stime cutime cstime
+        alive = 0
         for entry in os.scandir("/proc"):
             if entry.name.isdigit():
                 with contextlib.suppress(OSError, IndexError):
                     fields = _proc_stat(int(entry.name))
-                    if fields[1] == postmaster:
-                        ticks += fields[11] + fields[12]  # a live child: utime stime
-    except OSError:
-        return None
-    return ticks / os.sysconf("SC_CLK_TCK")
+                    if fields[1] == parent:
+                        alive += fields[11] + fields[12]  # utime stime (a zombie's too)
+        after = _proc_stat(parent)[11:15]
+        if after[2:] == before[2:]:
+            return sum(after) + alive
+
+
+def _is_postgres(pid: int) -> bool:
+    with open(f"/proc/{pid}/comm") as comm:
+        return comm.read().strip() in ("postgres", "postmaster")
 
 
 def _proc_stat(pid: int) -> list[int]:
