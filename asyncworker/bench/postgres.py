@@ -586,12 +586,16 @@ def server_cpu_s(url: str) -> float | None:
         return None
 
 
+READS = 5  # reads of a server's CPU, at most, for one that holds still
+
+
 def _family_ticks(parent: int) -> int:
     """A process's CPU ticks with its children's, ended and alive. A child
     reaped while the children are read would be counted in neither (or,
     read the other way round, twice): read again until the parent's count
-    of its ended children stayed the same."""
-    while True:
+    of its ended children stayed the same, a few times at most (a server
+    whose connections come and go without pause is read as it was last)."""
+    for _ in range(READS):
         before = _proc_stat(parent)[11:15]  # utime stime cutime cstime
         alive = 0
         for entry in os.scandir("/proc"):
@@ -602,7 +606,8 @@ def _family_ticks(parent: int) -> int:
                         alive += fields[11] + fields[12]  # utime stime (a zombie's too)
         after = _proc_stat(parent)[11:15]
         if after[2:] == before[2:]:
-            return sum(after) + alive
+            break
+    return sum(after) + alive
 
 
 def _is_postgres(pid: int) -> bool:
