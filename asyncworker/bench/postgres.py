@@ -567,10 +567,7 @@ def server_cpu_s(url: str) -> float | None:
     its children's alive; None for a server this machine's /proc does not
     show (on another host, or in a PID namespace apart, where the pid the
     server gives is no postgres process here)."""
-    from urllib.parse import urlsplit
-
-    host = urlsplit(url).hostname or ""
-    if host not in ("", "localhost", "127.0.0.1", "::1") and not host.startswith("/"):
+    if _remote_host(url) is not None:
         return None
     with _admin(url) as conn:
         row = conn.execute("SELECT pid FROM pg_stat_activity"
@@ -623,12 +620,21 @@ def _proc_stat(pid: int) -> list[int]:
     return [0, *(int(field) for field in after_name[1:])]
 
 
-def server_cores(url: str, processes: int = 2) -> str:
-    """Whether the server had a core of its own beside ``processes`` of ours."""
+def _remote_host(url: str) -> str | None:
+    """The host of a server on another machine; None for this one's (a
+    loopback address, or a Unix socket's folder)."""
     from urllib.parse import urlsplit
 
     host = urlsplit(url).hostname or ""
-    if host not in ("", "localhost", "127.0.0.1", "::1") and not host.startswith("/"):
+    if host in ("", "localhost", "127.0.0.1", "::1") or host.startswith("/"):
+        return None
+    return host
+
+
+def server_cores(url: str, processes: int = 2) -> str:
+    """Whether the server had a core of its own beside ``processes`` of ours."""
+    host = _remote_host(url)
+    if host is not None:
         return f"the server on {host}, apart from the dispatchers"
     cores = os.cpu_count() or 1
     if cores > processes:
