@@ -30,11 +30,12 @@ from lease.worker import (
     StoreError,
 )
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 CONSOLE_SINCE = 5  # the version with the pause, its audit and the workers (lease.rules)
 ROLLUP_SINCE = 6  # the version with the per-minute rollup of the finishes (lease.rules)
 PRIORITY_SINCE = 7  # the version with each job's priority (lease.policy.check_priority)
 DUE_SINCE = 8  # the version whose own pick reads its due jobs apart from its leases
+FLIGHT_SINCE = 9  # the version whose deliveries' leases are read in the claim's order
 SECRET_TABLES = ("endpoints",)  # rows a server's error message must not show
 
 # CHANNEL is NOTIFY'd when work becomes available. MIGRATION_LOCK, the
@@ -61,7 +62,7 @@ NOW = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 TABLES = {1: {**TABLES_V1, "redrives": CONTRACT_COLUMNS["redrives"]}, 2: TABLES_V2,
           3: TABLES_V3, 4: TABLES_PG4, CONSOLE_SINCE: TABLES_PG5,
           ROLLUP_SINCE: TABLES_PG6, PRIORITY_SINCE: TABLES_PG7,
-          DUE_SINCE: TABLES_PG7}  # version 8 changed an index, no column
+          DUE_SINCE: TABLES_PG7, FLIGHT_SINCE: TABLES_PG7}  # 8 and 9 changed indexes only
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -226,6 +227,16 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # id of every job it finished, keyed or not, each id's every version
         # (a lease and a finish each leave one in jobs_id_key).
         "CREATE INDEX jobs_keyed ON lease.jobs (id) WHERE ordering_key IS NOT NULL",
+    ),
+    FLIGHT_SINCE: (
+        # An endpoint's leases by lease end and then seq, the order in which
+        # a claim takes the ones run out (TAKE_DUE): the claim locks them as
+        # its scan reads them, and a scan that must sort first (lease end
+        # alone) lost, on the planner's costs, to reading every endpoint's
+        # leases run out through jobs_leased_until, once per endpoint.
+        "DROP INDEX lease.jobs_in_flight",
+        """CREATE INDEX jobs_in_flight ON lease.jobs (endpoint, lease_until, seq)
+  WHERE status = 'leased' AND endpoint IS NOT NULL""",
     ),
 }
 

@@ -126,7 +126,7 @@ def test_a_version_3_queue_migrates_and_its_jobs_keep_working(
         assert [job["id"] for job in looking.list_jobs(key="k")] == ["old"]
         assert looking.endpoints() == [] and looking.endpoint_stats() == []
     with PostgresStore(postgres_url) as store:
-        assert store.schema_version() == SCHEMA_VERSION == 8
+        assert store.schema_version() == SCHEMA_VERSION == 9
         [old] = store.list_jobs()
         assert (old["endpoint"], old["message"], old["event_type"], old["ordering_key"]) == (
             None, None, None, "k")
@@ -414,12 +414,24 @@ def nodes(node: dict) -> Iterator[dict]:
         yield from nodes(child)
 
 
+def above(node: dict, index: str) -> list[str]:
+    """The node types from the plan's top down to the first scan of ``index``."""
+    if node.get("Index Name") == index:
+        return [node["Node Type"]]
+    for child in node.get("Plans", []):
+        found = above(child, index)
+        if found:
+            return [node["Node Type"], *found]
+    return []
+
+
 def test_each_endpoint_s_due_deliveries_are_read_in_priority_order_up_to_its_share(
         make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
     """Thousands due per endpoint, of many priorities: the claim's read of
     each endpoint's share scans jobs_endpoint_due in the order it takes the
     rows and stops at the share, nothing of the backlog sorted; its leases
-    run out are read the same way, in jobs_in_flight's order."""
+    run out are read the same way, in jobs_in_flight's order; each part locks
+    the rows its scan reads, nothing sorted between them."""
     store = make_store()
     names = ["e0", "e1", "e2"]
     for name in names:
@@ -436,6 +448,8 @@ def test_each_endpoint_s_due_deliveries_are_read_in_priority_order_up_to_its_sha
     assert [(scan["Actual Loops"], scan["Actual Rows"] <= 5) for scan in scans] == [(3, True)]
     [late] = [n for n in nodes(top) if n.get("Index Name") == "jobs_in_flight"]
     assert late["Actual Rows"] <= 1, late  # two rows over three loops
+    for index in ("jobs_endpoint_due", "jobs_in_flight"):
+        assert above(top, index)[-3:] == ["Limit", "LockRows", "Index Scan"], index
     with admin.transaction(force_rollback=True):
         admin.execute(ORDERED_READS)
         got = admin.execute(TAKE_DUE, args).fetchall()
@@ -446,6 +460,26 @@ def test_each_endpoint_s_due_deliveries_are_read_in_priority_order_up_to_its_sha
                   if row[1] not in ids(run_out)) == sorted(
         [*[("e0", 98)] * 3, *[("e1", 99)] * 5, *[("e2", 100)] * 5])
     assert {row[1] for row in got} >= set(ids(run_out))
+
+
+def test_a_claim_of_deliveries_runs_on_its_generic_plan(
+        make_store: Callable[..., PostgresStore]) -> None:
+    """Once its statements are prepared on the connection (the 6th run),
+    a claim of deliveries plans none of them again: left to choose,
+    PostgreSQL planned the round's statement anew at every run."""
+    store = make_store()  # one thread: one connection
+    store.add_endpoint(endpoint("e", types=("t",)), now_ms=T0)
+    assert all(store.enqueue_events([{"id": f"m{n}", "qty": 1, "type": "t"}
+                                     for n in range(40)], now_ms=T0))
+    for _ in range(12):
+        leased = store.claim_jobs("w", LEASE_MS, 3, now_ms=T0, endpoints="*").leased
+        assert len(leased) == 3
+        finish_all(store, leased)
+    with store._pool.connection() as conn:
+        plans = conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                             " WHERE statement LIKE '%%unnest($1::text[], $2::bigint[])%%'"
+                             ).fetchall()
+    assert plans == [(7, 0)]
 
 
 # the partial indexes of live rows (none holds a done row)

@@ -23,7 +23,7 @@ from asyncworker.devtools.postgres_server import database_of, free_port
 from lease.endpoints import Endpoint
 from lease.policy import PRODUCT, RetryPolicy
 from lease.postgres import CHANNEL, SCHEMA_VERSION, PostgresStore, enqueue_in, redact
-from lease.postgres.schema import DUE_SINCE, MIGRATIONS, PRIORITY_SINCE
+from lease.postgres.schema import DUE_SINCE, FLIGHT_SINCE, MIGRATIONS, PRIORITY_SINCE
 from lease.postgres.statements import (
     FINISH_IF_STILL_LEASED,
     LOCK_KEYS_OF,
@@ -495,7 +495,7 @@ def test_a_version_7_queue_claims_its_due_jobs_and_run_out_leases_by_their_index
   ('live', 1, 'leased', 1, 3, 1, 5, %(end)s, 'busy', %(later)s, 0, NULL)""",
                       {"end": T0 + 600_000, "t0": T0, "later": T0 + 60_000})
     with PostgresStore(postgres_url) as store:
-        assert store.schema_version() == SCHEMA_VERSION == DUE_SINCE
+        assert store.schema_version() == SCHEMA_VERSION > DUE_SINCE
         indexes = {name for (name,) in admin.execute(
             "SELECT indexname FROM pg_indexes WHERE schemaname = 'lease'")}
         assert {"jobs_own_due", "jobs_keyed"} <= indexes and "jobs_ready" not in indexes
@@ -505,6 +505,29 @@ def test_a_version_7_queue_claims_its_due_jobs_and_run_out_leases_by_their_index
                                   for job in claimed.leased], now_ms=T0 + 2) == [
             ("done", None)] * 3
         assert [job["id"] for job in store.jobs_with_status("leased")] == ["live"]
+    assert migrations(admin) == ALL_VERSIONS
+
+
+def test_a_version_8_queue_reads_an_endpoint_s_leases_in_the_claim_s_order(
+        postgres_url: str, admin: psycopg.Connection) -> None:
+    """Version 9 rebuilds jobs_in_flight with seq after the lease end: a
+    queue of version 8 with deliveries leased together (one lease end) and
+    run out is migrated, and a claim takes the first of them in seq order,
+    reading the endpoint's leases in that order (no sort)."""
+    with admin.transaction():
+        _old_queue(admin, FLIGHT_SINCE - 1)
+    with PostgresStore(postgres_url) as store:
+        assert store.schema_version() == SCHEMA_VERSION >= FLIGHT_SINCE
+        [index] = admin.execute("SELECT indexdef FROM pg_indexes WHERE schemaname = 'lease'"
+                                " AND indexname = 'jobs_in_flight'").fetchone() or [None]
+        assert "(endpoint, lease_until, seq)" in index
+        store.add_endpoint(Endpoint("e", "http://127.0.0.1:9/hook", types=("t",)), now_ms=T0)
+        assert all(store.enqueue_events([{"id": f"m{n}", "qty": 1, "type": "t"}
+                                         for n in range(6)], now_ms=T0))
+        gone = store.claim_jobs("gone", 1, 6, now_ms=T0, endpoints="*").leased
+        assert len({job.ticket["lease_until"] for job in gone}) == 1
+        again = store.claim_jobs("w", 1000, 4, now_ms=T0 + 5, endpoints="*").leased
+        assert [job.message for job in again] == ["m0", "m1", "m2", "m3"]
     assert migrations(admin) == ALL_VERSIONS
 
 
@@ -519,7 +542,7 @@ def test_a_version_2_queue_migrates_to_ordered_keys_and_a_newer_one_is_refused(
         assert looking.schema_version() == 2
         assert "blocked_keys" not in looking.snapshot(now_ms=T0)  # read as it is
     with PostgresStore(postgres_url) as store:
-        assert store.schema_version() == SCHEMA_VERSION == 8
+        assert store.schema_version() == SCHEMA_VERSION == 9
         [old] = store.jobs_with_status("pending")
         assert (old["ordering_key"], old["held"]) == (None, 0)
         assert store.enqueue_events([{"id": "new", "qty": 1, "key": "k"}], now_ms=T0) == [True]
