@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from lease.endpoints import Endpoint, EndpointError
+from lease.endpoints import MAX_IN_FLIGHT, Endpoint, EndpointError, rotation_batch, shares, turns
 from lease.policy import RetryPolicy
 from lease.records import Attempt, Conflict
 from lease.signing import new_secret
@@ -298,6 +298,42 @@ def test_an_endpoint_back_from_a_long_block_gets_its_turn_and_no_more(store):
         leased = claim(store, now, limit=8)
         assert by_endpoint(leased) == {"big": 4, "steady": 4}
         done(store, leased, now)
+
+
+def test_a_claim_shares_itself_among_the_endpoints_it_examines_in_turns(store):
+    """Endpoints without limits, each with more than a claim takes: each
+    claim examines the first endpoints of the rotation (rotation_batch) and
+    leases of each its turns of the claim (turns of equal shares: the
+    quotient, one more for the first ones), whatever the limit; with one
+    capped endpoint among them, the same rule with its room."""
+    names = [f"e{i:02d}" for i in range(20)]
+    for name in names:
+        store.add_endpoint(endpoint(name, types=(name,)), now_ms=T0)
+    enqueue(store, *(message(f"{name}-{i}", name) for name in names for i in range(60)))
+    served = dict.fromkeys(names, 0)  # the rotation: least recently served, then by name
+
+    def examine(limit: int, now: int) -> list[str]:
+        examined = sorted(names, key=lambda name: (served[name], name))[:rotation_batch(limit)]
+        served.update(dict.fromkeys(examined, now))
+        return examined
+
+    now = T0
+    for limit in (1, 5, 8, 13, 64, 100, 7):
+        now += 1
+        examined = examine(limit, now)
+        wanted = turns(shares(dict.fromkeys(examined, MAX_IN_FLIGHT), limit), limit)
+        leased = claim(store, now, limit=limit)
+        assert by_endpoint(leased) == {name: n for name, n in wanted.items() if n}, limit
+        done(store, leased, now)
+    now += 1
+    capped = sorted(names, key=lambda name: (served[name], name))[1]
+    store.update_endpoint(capped, {"max_in_flight": 1}, now_ms=now)
+    examined = examine(13, now)
+    rooms = {name: 1 if name == capped else MAX_IN_FLIGHT for name in examined}
+    wanted = turns(shares(rooms, 13), 13)
+    leased = claim(store, now, limit=13)
+    assert by_endpoint(leased) == {name: n for name, n in wanted.items() if n}
+    assert by_endpoint(leased)[capped] == 1 and len(leased) == 13
 
 
 def test_endpoints_at_their_cap_in_front_do_not_leave_a_claim_empty(store):
