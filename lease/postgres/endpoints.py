@@ -453,9 +453,12 @@ def lock_circuits(conn: psycopg.Connection, items: list, now: int,
     live = [item for item in items if (item[0]["id"], item[0]["token"], item[0]["owner"])
             in leased]
     signals = _signals(live, None, endpoints_of)
-    # an endpoint removed since its delivery was claimed has no breaker: no row
-    circuits = {row[5]: dict(zip(CIRCUIT_ROW, row[5:], strict=True))
-                for row in rows if row[5] is not None}
+    # an endpoint removed since its delivery was claimed has no breaker: no
+    # row; each endpoint's row read once, however many of its deliveries
+    circuits: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row[5] is not None and row[5] not in circuits:
+            circuits[row[5]] = dict(zip(CIRCUIT_ROW, row[5:], strict=True))
     moving = []
     for name in sorted({name for name, _, _ in signals}):
         row = circuits.get(name)
