@@ -352,7 +352,8 @@ ORDER BY name FOR KEY SHARE"""
 # leased in one statement: a backlog an endpoint may not send now is never
 # read. The readiness the pick states (a row the
 # quarantine skipped, held by another transaction, may be at its budget or
-# past its deadline) is checked on each row read, and again at the lease.
+# past its deadline) is checked on each row read, and again on a row's
+# newest version when it changed before the lock.
 DUE_LINE = "endpoint IS NOT NULL AND status = 'pending' AND held = 0"
 _READY_NOW = "attempts < max_attempts AND deadline > %(now)s"
 # The claim reads each endpoint's due deliveries in order, a few from the
