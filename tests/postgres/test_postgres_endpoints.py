@@ -238,6 +238,65 @@ def test_every_delivery_of_a_message_commits_or_rolls_back_with_the_services_row
 # ------------------------------------------------------------------ caps across connections
 
 
+def test_connections_claiming_deliveries_at_once_lease_each_once_per_round(
+        make_store: Callable[..., PostgresStore]) -> None:
+    """Endpoints without limits, claims at once on several connections until
+    each finds nothing: every delivery leased once in the first round (by the
+    due part of a claim), and once again, by its next token, in a second
+    round after every lease ran out (by the run-out part): never twice,
+    whichever claims took them."""
+    threads, lease_ms = 4, 1_000
+    first = make_store()
+    names = ("a", "b", "c")
+    for name in names:
+        first.add_endpoint(endpoint(name, types=(name,)), now_ms=T0)
+    assert all(first.enqueue_events([{"id": f"m{n}", "qty": 1, "type": names[n % 3]}
+                                     for n in range(300)], now_ms=T0))
+    stores = [make_store() for _ in range(threads)]
+    for token, now in ((1, T0), (2, T0 + 2 * lease_ms)):
+        leased: list[list[Leased]] = [[] for _ in range(threads)]
+
+        def claim(n: int, leased: list[list[Leased]] = leased, now: int = now) -> None:
+            while got := stores[n].claim_jobs(f"w{n}", lease_ms, 7, now_ms=now,
+                                              endpoints="*").leased:
+                leased[n] += got
+
+        run_threads(threads, claim)
+        taken = [job for jobs in leased for job in jobs]
+        assert sorted(job.message for job in taken) == sorted(f"m{n}" for n in range(300))
+        assert {job.ticket["token"] for job in taken} == {token}
+
+
+def test_a_claim_passes_over_deliveries_another_transaction_holds(
+        make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
+    """A due delivery and a run-out lease, each changed by a transaction
+    not committed yet (an operator's cancel, a stale finish): a claim passes
+    over both without waiting, leases the rest, and never leases either one,
+    whatever that transaction comes to."""
+    store = make_store()
+    store.add_endpoint(endpoint("e", types=("t",)), now_ms=T0)
+    assert all(store.enqueue_events([{"id": f"m{n}", "qty": 1, "type": "t"}
+                                     for n in range(4)], now_ms=T0))
+    gone = store.claim_jobs("gone", 1, 2, now_ms=T0, endpoints="*").leased
+    assert sorted(job.message for job in gone) == ["m0", "m1"]
+    with psycopg.connect(admin.info.dsn) as holder:  # a transaction left open
+        holder.execute("UPDATE lease.jobs SET status = 'dead', reason = 'cancelled'"
+                       " WHERE message IN ('m0', 'm2')")
+        claimed: list[Leased] = []
+        claim = threading.Thread(target=lambda: claimed.extend(store.claim_jobs(
+            "w", LEASE_MS, 4, now_ms=T0 + 10, endpoints="*").leased))
+        claim.start()
+        claim.join(WAIT_S)
+        waited = claim.is_alive()
+        holder.commit()
+    claim.join(WAIT_S)
+    assert not waited, "the claim waited for another transaction's rows"
+    assert sorted(job.message for job in claimed) == ["m1", "m3"]
+    assert [job["id"] for job in store.jobs_with_status("dead")] == sorted(
+        job_id for (job_id,) in admin.execute(
+            "SELECT id FROM lease.jobs WHERE message IN ('m0', 'm2')"))
+
+
 def test_the_cap_holds_across_connections_claiming_at_once(
         make_store: Callable[..., PostgresStore], admin: psycopg.Connection) -> None:
     cap, threads = 3, 8
