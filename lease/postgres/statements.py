@@ -474,7 +474,8 @@ WHERE seq = ANY(%s::bigint[])"""
 # lease end, then its due deliveries, the higher priority first, then in the
 # order they became due (jobs_in_flight's and jobs_endpoint_due's orders: one
 # index scan each, stopped at ``lim``, which passes over the rows of a higher
-# priority not due yet). Each part locks its rows as its scan reads them,
+# priority not due yet; a leased row is never held: DEMOTE passes over the
+# leased ones). Each part locks its rows as its scan reads them,
 # SKIP LOCKED: a row another transaction holds (a stale finish, an
 # operator's change, another claim) is passed over, and one changed since the
 # scan's snapshot is checked again by the part's conditions on its newest

@@ -310,10 +310,13 @@ def test_a_claim_shares_itself_among_the_endpoints_it_examines_in_turns(store):
     for name in names:
         store.add_endpoint(endpoint(name, types=(name,)), now_ms=T0)
     enqueue(store, *(message(f"{name}-{i}", name) for name in names for i in range(60)))
-    served = dict.fromkeys(names, 0)  # the rotation: least recently served, then by name
+    served = dict.fromkeys(names, 0)
+
+    def rotation() -> list[str]:  # the least recently served first, then by name
+        return sorted(names, key=lambda name: (served[name], name))
 
     def examine(limit: int, now: int) -> list[str]:
-        examined = sorted(names, key=lambda name: (served[name], name))[:rotation_batch(limit)]
+        examined = rotation()[:rotation_batch(limit)]
         served.update(dict.fromkeys(examined, now))
         return examined
 
@@ -326,7 +329,7 @@ def test_a_claim_shares_itself_among_the_endpoints_it_examines_in_turns(store):
         assert by_endpoint(leased) == {name: n for name, n in wanted.items() if n}, limit
         done(store, leased, now)
     now += 1
-    capped = sorted(names, key=lambda name: (served[name], name))[1]
+    capped = rotation()[1]
     store.update_endpoint(capped, {"max_in_flight": 1}, now_ms=now)
     examined = examine(13, now)
     rooms = {name: 1 if name == capped else MAX_IN_FLIGHT for name in examined}

@@ -292,7 +292,7 @@ def test_a_claim_passes_over_deliveries_another_transaction_holds(
     claim.join(WAIT_S)
     assert not waited, "the claim waited for another transaction's rows"
     assert sorted(job.message for job in claimed) == ["m1", "m3"]
-    assert [job["id"] for job in store.jobs_with_status("dead")] == sorted(
+    assert sorted(job["id"] for job in store.jobs_with_status("dead")) == sorted(
         job_id for (job_id,) in admin.execute(
             "SELECT id FROM lease.jobs WHERE message IN ('m0', 'm2')"))
 

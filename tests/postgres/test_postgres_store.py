@@ -510,17 +510,18 @@ def test_a_version_7_queue_claims_its_due_jobs_and_run_out_leases_by_their_index
 
 def test_a_version_8_queue_reads_an_endpoint_s_leases_in_the_claim_s_order(
         postgres_url: str, admin: psycopg.Connection) -> None:
-    """Version 9 rebuilds jobs_in_flight with seq after the lease end: a
-    queue of version 8 with deliveries leased together (one lease end) and
-    run out is migrated, and a claim takes the first of them in seq order,
-    reading the endpoint's leases in that order (no sort)."""
+    """Version 9 rebuilds jobs_in_flight with seq after the lease end (the
+    plan test of tests/postgres/test_postgres_endpoints.py says a claim then
+    reads it unsorted): a version 8 queue is migrated, and of deliveries
+    leased together (one lease end) and run out, a claim takes the first in
+    seq order."""
     with admin.transaction():
         _old_queue(admin, FLIGHT_SINCE - 1)
     with PostgresStore(postgres_url) as store:
         assert store.schema_version() == SCHEMA_VERSION >= FLIGHT_SINCE
-        [index] = admin.execute("SELECT indexdef FROM pg_indexes WHERE schemaname = 'lease'"
-                                " AND indexname = 'jobs_in_flight'").fetchone() or [None]
-        assert "(endpoint, lease_until, seq)" in index
+        row = admin.execute("SELECT indexdef FROM pg_indexes WHERE schemaname = 'lease'"
+                            " AND indexname = 'jobs_in_flight'").fetchone()
+        assert row is not None and "(endpoint, lease_until, seq)" in row[0]
         store.add_endpoint(Endpoint("e", "http://127.0.0.1:9/hook", types=("t",)), now_ms=T0)
         assert all(store.enqueue_events([{"id": f"m{n}", "qty": 1, "type": "t"}
                                          for n in range(6)], now_ms=T0))
